@@ -1,0 +1,1 @@
+"""convert-model: Hugging Face directories and GGUF files -> edgellm's packed file."""

@@ -1,0 +1,196 @@
+"""Quantize a Source tensor by tensor and write the packed file atomically.
+
+Peak memory stays near one source tensor: each is loaded, quantized in row chunks and
+written before the next is read. The file is written to a temporary name next to OUT and
+renamed at the end; on any failure or interrupt the temporary file is removed and an
+existing OUT is left untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from edgellm import format as fmt
+from edgellm import quant
+from edgellm.errors import EdgeLLMError, QuantizationError, SourceError
+
+from .names import sanitize
+from .recipes import choose_type
+from .source import Source, SourceTensor
+
+CHUNK_ELEMENTS = 1 << 21  # rows quantized per step: ~8 MB of float32 input
+ERROR_SAMPLE_ROWS = 256  # rows per tensor used to report the quantization error
+
+
+@dataclass
+class TypeStats:
+    tensors: int = 0
+    params: int = 0
+    nbytes: int = 0
+    max_err: float = 0.0
+    sum_err: float = 0.0
+    n_err: int = 0
+
+
+@dataclass
+class Summary:
+    """What a conversion wrote: per-type counts, sizes and quantization errors."""
+
+    path: str
+    file_size: int = 0
+    params: int = 0
+    by_type: dict[str, TypeStats] = field(default_factory=lambda: defaultdict(TypeStats))
+    requantized: list[str] = field(default_factory=list)
+
+    @property
+    def bits_per_weight(self) -> float:
+        data = sum(s.nbytes for s in self.by_type.values())
+        return 8.0 * data / max(self.params, 1)
+
+    def lines(self) -> list[str]:
+        out = [f"wrote {self.path}: {self.file_size / 1e6:.1f} MB, {self.params / 1e6:.1f}M "
+               f"parameters, {self.bits_per_weight:.2f} bits per weight"]
+        for name, s in sorted(self.by_type.items()):
+            err = (f", quantization error max {s.max_err:.3g} mean {s.sum_err / s.n_err:.3g}"
+                   if s.n_err else "")
+            out.append(f"  {name:5s} {s.tensors:4d} tensors {s.params / 1e6:8.2f}M params "
+                       f"{s.nbytes / 1e6:8.1f} MB{err}")
+        if self.requantized:
+            out.append(f"  requantized from other source types: {len(self.requantized)} tensors")
+        return out
+
+
+def _plan(source: Source, recipe: str, block_size: int
+          ) -> list[tuple[SourceTensor, str, str]]:
+    """(source tensor, edgellm name, storage type) for every tensor to write."""
+    planned, seen = [], set()
+    for t in source.tensors():
+        name = sanitize(t.name, source.config)
+        if name is None:
+            continue
+        if name in seen:
+            raise SourceError(f"{source.path}: tensor {name} appears twice")
+        seen.add(name)
+        if any(int(s) <= 0 for s in t.shape):
+            raise SourceError(f"{source.path}: tensor {t.name} has shape {list(t.shape)}")
+        planned.append((t, name, choose_type(name, tuple(t.shape), t.dtype, recipe,
+                                             block_size)))
+    if not planned:
+        raise SourceError(f"{source.path}: no tensors")
+    return planned
+
+
+def _encode(t: SourceTensor, name: str, type_name: str, block_size: int,
+            stats: TypeStats) -> list[np.ndarray]:
+    """The stored bytes of one tensor, as a list of chunks; updates the error stats."""
+    if t.load_raw is not None and t.dtype == type_name and block_size == quant.DEFAULT_BLOCK:
+        return [np.ascontiguousarray(t.load_raw(), dtype=np.uint8)]  # lossless repack
+    values = t.load()
+    if tuple(values.shape) != tuple(t.shape):
+        raise SourceError(f"tensor {t.name}: data shape {list(values.shape)} does not match "
+                          f"declared {list(t.shape)}")
+    if not quant.TYPES[type_name].quantized:
+        return [quant.quantize(values, type_name, block_size, name=name)]
+    rows, cols = values.shape
+    step = max(1, CHUNK_ELEMENTS // cols)
+    chunks = [quant.quantize(values[r:r + step], type_name, block_size, name=name)
+              for r in range(0, rows, step)]
+    sample = values[:ERROR_SAMPLE_ROWS]
+    ssample = chunks[0][:ERROR_SAMPLE_ROWS] if step >= ERROR_SAMPLE_ROWS else \
+        quant.quantize(sample, type_name, block_size, name=name)
+    err = np.abs(quant.dequantize(ssample, type_name, sample.shape, block_size) - sample)
+    stats.max_err = max(stats.max_err, float(err.max()))
+    stats.sum_err += float(err.sum())
+    stats.n_err += err.size
+    return chunks
+
+
+def _temp_path(out: Path) -> Path:
+    return out.with_name(f".{out.name}.tmp-{os.getpid()}")
+
+
+def convert(source: Source, out: str | os.PathLike, recipe: str,
+            block_size: int = quant.DEFAULT_BLOCK, progress: bool = True) -> Summary:
+    """Write `source` to `out` under `recipe`; returns the conversion summary."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        raise SourceError(f"{out}: output directory {out.parent} does not exist")
+    if block_size not in quant.BLOCK_SIZES:
+        raise QuantizationError(f"block size {block_size} is not one of {quant.BLOCK_SIZES}")
+    planned = _plan(source, recipe, block_size)
+    infos = fmt.plan_tensors([(name, ty, tuple(t.shape), block_size if quant.TYPES[ty].quantized
+                               else quant.DEFAULT_BLOCK) for t, name, ty in planned])
+    meta = {
+        "architecture": source.config.get("model_type", ""),
+        "config": source.config,
+        "tokenizer": {"json": source.tokenizer_json, "config": source.tokenizer_config},
+        "chat_template": source.chat_template,
+        "generation_config": source.generation_config,
+        "quantization": {"recipe": recipe, "block_size": block_size},
+        "source": {"kind": source.kind, "name": Path(source.path).name},
+    }
+    summary = Summary(str(out))
+    tmp = _temp_path(out)
+    try:
+        with open(tmp, "wb") as f:
+            header = fmt.encode_header(meta, infos)
+            f.write(fmt.encode_preamble(header))
+            f.write(header)
+            data_start = fmt.align(fmt.PREAMBLE.size + len(header))
+            final = []
+            for (t, name, ty), info in _progress(list(zip(planned, infos)), progress):
+                stats = summary.by_type[ty]
+                chunks = _encode(t, name, ty, block_size, stats)
+                f.seek(data_start + info.offset)
+                crc, written = 0, 0
+                for c in chunks:
+                    buf = memoryview(np.ascontiguousarray(c)).cast("B")
+                    crc = zlib.crc32(buf, crc)
+                    written += f.write(buf)
+                if written != info.nbytes:
+                    raise SourceError(f"tensor {t.name}: wrote {written} bytes, "
+                                      f"expected {info.nbytes}")
+                if ty != t.dtype and t.load_raw is None and t.dtype not in ("f32", "f16", "bf16"):
+                    summary.requantized.append(name)
+                stats.tensors += 1
+                stats.params += int(np.prod(t.shape))
+                stats.nbytes += info.nbytes
+                summary.params += int(np.prod(t.shape))
+                final.append(fmt.TensorInfo(info.name, info.type, info.shape, info.block_size,
+                                            info.offset, info.nbytes, crc))
+            end = data_start + (infos[-1].offset + infos[-1].nbytes)
+            f.truncate(end)
+            header = fmt.encode_header(meta, final)  # same length: crc32s are fixed-width
+            f.seek(0)
+            f.write(fmt.encode_preamble(header))
+            f.write(header)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException as e:
+        tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise SourceError(f"{out}: cannot write: {e.strerror or e}") from None
+        if isinstance(e, (EdgeLLMError, KeyboardInterrupt, SystemExit)):
+            raise
+        if isinstance(e, (ValueError, MemoryError)):
+            raise SourceError(f"{source.path}: {e}") from None
+        raise
+    summary.file_size = out.stat().st_size
+    return summary
+
+
+def _progress(items, enabled: bool):
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc="converting", unit="tensor", file=sys.stderr, leave=False,
+                disable=None)

@@ -1,0 +1,198 @@
+"""What every architecture shares: weight lookup, buffers, attention with the KV cache,
+chunked forward with context shift, and the output head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelArgs, rope_inv_freq
+from ..errors import ContextError, FormatError
+from ..format import PackedModel, Tensor
+from ..kernels.attention import attention
+from ..kernels.linear import ActQ8, embedding, linear, quantize_act
+from ..kernels.norms import rmsnorm
+from ..kernels.rope import apply_rope, rope_tables
+from ..kv_cache import KVCache
+
+
+@dataclass
+class LayerWeights:
+    """One layer's tensors (None where the architecture has no such tensor)."""
+
+    attn_norm: np.ndarray
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    o: Tensor
+    ffn_norm: np.ndarray
+    gate: Tensor | None = None
+    up: Tensor | None = None
+    down: Tensor | None = None
+    q_bias: np.ndarray | None = None
+    k_bias: np.ndarray | None = None
+    v_bias: np.ndarray | None = None
+    q_norm: np.ndarray | None = None
+    k_norm: np.ndarray | None = None
+    post_attn_norm: np.ndarray | None = None
+    post_ffn_norm: np.ndarray | None = None
+
+
+class Buffers:
+    """Activation buffers for up to `rows` tokens, allocated once and reused."""
+
+    def __init__(self, args: ModelArgs, rows: int, inner: int):
+        D, F = args.hidden_size, inner
+        qd = args.num_attention_heads * args.head_dim
+        kvd = args.num_key_value_heads * args.head_dim
+        f32 = np.float32
+        self.x = np.zeros((rows, D), f32)
+        self.h = np.zeros((rows, D), f32)
+        self.q = np.zeros((rows, qd), f32)
+        self.k = np.zeros((rows, kvd), f32)
+        self.v = np.zeros((rows, kvd), f32)
+        self.attn = np.zeros((rows, qd), f32)
+        self.gate = np.zeros((rows, F), f32)
+        self.up = np.zeros((rows, F), f32)
+        self.ffn = np.zeros((rows, F), f32)
+        self.act_d = ActQ8(rows, D) if D % 32 == 0 else None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray))
+
+
+class Transformer:
+    """Chunked forward over a packed model; subclasses define `layer_weights` and `block`."""
+
+    norm_offset = 0.0  # RMSNorm multiplies by (weight + norm_offset)
+    embed_scale = 1.0
+
+    def __init__(self, packed: PackedModel, args: ModelArgs, precise: bool = False,
+                 context: int | None = None, chunk: int = 64, n_keep: int = 4):
+        self.packed, self.args, self.precise = packed, args, precise
+        self.context = int(context or min(args.max_position_embeddings, 4096))
+        if self.context < 8:
+            raise ContextError(f"context {self.context} is too small (at least 8)")
+        self.chunk = max(1, min(chunk, self.context // 2))
+        self.embed = self.matrix("model.embed_tokens.weight")
+        self.final_norm = self.vector("model.norm.weight")
+        self.head = (self.matrix("lm_head.weight") if "lm_head.weight" in packed
+                     else self.embed)
+        self.layers = [self.layer_weights(i) for i in range(args.num_hidden_layers)]
+        self.int8_acts = not precise and args.hidden_size % 32 == 0
+        self.rope = [self.layer_rope(i) for i in range(args.num_hidden_layers)]
+        self.cache = KVCache([args.layer_window(i) for i in range(args.num_hidden_layers)],
+                             self.context, args.num_key_value_heads, args.head_dim,
+                             [inv for inv, _ in self.rope], n_keep=n_keep)
+        inner = self.layers[0].gate.shape[0] if self.layers[0].gate is not None else 1
+        self.buffers = Buffers(args, self.chunk, inner)
+        self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
+
+    # weights --------------------------------------------------------------------
+    def matrix(self, name: str) -> Tensor:
+        t = self.packed.tensor(name)
+        if len(t.shape) != 2:
+            raise FormatError(f"{self.packed.path}: tensor {name} has shape {list(t.shape)}, "
+                              "expected a matrix")
+        return t
+
+    def vector(self, name: str, optional: bool = False) -> np.ndarray | None:
+        if optional and name not in self.packed:
+            return None
+        t = self.packed.tensor(name)
+        if t.type != "f32" or len(t.shape) != 1:
+            raise FormatError(f"{self.packed.path}: tensor {name} must be an f32 vector")
+        return t.data
+
+    def layer_weights(self, i: int) -> LayerWeights:
+        raise NotImplementedError
+
+    def layer_rope(self, i: int) -> tuple[np.ndarray, float]:
+        """(inv_freq, attention scaling) of layer i."""
+        params = self.args.rope()
+        dtype = self.args.extra.get("dtype") or self.args.extra.get("torch_dtype")
+        params["_bf16_buffers"] = dtype == "bfloat16"
+        return rope_inv_freq(self.args.head_dim, params)
+
+    def attn_scale(self) -> float:
+        return 1.0 / float(np.sqrt(self.args.head_dim))
+
+    def qk_norm(self, w: LayerWeights, q: np.ndarray, k: np.ndarray) -> None:
+        """Per-head q/k normalisation where the architecture has it."""
+
+    # one chunk ------------------------------------------------------------------
+    def attend(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
+        """b.attn[:T] = attention of this chunk's q/k/v over layer i's cache; stores k/v."""
+        a = self.args
+        Hq, Hkv, Dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        q = b.q[:T].reshape(T, Hq, Dh)
+        k = b.k[:T].reshape(T, Hkv, Dh)
+        v = b.v[:T].reshape(T, Hkv, Dh)
+        self.qk_norm(w, q, k)
+        inv_freq, scaling = self.rope[i]
+        cos, sin = rope_tables(positions, inv_freq, scaling)
+        apply_rope(q, cos, sin)
+        apply_rope(k, cos, sin)
+        layer = self.cache.layers[i]
+        attention(q, k, v, positions, layer.k, layer.v, layer.pos, layer.window,
+                  self.attn_scale(), 0.0, b.attn[:T].reshape(T, Hq, Dh))
+        layer.store(k, v, positions)
+
+    def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _chunk(self, tokens: np.ndarray, want: str) -> np.ndarray | None:
+        T = tokens.shape[0]
+        b = self.buffers
+        positions = np.arange(self.cache.next_pos, self.cache.next_pos + T, dtype=np.int64)
+        embedding(self.embed, tokens, b.x[:T])
+        if self.embed_scale != 1.0:
+            b.x[:T] *= np.float32(self.embed_scale)
+        for i, w in enumerate(self.layers):
+            self.block(i, w, b, T, positions)
+        self.cache.next_pos += T
+        self.cache.n_tokens += T
+        if want == "none":
+            return None
+        rows = b.x[:T] if want == "all" else b.x[T - 1:T]
+        n = rows.shape[0]
+        rmsnorm(rows, self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:n])
+        out = self.logit_buf[:n]
+        act = quantize_act(b.h[:n], b.act_d) if self.int8_acts else None
+        linear(self.head, b.h[:n], out, precise=self.precise, act=act)
+        return out
+
+    # public ---------------------------------------------------------------------
+    def forward(self, tokens, want: str = "all", shift: bool = True) -> np.ndarray | None:
+        """Run `tokens` after what the cache holds.
+
+        want: "all" -> logits [T, vocab] (a new array); "last" -> logits [vocab] of the last
+        token (a view of an internal buffer, valid until the next call); "none" -> None.
+        """
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise ContextError("no tokens to run")
+        bad = (tokens < 0) | (tokens >= self.args.vocab_size)
+        if bad.any():
+            raise ContextError(f"token id {int(tokens[bad][0])} is outside the vocabulary "
+                               f"(0..{self.args.vocab_size - 1})")
+        outs = []
+        for s in range(0, tokens.size, self.chunk):
+            part = tokens[s:s + self.chunk]
+            if self.cache.room() < part.size:
+                if not shift:
+                    raise ContextError(f"context of {self.context} tokens is full")
+                self.cache.shift(part.size)
+            last = s + self.chunk >= tokens.size
+            mode = want if want == "all" or last else "none"
+            out = self._chunk(part, mode)
+            if mode == "all":
+                outs.append(out.copy())
+            elif mode == "last":
+                return out[0]
+        return np.concatenate(outs) if want == "all" else None
+
+    def reset(self) -> None:
+        self.cache.reset()

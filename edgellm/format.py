@@ -1,0 +1,276 @@
+"""The packed model file: one self-describing, memory-mappable file.
+
+Layout (all integers little-endian):
+  0   8  magic b"EDGELLM\\0"
+  8   4  format version (u32)
+  12  4  flags (u32, 0)
+  16  8  header length in bytes (u64)
+  24  32 sha256 of the header bytes
+  56  8  reserved (0)
+  64  .. header: UTF-8 JSON object (see `build_header`)
+  ..     tensor data; the data section starts at the first 64-byte boundary after the
+         header, and each tensor's `offset` (relative to that start) is a multiple of 64.
+Quantized tensors are stored as `edgellm.quant` describes (ggml block bytes, rows
+contiguous). Opening checks the header checksum and every offset and size against the file
+length, so it stays O(1) in the file size; `verify()` checks per-tensor crc32s on demand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import quant
+from .errors import FormatError
+
+MAGIC = b"EDGELLM\0"
+VERSION = 1
+ALIGN = 64
+PREAMBLE = struct.Struct("<8sIIQ32s8s")  # 64 bytes
+MAX_HEADER_BYTES = 1 << 30
+MAX_TENSORS = 1_000_000
+MAX_DIMS = 4
+
+
+def align(n: int, a: int = ALIGN) -> int:
+    """n rounded up to a multiple of a."""
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of the tensor table; `offset` is relative to the data section."""
+
+    name: str
+    type: str
+    shape: tuple[int, ...]
+    block_size: int
+    offset: int
+    nbytes: int
+    crc32: int = 0
+
+    def to_json(self) -> dict:
+        return {"type": self.type, "shape": list(self.shape), "block_size": self.block_size,
+                "offset": self.offset, "nbytes": self.nbytes, "crc32": f"{self.crc32:08x}"}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """A zero-copy view of one stored tensor.
+
+    `data` is float32/float16 of `shape` for float types, and uint8 [rows, row_bytes]
+    for block-quantized ones.
+    """
+
+    name: str
+    type: str
+    shape: tuple[int, ...]
+    block_size: int
+    data: np.ndarray
+
+    def dequantize(self) -> np.ndarray:
+        """float32 copy of the tensor (for tests and small tensors only)."""
+        return quant.dequantize(self.data, self.type, self.shape, self.block_size)
+
+
+def plan_tensors(entries: list[tuple[str, str, tuple[int, ...], int]]) -> list[TensorInfo]:
+    """Lay out (name, type, shape, block_size) entries back to back, 64-byte aligned."""
+    infos, offset = [], 0
+    for name, type_name, shape, block_size in entries:
+        nbytes = quant.qtype(type_name).nbytes(tuple(shape), block_size)
+        infos.append(TensorInfo(name, type_name, tuple(int(s) for s in shape), block_size,
+                                offset, nbytes))
+        offset = align(offset + nbytes)
+    return infos
+
+
+def encode_header(meta: dict, tensors: list[TensorInfo]) -> bytes:
+    """The JSON header bytes: `meta` plus the tensor table (crc32 as fixed-width hex)."""
+    header = dict(meta)
+    header["tensors"] = {t.name: t.to_json() for t in tensors}
+    return json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def encode_preamble(header: bytes) -> bytes:
+    return PREAMBLE.pack(MAGIC, VERSION, 0, len(header), hashlib.sha256(header).digest(),
+                         b"\0" * 8)
+
+
+class PackedModel:
+    """An open packed file: header fields and zero-copy tensor views over one np.memmap."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        where = str(self.path)
+        try:
+            size = self.path.stat().st_size
+            with open(self.path, "rb") as f:
+                pre = f.read(PREAMBLE.size)
+                if len(pre) < PREAMBLE.size:
+                    raise FormatError(f"{where}: file is truncated ({size} bytes): "
+                                      "not an edgellm model file")
+                magic, version, _flags, hlen, digest, _ = PREAMBLE.unpack(pre)
+                if magic != MAGIC:
+                    raise FormatError(f"{where}: wrong magic {magic!r}: not an edgellm model "
+                                      "file (convert it with convert-model)")
+                if version != VERSION:
+                    raise FormatError(f"{where}: format version {version} is not supported "
+                                      f"(this edgellm reads version {VERSION})")
+                if hlen > min(MAX_HEADER_BYTES, size - PREAMBLE.size):
+                    raise FormatError(f"{where}: header length {hlen} runs past the end of "
+                                      f"the file ({size} bytes): file is truncated or corrupt")
+                raw = f.read(hlen)
+        except OSError as e:
+            raise FormatError(f"{where}: cannot read: {e.strerror or e}") from None
+        if hashlib.sha256(raw).digest() != digest:
+            raise FormatError(f"{where}: header checksum mismatch: file is corrupt")
+        try:
+            header = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise FormatError(f"{where}: header is not valid JSON: {e}") from None
+        if not isinstance(header, dict):
+            raise FormatError(f"{where}: header is not a JSON object")
+        self.header = header
+        self.data_start = align(PREAMBLE.size + hlen)
+        self.file_size = size
+        self.tensors = _parse_table(where, header.get("tensors"), size - self.data_start)
+        for key in ("config", "generation_config"):
+            if not isinstance(header.get(key, {}), dict):
+                raise FormatError(f"{where}: header field {key!r} is not an object")
+        self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if size else None
+
+    # header fields -------------------------------------------------------------
+    @property
+    def config(self) -> dict:
+        return self.header.get("config", {})
+
+    @property
+    def architecture(self) -> str:
+        return str(self.header.get("architecture") or self.config.get("model_type", ""))
+
+    @property
+    def tokenizer_json(self) -> str | None:
+        return (self.header.get("tokenizer") or {}).get("json")
+
+    @property
+    def tokenizer_config(self) -> dict:
+        return (self.header.get("tokenizer") or {}).get("config") or {}
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.header.get("chat_template")
+
+    @property
+    def generation_config(self) -> dict:
+        return self.header.get("generation_config", {})
+
+    # tensors -------------------------------------------------------------------
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def tensor(self, name: str) -> Tensor:
+        """Zero-copy view of tensor `name`; FormatError if it is not in the file."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise FormatError(f"{self.path}: tensor {name} is missing")
+        start = self.data_start + info.offset
+        raw = self._mm[start:start + info.nbytes]
+        t = quant.qtype(info.type)
+        if t.quantized:
+            rows = int(np.prod(info.shape[:-1]))
+            data = raw.reshape(rows, t.row_bytes(info.shape[-1], info.block_size))
+        else:
+            data = raw.view(quant.FLOAT_DTYPE[info.type]).reshape(info.shape)
+        return Tensor(name, info.type, info.shape, info.block_size, data)
+
+    def verify(self) -> list[str]:
+        """Check every tensor's crc32; return the names that do not match."""
+        bad = []
+        for info in self.tensors.values():
+            start = self.data_start + info.offset
+            if zlib.crc32(self._mm[start:start + info.nbytes]) != info.crc32:
+                bad.append(info.name)
+        return bad
+
+    def close(self) -> None:
+        mm, self._mm = self._mm, None
+        if mm is not None and getattr(mm, "_mmap", None) is not None:
+            try:
+                mm._mmap.close()
+            except (BufferError, ValueError):
+                pass  # views still alive: the mapping goes away with them
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _parse_table(where: str, table, data_bytes: int) -> dict[str, TensorInfo]:
+    """Validate the tensor table against the data section's length."""
+    if not isinstance(table, dict):
+        raise FormatError(f"{where}: header field 'tensors' is not an object")
+    if len(table) > MAX_TENSORS:
+        raise FormatError(f"{where}: tensor table has {len(table)} entries")
+    out: dict[str, TensorInfo] = {}
+    for name, e in table.items():
+        out[name] = _parse_entry(where, name, e, data_bytes)
+    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in out.values() if t.nbytes)
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise FormatError(f"{where}: tensors {a} and {b} overlap")
+    return out
+
+
+def _int(where: str, name: str, field: str, v, lo: int = 0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise FormatError(f"{where}: tensor {name}: field {field!r} is {v!r}, "
+                          f"expected an integer >= {lo}")
+    return v
+
+
+def _parse_entry(where: str, name: str, e, data_bytes: int) -> TensorInfo:
+    if not isinstance(e, dict):
+        raise FormatError(f"{where}: tensor {name}: entry is not an object")
+    type_name = e.get("type")
+    if type_name not in quant.TYPES:
+        raise FormatError(f"{where}: tensor {name}: unknown type {type_name!r}")
+    shape = e.get("shape")
+    if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_DIMS:
+        raise FormatError(f"{where}: tensor {name}: field 'shape' is {shape!r}")
+    shape = tuple(_int(where, name, "shape", s, 1) for s in shape)
+    block = _int(where, name, "block_size", e.get("block_size", quant.DEFAULT_BLOCK), 1)
+    t = quant.qtype(type_name)
+    if t.quantized and (block not in quant.BLOCK_SIZES or len(shape) != 2
+                        or shape[-1] % block):
+        raise FormatError(f"{where}: tensor {name}: shape {list(shape)} does not fit "
+                          f"{type_name} blocks of {block}")
+    offset = _int(where, name, "offset", e.get("offset"))
+    nbytes = _int(where, name, "nbytes", e.get("nbytes"))
+    if offset % ALIGN:
+        raise FormatError(f"{where}: tensor {name}: offset {offset} is not {ALIGN}-byte aligned")
+    if nbytes != t.nbytes(shape, block):
+        raise FormatError(f"{where}: tensor {name}: nbytes {nbytes} does not match "
+                          f"{type_name} {list(shape)}")
+    if offset + nbytes > data_bytes:
+        raise FormatError(f"{where}: tensor {name}: data at {offset}+{nbytes} runs past the "
+                          "end of the file (truncated?)")
+    crc = e.get("crc32", "0")
+    try:
+        crc = int(crc, 16) if isinstance(crc, str) else _int(where, name, "crc32", crc)
+    except ValueError:
+        raise FormatError(f"{where}: tensor {name}: field 'crc32' is {crc!r}") from None
+    return TensorInfo(name, type_name, shape, block, offset, nbytes, crc)
+
+
+def open_model(path: str | os.PathLike) -> PackedModel:
+    """Open and validate a packed model file."""
+    return PackedModel(path)

@@ -1,0 +1,1 @@
+"""CLI subcommands: each module has `add_arguments(parser)` and `run(args) -> int`."""

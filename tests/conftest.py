@@ -1,0 +1,39 @@
+"""Shared test helpers: the tiny reference checkpoints and converted files of them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY = FIXTURES / "tiny"
+TINY_NAMES = sorted(p.name for p in TINY.iterdir() if p.is_dir())
+LLAMA_FAMILY = ["llama", "llama-bf16-sharded", "qwen2", "qwen3", "mistral-swa"]
+
+
+def reference(name: str) -> dict:
+    """The transformers outputs stored with tiny fixture `name`."""
+    with np.load(TINY / name / "reference.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="session")
+def converted(tmp_path_factory):
+    """converted(name, quant) -> path of the fixture converted at `quant` (cached)."""
+    from converter.hf_source import open_hf
+    from converter.pack import convert
+
+    root = tmp_path_factory.mktemp("converted")
+    done: dict[tuple[str, str], Path] = {}
+
+    def get(name: str, quant: str = "f32", block_size: int = 32) -> Path:
+        key = (name, f"{quant}-{block_size}")
+        if key not in done:
+            out = root / f"{name}-{quant}-{block_size}.edgellm"
+            convert(open_hf(TINY / name), out, quant, block_size, progress=False)
+            done[key] = out
+        return done[key]
+
+    return get

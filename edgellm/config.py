@@ -13,6 +13,7 @@ from .errors import FormatError
 ARCH_ALIASES = {
     "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
     "smollm": "llama", "smollm2": "llama", "smollm3": "llama",
+    "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "moe", "mixtral": "moe",
 }
 SUPPORTED = tuple(sorted(ARCH_ALIASES))
 
@@ -39,6 +40,24 @@ class ModelArgs:
     rope_scaling: dict | None = None
     rope_parameters: dict | None = None
     attention_bias: bool = False
+    hidden_act: str = "silu"
+    # gemma3
+    hidden_activation: str | None = None
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    rope_local_base_freq: float | None = None  # transformers 4: RoPE base of sliding layers
+    sliding_window_pattern: int | None = None  # transformers 4: every n-th layer is global
+    # phi3 (transformers 4 spelling; 5 puts it in rope_parameters)
+    partial_rotary_factor: float | None = None
+    # mixture of experts (qwen3_moe, mixtral)
+    num_local_experts: int = 0  # mixtral; transformers 5 qwen3_moe
+    num_experts: int = 0  # transformers 4 qwen3_moe
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # qwen3_moe; mixtral's experts use intermediate_size
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] = field(default_factory=list)
     bos_token_id: int | list | None = None
     eos_token_id: int | list | None = None
     extra: dict = field(default_factory=dict)
@@ -70,6 +89,13 @@ class ModelArgs:
                               f"not split into {self.num_key_value_heads} key/value heads")
         if self.head_dim % 2:
             raise FormatError(f"model config: head_dim {self.head_dim} is odd")
+        if self.layer_types is None and self.model_type == "gemma3_text":
+            # transformers 4 configs: a global layer every `sliding_window_pattern` layers
+            n = self.sliding_window_pattern or self.extra.get("_sliding_window_pattern") or 6
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise FormatError(f"model config: sliding_window_pattern is {n!r}")
+            self.layer_types = ["sliding_attention" if (i + 1) % n else "full_attention"
+                                for i in range(self.num_hidden_layers)]
         if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
             raise FormatError("model config: layer_types does not list every layer")
 

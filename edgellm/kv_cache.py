@@ -77,6 +77,23 @@ class KVCache:
         self.next_pos = 0
         self.n_tokens = 0
 
+    def truncate(self, n: int) -> bool:
+        """Forget every token from position n on; False if that cannot be done exactly
+        (a shift happened, or a sliding window may have overwritten what n needs)."""
+        if self.next_pos != self.n_tokens:
+            return False  # shifted: positions no longer count tokens
+        for layer in self.layers:
+            if layer.window and self.next_pos - n > 0 and layer.written > layer.cap:
+                return False
+        for layer in self.layers:
+            layer.pos[layer.pos >= n] = -1
+            if not layer.window:
+                layer.written = n
+            else:
+                layer.written = min(layer.written, n)
+        self.next_pos = self.n_tokens = n
+        return True
+
     def room(self) -> int:
         """Tokens that fit before a shift is needed."""
         if all(layer.window for layer in self.layers):

@@ -6,9 +6,20 @@ import os
 
 import numpy as np
 
+from collections.abc import Iterator, Sequence
+
 from . import arch
-from .errors import ContextError, EdgeLLMError
+from .chat_template import ChatTemplate
+from .errors import ContextError, EdgeLLMError, SamplingError, TemplateError
 from .format import PackedModel
+from .generate import Chunk, stream
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+
+DEFAULT_MAX_TOKENS = 256
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                 "repetition_context", "presence_penalty", "frequency_penalty", "logit_bias",
+                 "seed")
 
 
 class LLM:
@@ -16,9 +27,15 @@ class LLM:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
                  context: int | None = None, precise: bool = False, chunk: int = 64):
+        import numba
+
         from .numba_setup import set_threads
 
-        self.threads = set_threads(threads)
+        self.threads = numba.config.NUMBA_NUM_THREADS if threads is None else threads
+        try:
+            set_threads(self.threads)
+        except ValueError as e:
+            raise EdgeLLMError(str(e)) from None
         self.packed = PackedModel(path)
         try:
             self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk)
@@ -26,7 +43,8 @@ class LLM:
             self.packed.close()
             raise
         self.precise = precise
-        self._tokenizer = None
+        self._tokenizer: Tokenizer | None = None
+        self._template: ChatTemplate | None = None
 
     @property
     def config(self) -> dict:
@@ -49,6 +67,85 @@ class LLM:
                                f"{self.model.context}")
         self.model.reset()
         return self.model.forward(ids, want="all", shift=False)
+
+    # text ------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (built on first use from the embedded tokenizer.json)."""
+        if self._tokenizer is None:
+            p = self.packed
+            self._tokenizer = Tokenizer.from_json(p.tokenizer_json, p.tokenizer_config,
+                                                  p.generation_config)
+        return self._tokenizer
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                            **kwargs) -> str:
+        """The prompt string for chat `messages`, as transformers' apply_chat_template."""
+        if self._template is None:
+            if not self.packed.chat_template:
+                raise TemplateError(f"{self.packed.path}: the model has no chat template")
+            self._template = ChatTemplate(self.packed.chat_template,
+                                          self.tokenizer.special_tokens)
+        return self._template.render(messages, add_generation_prompt=add_generation_prompt,
+                                     **kwargs)
+
+    def encode_prompt(self, prompt) -> list[int]:
+        """A prompt -> ids: a string (special tokens added as the tokenizer says), chat
+        messages (the template applied), or token ids as they are."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
+        prompt = list(prompt)
+        if prompt and all(isinstance(m, dict) for m in prompt):
+            return self.tokenizer.encode(self.apply_chat_template(prompt))
+        if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
+            return [int(t) for t in prompt]
+        raise EdgeLLMError("prompt must be a string, a list of chat messages or token ids")
+
+    def sampler(self, **sampling) -> Sampler:
+        """A Sampler with the model's generation_config defaults, overridden by `sampling`."""
+        unknown = set(sampling) - set(SAMPLING_KEYS)
+        if unknown:
+            raise SamplingError(f"unknown sampling parameter {sorted(unknown)[0]!r} "
+                                f"(known: {', '.join(SAMPLING_KEYS)})")
+        params = SamplingParams.from_generation_config(
+            self.packed.generation_config, **{k: v for k, v in sampling.items() if v is not None})
+        return Sampler(params, self.args.vocab_size)
+
+    def stream_ids(self, ids: Sequence[int], max_tokens: int | None = None,
+                   stop: Sequence[str] | str = (), shift: bool = True, keep_cache: bool = False,
+                   **sampling) -> Iterator[Chunk]:
+        """Stream a continuation of token ids (after the cache's contents if keep_cache)."""
+        if max_tokens is None:
+            max_tokens = int(self.packed.generation_config.get("max_new_tokens")
+                             or DEFAULT_MAX_TOKENS)
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+            raise SamplingError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        sampler = self.sampler(**sampling)
+        if not keep_cache:
+            self.model.reset()
+        if not ids:
+            raise ContextError("empty prompt")
+        history = list(self.model.tokens) + list(ids)
+        return stream(self.model, self.tokenizer, ids, sampler, max_tokens, stop, shift,
+                      history)
+
+    def stream(self, prompt, **kwargs) -> Iterator[Chunk]:
+        """Stream the continuation of `prompt` (str, chat messages or ids) as Chunks with
+        .text and .token; the last also has .finish_reason and .stats. kwargs: max_tokens,
+        stop, shift, temperature, top_k, top_p, min_p, repetition_penalty,
+        presence_penalty, frequency_penalty, logit_bias, seed."""
+        return self.stream_ids(self.encode_prompt(prompt), **kwargs)
+
+    def generate(self, prompt, **kwargs) -> str:
+        """The whole continuation of `prompt` as one string (see `stream`)."""
+        return "".join(c.text for c in self.stream(prompt, **kwargs))
+
+    def chat(self, system: str | None = None):
+        """A multi-turn ChatSession that keeps its KV cache across turns."""
+        from .chat import ChatSession
+
+        return ChatSession(self, system)
 
     def close(self) -> None:
         self.model = None

@@ -89,6 +89,7 @@ class Transformer:
         inner = self.layers[0].gate.shape[0] if self.layers[0].gate is not None else 1
         self.buffers = Buffers(args, self.chunk, inner)
         self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
+        self.tokens: list[int] = []  # the ids the cache holds, in order
 
     # weights --------------------------------------------------------------------
     def matrix(self, name: str) -> Tensor:
@@ -184,15 +185,34 @@ class Transformer:
             if self.cache.room() < part.size:
                 if not shift:
                     raise ContextError(f"context of {self.context} tokens is full")
-                self.cache.shift(part.size)
+                discard = self.cache.shift(part.size)
+                keep = min(self.cache.n_keep, len(self.tokens))
+                del self.tokens[keep:keep + discard]
             last = s + self.chunk >= tokens.size
             mode = want if want == "all" or last else "none"
             out = self._chunk(part, mode)
+            self.tokens.extend(part.tolist())
             if mode == "all":
                 outs.append(out.copy())
             elif mode == "last":
                 return out[0]
         return np.concatenate(outs) if want == "all" else None
 
+    def warmup(self) -> None:
+        """Run the decode and prefill paths once (compiles or loads every kernel)."""
+        self.forward([0, 0], want="last")
+        self.forward([0], want="last")
+        self.reset()
+
     def reset(self) -> None:
         self.cache.reset()
+        self.tokens.clear()
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first n tokens of the cache (reset when that cannot be done)."""
+        if n >= len(self.tokens):
+            return
+        if n == 0 or not self.cache.truncate(n):
+            self.reset()
+            return
+        del self.tokens[n:]

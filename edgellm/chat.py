@@ -1,0 +1,65 @@
+"""A multi-turn chat that keeps its KV cache: each turn prefills only its new tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from .generate import Chunk
+
+
+class ChatSession:
+    """Messages so far, and the model's cache holding them.
+
+    A turn renders the whole conversation with the chat template. When the text the cache
+    already holds is a prefix of it, only the rest is tokenized and prefilled; otherwise
+    the cache is cut back to the longest common prefix of token ids (or reset).
+    """
+
+    def __init__(self, llm, system: str | None = None):
+        self.llm = llm
+        self.system = system
+        self.messages: list[dict] = []
+        self.cached_text = ""  # the text the model's cache holds (if it holds our tokens)
+        self.last_prefill_tokens = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the system message stays)."""
+        self.messages = [{"role": "system", "content": self.system}] if self.system else []
+        self.cached_text = ""
+        self.llm.model.reset()
+
+    def _new_tokens(self, text: str) -> list[int]:
+        """The ids to prefill so that the cache holds `text`."""
+        model, tok = self.llm.model, self.llm.tokenizer
+        if self.cached_text and text.startswith(self.cached_text) and model.tokens:
+            return tok.encode(text[len(self.cached_text):])
+        ids = tok.encode(text)
+        common = 0
+        for a, b in zip(model.tokens, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)
+        model.truncate(common)
+        return ids[len(model.tokens):]
+
+    def send(self, message: str, **sampling) -> Iterator[Chunk]:
+        """Add a user message and stream the assistant's answer (recorded when done)."""
+        self.messages.append({"role": "user", "content": message})
+        text = self.llm.apply_chat_template(self.messages, add_generation_prompt=True)
+        ids = self._new_tokens(text)
+        self.last_prefill_tokens = len(ids)
+        answer = []
+        try:
+            for chunk in self.llm.stream_ids(ids, keep_cache=True, **sampling):
+                answer.append(chunk.text)
+                yield chunk
+        finally:  # also when the caller stops early (Ctrl-C): keep what was said
+            reply = "".join(answer)
+            self.messages.append({"role": "assistant", "content": reply})
+            self.cached_text = self.llm.tokenizer.decode(self.llm.model.tokens)
+
+    def ask(self, message: str, **sampling) -> str:
+        """send() collected into one string."""
+        return "".join(c.text for c in self.send(message, **sampling))

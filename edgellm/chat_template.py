@@ -1,0 +1,245 @@
+"""Chat templates: render a conversation to prompt text exactly as transformers does.
+
+`apply_chat_template` in transformers compiles the model's Jinja template in an
+`ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)` with the loop-control
+and `{% generation %}` extensions, its own `tojson` filter and the globals `raise_exception`
+and `strftime_now`, and renders it with `messages`, `tools`, `documents`,
+`add_generation_prompt` and the special tokens. `ChatTemplate` does the same.
+
+Templates ship with model files, so they are untrusted: the sandbox refuses Python internals
+(`''.__class__`), and rendering is bounded in output size, value sizes and time, so a
+template cannot eat the memory or the CPU (`{% for i in range(10**9) %}` fails).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+from edgellm.errors import TemplateError
+
+MAX_CHARS = 1_000_000  # rendered output, and any string/list a template builds
+MAX_SECONDS = 10.0
+MAX_POW_BITS = 4096
+# widths and precisions in "%10.3f" and "{:>10}" format strings
+_FORMAT_WIDTHS = re.compile(r"%[-#0 +]*\d*(?:\.\d*)?|\{[^{}]*?:[^{}]*\}")
+_STAR_WIDTH = re.compile(r"%[-#0 +]*\d*\.?\*")
+# functions whose int arguments are sizes of what they build
+_WIDTH_FILTERS = frozenset({"center", "indent", "batch", "slice", "wordwrap"})
+_WIDTH_STR_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs"})
+
+
+class _Raised(Exception):
+    """raise_exception() was called by the template."""
+
+
+class _GenerationTag(Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks in
+    transformers; for rendering it is transparent."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> list[nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
+def _raise_exception(message: Any) -> None:
+    raise _Raised(str(message))
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    # transformers' override: no HTML escaping, and these keyword arguments.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The transformers environment plus limits on time, on the size of every value the
+    template builds, and on the widths it asks of padding functions."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def __init__(self, max_chars: int, max_seconds: float) -> None:
+        super().__init__(trim_blocks=True, lstrip_blocks=True,
+                         extensions=[loopcontrols, _GenerationTag])
+        self.max_chars = max_chars
+        self.max_seconds = max_seconds
+        self.deadline = math.inf
+        self.filters["tojson"] = _tojson
+        self.globals["raise_exception"] = _raise_exception
+        self.globals["strftime_now"] = _strftime_now
+        del self.globals["lipsum"]  # slow and useless in a chat template
+        for name, fn in list(self.filters.items()):
+            self.filters[name] = self._guarded(fn, name in _WIDTH_FILTERS)
+
+    # -- limits
+    def _tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise TemplateError(f"chat template took longer than {self.max_seconds:g} s")
+
+    def _check_size(self, value: Any) -> Any:
+        if isinstance(value, (str, list, tuple, dict)) and len(value) > self.max_chars:
+            raise TemplateError(f"chat template built a value longer than {self.max_chars}")
+        return value
+
+    def _check_widths(self, values: Iterable[Any]) -> None:
+        for value in values:
+            if isinstance(value, int) and abs(value) > self.max_chars:
+                raise TemplateError(f"chat template asked for a width above {self.max_chars}")
+
+    def _check_format(self, fmt: str, args: Any = ()) -> None:
+        for match in _FORMAT_WIDTHS.finditer(fmt):
+            self._check_widths(int(n) for n in re.findall(r"\d+", match.group()))
+        if _STAR_WIDTH.search(fmt):  # "%*s" takes its width from the arguments
+            self._check_widths(args if isinstance(args, tuple) else (args,))
+
+    def _guarded(self, fn: Any, widths: bool) -> Any:
+        # jinja passes (context or environment,) value, then the filter's own arguments
+        skip = 2 if getattr(fn, "jinja_pass_arg", None) else 1
+
+        @functools.wraps(fn)  # keeps jinja's pass_context / pass_environment marks
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            self._tick()
+            if widths:
+                self._check_widths((*args[skip:], *kwargs.values()))
+            return self._check_size(fn(*args, **kwargs))
+        return guarded
+
+    # -- sandbox hooks
+    def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+        raise TemplateError(f"chat template tried to access attribute {attribute!r} of "
+                            f"{type(obj).__name__!r} object: refused")
+
+    def wrap_str_format(self, value: Any) -> Any:
+        wrapped = super().wrap_str_format(value)  # "...".format / format_map
+        if wrapped is not None:
+            self._check_format(value.__self__)
+        return wrapped
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        self._tick()
+        return self._check_size(super().getattr(obj, attribute))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        self._tick()
+        return self._check_size(super().getitem(obj, argument))
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        __self._tick()
+        if isinstance(getattr(__obj, "__self__", None), str) \
+                and getattr(__obj, "__name__", "") in _WIDTH_STR_METHODS:
+            __self._check_widths((*args, *kwargs.values()))
+        return __self._check_size(super().call(__context, __obj, *args, **kwargs))
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        sized = (str, list, tuple)
+        if operator == "*":
+            seq, n = (left, right) if isinstance(left, sized) else (right, left)
+            if isinstance(seq, sized) and isinstance(n, int) and len(seq) * n > self.max_chars:
+                raise TemplateError(f"chat template built a value longer than {self.max_chars}")
+        elif operator == "**":
+            if isinstance(left, (int, float)) and isinstance(right, int) and abs(left) > 1 \
+                    and right * math.log2(abs(left)) > MAX_POW_BITS:
+                raise TemplateError("chat template computed a number too large")
+        elif operator == "%":
+            if isinstance(left, str):
+                self._check_format(left, right)
+        elif isinstance(left, sized) and isinstance(right, sized):
+            if len(left) + len(right) > self.max_chars:
+                raise TemplateError(f"chat template built a value longer than {self.max_chars}")
+        return self._check_size(super().call_binop(context, operator, left, right))
+
+
+def _special_value(value: Any) -> Any:
+    """tokenizer_config stores a token as a string or {"content": ...}; lists of either."""
+    if isinstance(value, Mapping) and "content" in value:
+        return value["content"]
+    if isinstance(value, list):
+        return [_special_value(v) for v in value]
+    return value
+
+
+class ChatTemplate:
+    """A compiled chat template.
+
+    `special_tokens` (e.g. Tokenizer.special_tokens: bos_token, eos_token, unk_token,
+    pad_token, ...) become template variables, as transformers passes its
+    `special_tokens_map`. Not safe to render from several threads at once.
+    """
+
+    def __init__(self, template: str, special_tokens: Mapping[str, Any] | None = None, *,
+                 max_chars: int = MAX_CHARS, max_seconds: float = MAX_SECONDS) -> None:
+        if not isinstance(template, str) or not template:
+            raise TemplateError("chat template is missing or empty")
+        self.source = template
+        self.special_tokens = {k: _special_value(v) for k, v in (special_tokens or {}).items()}
+        self._env = _Sandbox(max_chars, max_seconds)
+        try:
+            self._template = self._env.from_string(template)
+        except jinja2.TemplateSyntaxError as e:
+            raise TemplateError(
+                f"chat template syntax error at line {e.lineno}: {_one_line(e.message)}"
+            ) from None
+        except Exception as e:
+            raise TemplateError(f"chat template does not compile: {_one_line(e)}") from None
+
+    def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None,
+               documents: Sequence[Mapping[str, Any]] | None = None, **extra: Any) -> str:
+        """Render messages [{"role": ..., "content": ...}, ...] to the prompt string.
+
+        `extra` are further template variables (e.g. enable_thinking=False); they override
+        special tokens of the same name.
+        """
+        env = self._env
+        variables = {**self.special_tokens, **extra}
+        env.deadline = time.monotonic() + env.max_seconds
+        parts: list[str] = []
+        size = 0
+        try:
+            for chunk in self._template.generate(
+                messages=messages, tools=tools, documents=documents,
+                add_generation_prompt=add_generation_prompt, **variables,
+            ):
+                size += len(chunk)
+                if size > env.max_chars:
+                    raise TemplateError(f"chat template output exceeds {env.max_chars} characters")
+                parts.append(chunk)
+        except TemplateError:
+            raise
+        except _Raised as e:
+            raise TemplateError(f"chat template raised an error: {_one_line(e)}") from None
+        except SecurityError as e:
+            raise TemplateError(f"chat template tried something unsafe ({_one_line(e)}): "
+                                "refused") from None
+        except RecursionError:
+            raise TemplateError("chat template recursed too deeply") from None
+        except Exception as e:
+            raise TemplateError(
+                f"chat template failed to render: {type(e).__name__}: {_one_line(e)}"
+            ) from None
+        finally:
+            env.deadline = math.inf
+        return "".join(parts)

@@ -1,0 +1,47 @@
+"""Generate text from a prompt, streamed to stdout.
+
+Without -m, uses the default model (downloaded and converted on first use).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ..errors import EdgeLLMError
+from .common import add_model_arguments, add_sampling_arguments, open_model, sampling_kwargs
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    p.add_argument("-p", "--prompt", required=True, help="the prompt; '-' reads stdin")
+    p.add_argument("-n", "--max-tokens", type=int, default=None,
+                   help="tokens to generate at most (default: 256)")
+    add_sampling_arguments(p)
+    p.add_argument("--stop", nargs="+", default=[], metavar="STR",
+                   help="stop when the output reaches one of these strings")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user message with the chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--no-shift", action="store_true",
+                   help="stop at the end of the context instead of shifting it")
+    p.add_argument("--verbose", action="store_true", help="print statistics to stderr")
+
+
+def run(args) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.max_tokens is not None and args.max_tokens < 0:
+        raise EdgeLLMError(f"-n must be >= 0, got {args.max_tokens}")
+    with open_model(args) as llm:
+        if args.chat:
+            messages = [{"role": "system", "content": args.system}] if args.system else []
+            prompt = messages + [{"role": "user", "content": prompt}]
+        last = None
+        for chunk in llm.stream(prompt, max_tokens=args.max_tokens, stop=args.stop,
+                                shift=not args.no_shift, **sampling_kwargs(args)):
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+            last = chunk
+        sys.stdout.write("\n")
+        if args.verbose and last is not None and last.stats is not None:
+            print(f"[{last.finish_reason}] {last.stats.line()}", file=sys.stderr)
+    return 0

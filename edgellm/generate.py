@@ -1,0 +1,160 @@
+"""The generation loop: prefill, then sample and decode one token at a time, streaming text.
+
+`generate_step` yields token ids (mlx-lm's shape); `stream` wraps it with the detokenizer,
+stop strings and statistics, yielding `Chunk`s.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ContextError
+from .sampling import Sampler
+from .tokenizer import StreamingDetokenizer, Tokenizer
+
+
+@dataclass
+class Stats:
+    """Counts and speeds of one generation."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    ttft_s: float = 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        # the first token comes from the prefill's logits: n-1 decode steps produce the rest
+        steps = max(self.generated_tokens - 1, 0)
+        return steps / self.decode_s if self.decode_s and steps else 0.0
+
+    def line(self) -> str:
+        return (f"prompt {self.prompt_tokens} tokens, {self.prefill_tok_s:.1f} tok/s; "
+                f"generated {self.generated_tokens} tokens, {self.decode_tok_s:.1f} tok/s; "
+                f"first token after {self.ttft_s * 1000:.0f} ms")
+
+
+@dataclass
+class Chunk:
+    """A piece of streamed output. The last chunk has `finish_reason` and `stats`."""
+
+    text: str
+    token: int | None
+    finish_reason: str | None = None  # "stop" (end of sequence or stop string), "length"
+    stats: Stats | None = None
+
+
+class StopMatcher:
+    """Cuts text at the first stop string, even when it spans several chunks: text that
+    could still start a stop string is held back until it cannot."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was reached)."""
+        buf = self.pending + text
+        if not self.stops:
+            self.pending = ""
+            return buf, False
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.pending = ""
+            return buf[:min(hits)], True
+        hold = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(buf)), hold, -1):
+                if buf.endswith(s[:n]):
+                    hold = n
+                    break
+        self.pending = buf[len(buf) - hold:] if hold else ""
+        return buf[:len(buf) - hold], False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+def generate_step(model, prompt: np.ndarray, sampler: Sampler, history: list[int],
+                  shift: bool = True) -> Iterator[int]:
+    """Prefill `prompt` after what the cache holds, then yield sampled ids forever.
+
+    The caller stops the iteration; each id it pulls after the first is decoded (fed to the
+    model) before the next is sampled. `history` (prompt so far) grows with each id.
+    """
+    logits = model.forward(prompt, want="last", shift=shift)
+    while True:
+        token = sampler.sample(logits, history)
+        history.append(token)
+        yield token
+        logits = model.forward(np.array([token], np.int64), want="last", shift=shift)
+
+
+def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
+           max_tokens: int, stop: Sequence[str] = (), shift: bool = True,
+           history: list[int] | None = None) -> Iterator[Chunk]:
+    """Generate from `prompt` (ids to run after the cache's contents), as Chunks.
+
+    Ends on an end-of-sequence id ("stop", its text not emitted), a stop string ("stop",
+    nothing from the stop string on emitted), `max_tokens` ("length"), or a full context
+    when `shift` is False ("length"). The last sampled id is never run through the model:
+    `model.tokens` lists what the cache holds afterwards.
+    """
+    prompt = np.asarray(prompt, dtype=np.int64)
+    if not shift and model.cache.room() < prompt.size + 1:
+        raise ContextError(f"prompt of {prompt.size} tokens does not fit the context of "
+                           f"{model.context} (room for {model.cache.room()})")
+    stats = Stats(prompt_tokens=int(prompt.size))
+    history = list(prompt) if history is None else history
+    detok = StreamingDetokenizer(tokenizer)
+    stopper = StopMatcher(stop)
+    t0 = time.perf_counter()
+    steps = generate_step(model, prompt, sampler, history, shift)
+    finish = "length"
+    t_first = t0
+    if max_tokens <= 0:
+        yield Chunk("", None, "length", stats)
+        return
+    for n, token in enumerate(steps):
+        if n == 0:
+            t_first = time.perf_counter()
+            stats.prefill_s = stats.ttft_s = t_first - t0
+        if token in tokenizer.eos_ids:
+            finish = "stop"
+            break
+        stats.generated_tokens += 1
+        text, stopped = stopper.feed(detok.add(token))
+        if stopped:
+            finish = "stop"
+            if text:
+                yield Chunk(text, token)
+            break
+        last = stats.generated_tokens >= max_tokens
+        if not last and not shift and model.cache.room() < 1:
+            last = True
+        if last:
+            tail, stopped = stopper.feed(detok.flush())
+            text += tail if stopped else tail + stopper.flush()
+            stats.decode_s = time.perf_counter() - t_first
+            steps.close()
+            yield Chunk(text, token, "stop" if stopped else "length", stats)
+            return
+        if text:
+            yield Chunk(text, token)
+    stats.decode_s = time.perf_counter() - t_first
+    text = ""
+    if finish == "length":
+        text, _ = stopper.feed(detok.flush())
+        text += stopper.flush()
+    steps.close()
+    yield Chunk(text, None, finish, stats)

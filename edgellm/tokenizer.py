@@ -1,0 +1,204 @@
+"""Tokenizer: a thin wrapper over Hugging Face `tokenizers`, and a streaming detokenizer.
+
+The wrapper is built from the strings a model ships (tokenizer.json, tokenizer_config.json,
+generation_config.json) and behaves like transformers' fast tokenizer:
+
+- `encode(text)` adds no special tokens; `encode(text, add_special_tokens=True)` uses the
+  tokenizer.json post-processor unless tokenizer_config sets `add_bos_token` /
+  `add_eos_token`, in which case the result is `[bos]? + ids + [eos]?`, as transformers'
+  `update_post_processor` rebuilds it.
+- `decode` never applies `clean_up_tokenization_spaces`: transformers (>= 5.7) skips it for
+  BPE tokenizers, which every model we run uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import tokenizers
+
+from edgellm.errors import TokenizerError
+
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+_REPLACEMENT = "\ufffd"
+
+
+def _token_content(value: object) -> str | None:
+    """A special token as tokenizer_config stores it: a string or {"content": str}."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _as_id_list(value: object) -> list[int]:
+    """generation_config ids: an int, a list of ints, or absent."""
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+class Tokenizer:
+    """Text <-> token ids for one model."""
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        tokenizer_config: Mapping | None = None,
+        generation_config: Mapping | None = None,
+    ) -> None:
+        self._tok = backend
+        # tokenizer.json may carry training-time truncation/padding; transformers turns them
+        # off for a plain call, and so do we.
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        config = dict(tokenizer_config or {})
+        gen = dict(generation_config or {})
+
+        self.special_tokens: dict[str, str] = {}
+        for key in SPECIAL_TOKEN_KEYS:
+            content = _token_content(config.get(key))
+            if content is None:  # fall back on the id generation_config names
+                ids = _as_id_list(gen.get(f"{key}_id"))
+                content = self._tok.id_to_token(ids[0]) if ids else None
+            if content is not None:
+                self.special_tokens[key] = content
+
+        self.bos_token = self.special_tokens.get("bos_token")
+        self.eos_token = self.special_tokens.get("eos_token")
+        self.bos_id = self.token_to_id(self.bos_token) if self.bos_token else None
+        self.eos_id = self.token_to_id(self.eos_token) if self.eos_token else None
+        eos = {self.eos_id} if self.eos_id is not None else set()
+        eos.update(i for i in _as_id_list(gen.get("eos_token_id")) if 0 <= i < self.vocab_size)
+        self.eos_ids: frozenset[int] = frozenset(eos)
+
+        self._add_bos = config.get("add_bos_token")
+        self._add_eos = config.get("add_eos_token")
+        if self._add_bos and self.bos_id is None:
+            raise TokenizerError("tokenizer_config sets add_bos_token but has no usable bos_token")
+        if self._add_eos and self.eos_id is None:
+            raise TokenizerError("tokenizer_config sets add_eos_token but has no usable eos_token")
+
+    @classmethod
+    def from_json(
+        cls,
+        tokenizer_json: str | None,
+        tokenizer_config: Mapping | None = None,
+        generation_config: Mapping | None = None,
+    ) -> Tokenizer:
+        """Build from the text of tokenizer.json and the parsed config dicts."""
+        if not tokenizer_json or not isinstance(tokenizer_json, str):
+            raise TokenizerError("tokenizer.json is missing or empty")
+        try:
+            backend = tokenizers.Tokenizer.from_str(tokenizer_json)
+        except Exception as e:  # tokenizers raises a bare Exception
+            first = (str(e).splitlines() or [type(e).__name__])[0]
+            raise TokenizerError(f"tokenizer.json is invalid: {first}") from None
+        return cls(backend, tokenizer_config, generation_config)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._tok.id_to_token(token_id)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """text -> ids [n]. Special-token text in `text` always maps to its id."""
+        if add_special_tokens and (self._add_bos is not None or self._add_eos is not None):
+            ids = self._tok.encode(text, add_special_tokens=False).ids
+            if self._add_bos:
+                ids.insert(0, self.bos_id)
+            if self._add_eos:
+                ids.append(self.eos_id)
+            return ids
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """ids [n] -> text. Ids outside the vocabulary decode to nothing, as in `tokenizers`."""
+        try:
+            return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        except (OverflowError, TypeError) as e:
+            raise TokenizerError(f"cannot decode ids: {e}") from None
+
+
+class StreamingDetokenizer:
+    """Turns ids into text one id at a time, emitting text as soon as it is final.
+
+    Invariant: `"".join(add(i) for i in ids) + flush() == tokenizer.decode(ids)` for any ids a
+    tokenizer produces from text (and for any ids at all with byte-level BPE).
+
+    How: keep a short window of recent ids and the part of `decode(window)` already emitted;
+    each new id re-decodes the window and emits what follows that part, except:
+    - trailing U+FFFD chars are held back until a later id shows they are final: they may be
+      an unfinished UTF-8 sequence (byte-level BPE: one U+FFFD; byte fallback: one per byte
+      of the whole run of byte tokens);
+    - if the emitted part itself changed, nothing is emitted: byte fallback decodes a run of
+      byte tokens all-or-nothing, so "é" + the first byte of the next char shows as U+FFFD
+      x3 until that char is complete.
+    The window keeps `context` already-emitted ids, so a leading-space strip (SentencePiece)
+    hits old text, not new; once it holds 2 * context ids it is cut back to the last
+    `context` when they decode, free of U+FFFD, to a suffix of the window's text that covers
+    everything not yet emitted. Each id costs O(context), not O(n) (a run of invalid UTF-8
+    keeps the window growing until it ends).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False,
+                 context: int = 4) -> None:
+        if context < 1:
+            raise ValueError("context must be >= 1")
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._context = context
+        self._window: list[int] = []
+        self._done = ""  # the emitted part of decode(self._window)
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    def add(self, token_id: int) -> str:
+        """Append one id; return the text it completes (often "", never a partial char)."""
+        self._window.append(token_id)
+        text = self._decode(self._window)
+        if not text.startswith(self._done):
+            return ""  # a byte-fallback run is unfinished: wait for it
+        start = len(self._done)
+        end = len(text)
+        while end > start and text[end - 1] == _REPLACEMENT:
+            end -= 1
+        out = text[start:end]
+        self._done = text[:end]
+        if len(self._window) >= 2 * self._context:
+            self._shrink(text)
+        return out
+
+    def _shrink(self, text: str) -> None:
+        tail_ids = self._window[-self._context:]
+        tail = self._decode(tail_ids)
+        cut = len(text) - len(tail)
+        # A tail with no U+FFFD starts on a character boundary, so cutting there cannot
+        # change how the rest decodes (a tail starting mid-character decodes to U+FFFD).
+        if _REPLACEMENT not in tail and cut <= len(self._done) and text.endswith(tail):
+            self._window = tail_ids
+            self._done = self._done[cut:]
+
+    def flush(self) -> str:
+        """Return whatever is held back (e.g. an unfinished character as U+FFFD)."""
+        text = self._decode(self._window)
+        out = text[len(self._done):] if text.startswith(self._done) else ""
+        self._done = text
+        return out
+
+    def reset(self) -> None:
+        """Forget all ids: the next id starts a new text."""
+        self._window = []
+        self._done = ""

@@ -1,0 +1,1 @@
+"""The catalog of known models (installed as the package `edgellm.models`)."""

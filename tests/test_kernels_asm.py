@@ -1,0 +1,115 @@
+"""The kernels' machine code still uses the instructions they were written for.
+
+A numba/llvmlite upgrade can silently change what the IR in edgellm.kernels.simd lowers
+to; these tests read the assembly of freshly compiled (uncached) kernels:
+  VNNI path       vpdpbusd in the int8 matvec and matmul kernels
+  portable path   (EDGELLM_PORTABLE=1, in a subprocess) vpmaddwd and no vpdpbusd
+  precise path    packed float multiply-adds
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+
+from edgellm.kernels import act_quant, matmul, matvec, simd
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+ROOT = Path(__file__).resolve().parents[1]
+QTYPES = ("q8_0", "q4_0", "q4_1")
+
+
+def fresh_asm(dispatcher, *args) -> str:
+    """Assembly of dispatcher's Python function compiled now, bypassing the kernel cache."""
+    options = dict(dispatcher.targetoptions, cache=False)
+    options.pop("nopython", None)
+    f = numba.njit(**options)(dispatcher.py_func)
+    sig = tuple(numba.typeof(a) for a in args)
+    f.compile(sig)
+    return f.inspect_asm(sig)
+
+
+def sample_args():
+    w = np.zeros((4, 36), np.uint8)
+    w.flags.writeable = False
+    xq = np.zeros((1, 32), np.int8)
+    f = np.zeros((1, 32), np.float32)
+    return w, xq, f
+
+
+def int8_asm(kind: str) -> tuple[str, str]:
+    w, xq, f = sample_args()
+    mv = fresh_asm(getattr(matvec, f"mv_rows_{kind}"), w, 32, xq, f, f, f, 0, 4)
+    mm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, f, f, 0, 4, 1)
+    return mv, mm
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+@pytest.mark.parametrize("kind", QTYPES)
+def test_vnni_path_emits_vpdpbusd(kind):
+    for asm in int8_asm(kind):
+        assert "vpdpbusd" in asm
+        assert "vpmaddwd" not in asm
+
+
+PORTABLE_PROBE = """
+import json, sys
+sys.path.insert(0, {root!r})
+from tests.test_kernels_asm import int8_asm
+from edgellm.kernels import simd
+found = {{"path": simd.SIMD_PATH}}
+for kind in ("q8_0", "q4_0", "q4_1"):
+    asm = "\\n".join(int8_asm(kind))
+    found[kind] = {{op: asm.count(op) for op in ("vpdpbusd", "vpmaddwd")}}
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.skipif(not X86, reason="vpmaddwd is an x86 instruction")
+def test_portable_path_emits_vpmaddwd():
+    env = dict(os.environ, EDGELLM_PORTABLE="1")
+    proc = subprocess.run([sys.executable, "-c", PORTABLE_PROBE.format(root=str(ROOT))],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["path"] == "portable"
+    for kind in QTYPES:
+        assert found[kind]["vpdpbusd"] == 0, kind
+        assert found[kind]["vpmaddwd"] > 0, kind
+
+
+def test_generic_cpu_selects_portable():
+    code = "from edgellm.kernels import simd; print(simd.SIMD_PATH)"
+    env = dict(os.environ, NUMBA_CPU_NAME="generic")
+    env.pop("EDGELLM_PORTABLE", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-1] == "portable"
+
+
+@pytest.mark.skipif(not X86, reason="checks x86 vector registers")
+def test_float_paths_are_vectorized():
+    w, xq, f = sample_args()
+    packed_fma = re.compile(r"vfmadd\S*\s[^\n]*%[yz]mm")
+    for kind in QTYPES:
+        asm = fresh_asm(getattr(matvec, f"mvp_rows_{kind}"), w, 32, f, f, 0, 4)
+        assert packed_fma.search(asm), kind
+    wf = np.zeros((4, 32), np.float32)
+    assert packed_fma.search(fresh_asm(matvec.mvp_rows_f32, wf, 32, f, f, 0, 4))
+    wh = np.zeros((4, 32), np.uint16)
+    asm = fresh_asm(matvec.mvp_rows_f16, wh, 32, f, f, 0, 4)
+    assert packed_fma.search(asm) and "vcvtph2ps" in asm
+    x = np.zeros((1, 64), np.float32)
+    q = fresh_asm(act_quant.quantize_rows, x, np.zeros((1, 64), np.int8), f, np.zeros(
+        (1, 2), np.int32), f, 0, 1)
+    assert re.search(r"vmulps\s[^\n]*%[yz]mm", q)

@@ -136,8 +136,7 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
         text, stopped = stopper.feed(detok.add(token))
         if stopped:
             finish = "stop"
-            if text:
-                yield Chunk(text, token)
+            yield Chunk(text, token)
             break
         last = stats.generated_tokens >= max_tokens
         if not last and not shift and model.cache.room() < 1:
@@ -149,8 +148,7 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
             steps.close()
             yield Chunk(text, token, "stop" if stopped else "length", stats)
             return
-        if text:
-            yield Chunk(text, token)
+        yield Chunk(text, token)  # one chunk per token; text may be "" (an unfinished char)
     stats.decode_s = time.perf_counter() - t_first
     text = ""
     if finish == "length":

@@ -108,11 +108,17 @@ def _unpack_nibbles(p: np.ndarray) -> np.ndarray:
     return np.concatenate([p & 0x0F, p >> 4], axis=-1)
 
 
+def _inverse(d: np.ndarray) -> np.ndarray:
+    """1/d, and 0 where d is 0 or so small that 1/d overflows (its f16 scale is 0 anyway)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.float32(1) / d
+    return np.where(np.isfinite(inv), inv, np.float32(0)).astype(np.float32)
+
+
 def _quantize_q8_0(xb: np.ndarray) -> np.ndarray:
     amax = np.abs(xb).max(axis=-1)
     d = amax / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    inv = _inverse(d)
     # C's roundf: halves away from zero (np.round would round them to even).
     v = xb * inv[..., None]
     q = (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).astype(np.int8)
@@ -124,8 +130,7 @@ def _quantize_q4_0(xb: np.ndarray) -> np.ndarray:
     idx = np.abs(xb).argmax(axis=-1)
     vmax = np.take_along_axis(xb, idx[..., None], axis=-1)[..., 0]
     d = vmax / np.float32(-8)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    inv = _inverse(d)
     # (int8_t)(x*id + 8.5f) truncates toward zero; then MIN(15, .)
     q = np.minimum(15, np.trunc(xb * inv[..., None] + np.float32(8.5)).astype(np.int32))
     return np.concatenate([_f16_bytes(d), _pack_nibbles(q.astype(np.uint8))], axis=-1)
@@ -135,8 +140,7 @@ def _quantize_q4_1(xb: np.ndarray) -> np.ndarray:
     vmin = xb.min(axis=-1)
     vmax = xb.max(axis=-1)
     d = (vmax - vmin) / np.float32(15)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    inv = _inverse(d)
     v = (xb - vmin[..., None]) * inv[..., None] + np.float32(0.5)
     q = np.minimum(15, np.trunc(v).astype(np.int32))
     return np.concatenate(
@@ -199,8 +203,7 @@ def quantize_activations_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     xb = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
     amax = np.abs(xb).max(axis=-1)
     d = amax / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    inv = _inverse(d)
     v = xb * inv[..., None]
     q = (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).astype(np.int8)
     return q.reshape(x.shape), d.astype(np.float32), q.astype(np.int32).sum(axis=-1)

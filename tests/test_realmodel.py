@@ -1,0 +1,112 @@
+"""SmolLM2-135M-Instruct from its GGUF (converted without requantizing) against transformers'
+float32 outputs on the same weights (tests/fixtures/smollm2/reference.npz)."""
+
+import json
+
+import numpy as np
+import pytest
+from realmodel import SMOLLM2_FIXTURE, smollm2_gguf_path
+
+import edgellm
+
+REF = dict(np.load(SMOLLM2_FIXTURE / "reference.npz"))
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    from converter.gguf_source import open_gguf
+    from converter.pack import convert
+
+    out = tmp_path_factory.mktemp("smollm2") / "smollm2.edgellm"
+    convert(open_gguf(smollm2_gguf_path()), out, "keep", progress=False)
+    return out
+
+
+def greedy(llm, prompt, n):
+    m = llm.model
+    m.reset()
+    logits = m.forward(prompt, want="last")
+    out, gaps = [], []
+    for _ in range(n):
+        out.append(int(logits.argmax()))
+        logits = m.forward([out[-1]], want="last")
+    return out
+
+
+def first_divergence(got, want):
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+
+
+def ref_gap(pos_logits, a, b):
+    return abs(float(pos_logits[a]) - float(pos_logits[b]))
+
+
+def test_default_path_matches_llama_cpp_precision(smollm2, record_property):
+    ref = REF["logits"].astype(np.float32)
+    with edgellm.load(smollm2) as llm:
+        logits = llm.logits(REF["input_ids"])
+        story = greedy(llm, REF["story_input_ids"], len(REF["story_greedy_ids"]))
+    agree = int((logits.argmax(-1) == ref.argmax(-1)).sum())
+    div = first_divergence(story, list(REF["story_greedy_ids"]))
+    record_property("top1", agree)
+    record_property("story_divergence", div)
+    print(f"default: top-1 {agree}/37, max |diff| {np.abs(logits - ref).max():.3f}, "
+          f"story first divergence {div}")
+    assert agree >= 35  # llama.cpp: 35
+    assert div >= 22  # llama.cpp diverges at token 22
+
+
+def test_precise_path_matches_transformers(smollm2, record_property):
+    ref = REF["logits"].astype(np.float32)
+    with edgellm.load(smollm2, precise=True) as llm:
+        logits = llm.logits(REF["input_ids"])
+        answer = greedy(llm, REF["input_ids"], len(REF["greedy_ids"]))
+        story = greedy(llm, REF["story_input_ids"], len(REF["story_greedy_ids"]))
+        text = llm.tokenizer.decode(answer)
+    diff = float(np.abs(logits - ref).max())
+    print(f"precise: max |diff| {diff:.4f}, answer {text!r}")
+    assert diff < 5e-2
+    assert answer == list(REF["greedy_ids"])
+    assert text.startswith("The capital of France is Paris.")
+    want = list(REF["story_greedy_ids"])
+    div = first_divergence(story, want)
+    print(f"precise story: first divergence {div} of {len(want)}")
+    if div < len(want):
+        # allowed only at a near-tie of the reference itself: re-run transformers' choice
+        with edgellm.load(smollm2, precise=True) as llm:
+            ctx = list(REF["story_input_ids"]) + want[:div]
+            pos = llm.logits(ctx)[-1]
+        assert ref_gap(pos, story[div], want[div]) < 0.02
+
+
+def test_tokenizer_and_template_rebuilt_from_gguf(smollm2):
+    with edgellm.load(smollm2) as llm:
+        for case in json.loads((SMOLLM2_FIXTURE / "tokenizer_cases.json").read_text()):
+            assert llm.tokenizer.encode(case["text"]) == case["ids"], case["text"]
+        for case in json.loads((SMOLLM2_FIXTURE / "chat_cases.json").read_text()):
+            got = llm.apply_chat_template(case["messages"], case["add_generation_prompt"])
+            assert got == case["rendered"]
+
+
+def test_cli_precise_chat_answers_paris(smollm2):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "edgellm", "generate", "-m", str(smollm2),
+                        "--precise", "--chat", "--temp", "0", "-p",
+                        "What is the capital of France?"], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
+def test_load_maps_rather_than_reads(smollm2):
+    import resource
+
+    size = smollm2.stat().st_size
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    with edgellm.load(smollm2) as llm:
+        after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(f"file {size / 1e6:.1f} MB, peak RSS growth at load {(after - before) / 1e6:.1f} MB")
+        assert after - before < size / 4
+        assert llm.model.layers[0].q.data.base is not None  # a view, not a copy

@@ -22,6 +22,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "mistral": ("mistral", "MistralForCausalLM"),
     "qwen2": ("qwen2", "Qwen2ForCausalLM"),
     "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
 }
 
 # llama.cpp's LlamaModel.permute reorders the rows of Q and K (weights and biases) so that
@@ -51,10 +52,24 @@ _LLAMA_BLOCK = {
     "ffn_down.weight": "mlp.down_proj.weight",
 }
 
+# Gemma 3's sandwich norms: llama.cpp's ffn_norm is the pre-feed-forward norm here.
+_GEMMA3_BLOCK = {
+    **{k: v for k, v in _LLAMA_BLOCK.items() if k.startswith(("attn_", "ffn_gate", "ffn_up",
+                                                              "ffn_down"))},
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+}
+
 # architecture -> (whole-model names, per-block names without the "blk.N." prefix).
 TENSOR_TABLES: dict[str, tuple[dict[str, str], dict[str, str]]] = {
-    arch: (_LLAMA_GLOBAL, _LLAMA_BLOCK) for arch in ("llama", "mistral", "qwen2", "qwen3")
+    **{arch: (_LLAMA_GLOBAL, _LLAMA_BLOCK) for arch in ("llama", "mistral", "qwen2", "qwen3")},
+    "gemma3": (_LLAMA_GLOBAL, _GEMMA3_BLOCK),
 }
+
+# llama.cpp stores Gemma's (1 + weight) RMSNorm weights with the 1 added (every tensor named
+# *norm.weight); HF keeps the bare weight: value_offset(...) is what to add to get it back.
+NORM_SHIFT: dict[str, float] = {"gemma3": 1.0}
 
 # Tensors that carry no weight of the HF model: rope_freqs becomes config (llama3 rope).
 SKIPPED_TENSORS = frozenset({"rope_freqs.weight"})
@@ -80,6 +95,13 @@ def hf_tensor_name(arch: str, name: str) -> str | None:
     if m and m.group(2) in block_names:
         return f"model.layers.{int(m.group(1))}.{block_names[m.group(2)]}"
     return None
+
+
+def value_offset(arch: str, name: str) -> float:
+    """What to add to GGUF tensor `name`'s values to get the HF tensor (0.0: nothing)."""
+    if name.endswith("norm.weight"):
+        return -NORM_SHIFT.get(arch, 0.0)
+    return 0.0
 
 
 def qk_heads(arch: str, name: str, config: dict) -> int | None:
@@ -198,12 +220,50 @@ def hf_config(meta: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], pa
     window = m.positive("{arch}.attention.sliding_window")
     if window is not None:
         config["sliding_window"] = window
+    if mtype == "gemma3_text":
+        config.update(_gemma3_config(m, config))
     for field, key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                        ("pad_token_id", "padding_token_id"), ("unk_token_id", "unknown_token_id")):
         value = m.get(f"tokenizer.ggml.{key}", int)
         if value is not None:
             config[field] = value
     return config
+
+
+def _gemma3_config(m: _Meta, config: dict) -> dict:
+    """Gemma 3 settings llama.cpp fixes in code rather than metadata: every 6th layer global
+    (unless the file lists the pattern), RoPE base 10000 without scaling on sliding layers,
+    queries scaled by head_dim**-0.5 (hidden / heads for the 62-layer 27B model)."""
+    n = config["num_hidden_layers"]
+    if "sliding_window" not in config:
+        raise SourceError(f"{m.path}: metadata field {m.key('{arch}.attention.sliding_window')} "
+                          "is missing")
+    key = m.key("{arch}.attention.sliding_window_pattern")
+    pattern = m.meta.get(key, 6)
+    if isinstance(pattern, list) and len(pattern) == n and all(
+            isinstance(p, (bool, int)) for p in pattern):
+        sliding = [bool(p) for p in pattern]
+    elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern > 0:
+        sliding = [(i + 1) % pattern != 0 for i in range(n)]
+    else:
+        raise SourceError(f"{m.path}: metadata field {key} is {pattern!r}, expected a layer "
+                          f"count or {n} booleans")
+    full = {"rope_theta": config["rope_theta"], "rope_type": "default",
+            **(config["rope_scaling"] or {})}  # rope scaling applies to global layers only
+    scalar = config["hidden_size"] // config["num_attention_heads"] if n == 62 \
+        else config["head_dim"]
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh",
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "rope_parameters": {"full_attention": full,
+                            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}},
+        "rope_local_base_freq": 10000.0,
+        "query_pre_attn_scalar": scalar,
+        "attn_logit_softcapping": m.get("{arch}.attn_logit_softcapping", float),
+        "final_logit_softcapping": m.get("{arch}.final_logit_softcapping", float),
+        "attention_bias": False,
+    }
 
 
 def _rope_scaling(m: _Meta, theta: float, head_dim: int,

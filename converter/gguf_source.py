@@ -180,6 +180,7 @@ class _TensorInfo:
                 raise SourceError(f"{path}: tensor {t.name} has type {self.qtype.name}, "
                                   "which cannot be dequantized")
         self.order: np.ndarray | None = None
+        self.offset = gguf_names.value_offset(arch, t.name)  # Gemma's norms: stored + 1
 
     def bind(self, config: dict) -> None:
         """Fix the Q/K row order once the head counts are known."""
@@ -208,7 +209,8 @@ class _TensorInfo:
                 out = quant.dequantize(rows, self.dtype, self.shape)
             else:
                 out = gguf.quants.dequantize(np.ascontiguousarray(rows), self.qtype)
-            return np.ascontiguousarray(out, dtype=np.float32).reshape(self.shape)
+            out = np.ascontiguousarray(out, dtype=np.float32).reshape(self.shape)
+            return out + np.float32(self.offset) if self.offset else out
         return _guarded(self.path, f"tensor {self.gguf_name}", run)
 
     def load_raw(self) -> np.ndarray:
@@ -220,7 +222,7 @@ class _TensorInfo:
                         lambda: np.asarray(self.rows(), dtype=np.uint8).reshape(self.shape[0], -1))
 
     def source_tensor(self) -> SourceTensor:
-        raw = self.qtype in _RAW_TYPES and len(self.shape) == 2
+        raw = self.qtype in _RAW_TYPES and len(self.shape) == 2 and not self.offset
         return SourceTensor(name=self.hf_name, shape=self.shape, dtype=self.dtype,
                             load=self.load, load_raw=self.load_raw if raw else None)
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import re
+
+from edgellm.errors import SourceError
+
 # Buffers some checkpoints save that are recomputed at run time.
 _SKIP_SUFFIXES = ("rotary_emb.inv_freq", ".attn.masked_bias", ".attn.bias")
 # Wrappers around the text model in multimodal or older checkpoints.
 _PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
              ("language_model.lm_head.", "lm_head."))
+# transformers 5's in-memory layout: all experts of a layer stacked in one 3-D parameter.
+_STACKED = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|gate_proj|up_proj|"
+                      r"down_proj)(\.weight)?")
 
 
 def sanitize(name: str, config: dict) -> str | None:
@@ -20,4 +27,8 @@ def sanitize(name: str, config: dict) -> str | None:
         return None  # tied: the runtime reads the embedding matrix instead
     if name.startswith(("vision_tower.", "multi_modal_projector.", "model.vision")):
         return None
+    if _STACKED.fullmatch(name):
+        raise SourceError(f"tensor {name}: experts stacked in one tensor are not supported; "
+                          "use a checkpoint with one tensor per expert (as save_pretrained "
+                          "writes them)")
     return name

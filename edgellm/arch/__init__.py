@@ -19,4 +19,10 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
     args = ModelArgs.from_dict(packed.config)
     if family == "llama":
         from .llama import Llama as cls
+    elif family == "gemma3":
+        from .gemma3 import Gemma3 as cls
+    elif family == "phi3":
+        from .phi3 import Phi3 as cls
+    elif family == "moe":
+        from .moe import MoE as cls
     return cls(packed, args, precise=precise, context=context, chunk=chunk)

@@ -1,0 +1,159 @@
+"""Gemma 3 text decoder (gemma3_text): sliding-window and global layers, sandwich norms.
+
+    x = embed(ids) * sqrt(hidden)                     tied lm_head
+    a = o_proj(attention(rope_l(q_norm(q_proj(n))), rope_l(k_norm(k_proj(n))), v_proj(n)))
+        with n = input_layernorm(x)
+    h = x + post_attention_layernorm(a)
+    f = down_proj(gelu_tanh(gate_proj(m)) * up_proj(m)),   m = pre_feedforward_layernorm(h)
+    y = h + post_feedforward_layernorm(f)
+    logits = softcap(lm_head(norm(y)))                 when final_logit_softcapping is set
+
+Every RMSNorm multiplies by (1 + weight). `layer_types` makes each layer sliding (a window of
+`sliding_window` positions, kept as a ring of that size, and the sliding RoPE base) or global
+(the whole context, the global RoPE base and scaling). Scores scale by
+query_pre_attn_scalar**-0.5 and are soft-capped when attn_logit_softcapping is set.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import ModelArgs, _round_bf16, rope_inv_freq
+from ..errors import UnsupportedArchitectureError
+from ..kernels.activations import geglu_tanh
+from ..kernels.attention import attention
+from ..kernels.linear import linear, quantize_act
+from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
+from ..kernels.rope import apply_rope, rope_tables
+from .base import Buffers, LayerWeights, Transformer
+
+GELU_TANH = (None, "gelu_pytorch_tanh", "gelu_tanh")
+SLIDING_THETA = 10000.0  # transformers 4 default of rope_local_base_freq
+
+
+def embed_scale(args: ModelArgs) -> float:
+    """sqrt(hidden_size) as transformers applies it: a float32 buffer, cast to the model's
+    dtype (bfloat16 checkpoints round it, e.g. sqrt(3072) = 55.43 -> 55.5)."""
+    scale = np.float32(np.sqrt(np.float32(args.hidden_size)))
+    if (args.extra.get("dtype") or args.extra.get("torch_dtype")) == "bfloat16":
+        return float(_round_bf16(scale))
+    return float(scale)
+
+
+def layer_rope_params(args: ModelArgs, layer_type: str) -> dict:
+    """RoPE parameters of a layer type: transformers 5 keeps one dict per type in
+    rope_parameters; transformers 4 has rope_theta (+ rope_scaling) for global layers and
+    rope_local_base_freq for sliding ones."""
+    params = args.rope_parameters
+    if isinstance(params, dict) and isinstance(params.get(layer_type), dict):
+        return args.rope(layer_type)
+    if layer_type == "sliding_attention":
+        return {"rope_theta": float(args.rope_local_base_freq or SLIDING_THETA),
+                "rope_type": "default"}
+    return args.rope()
+
+
+class Gemma3(Transformer):
+    """Gemma 3 over packed weights (see the module docstring for the block)."""
+
+    norm_offset = 1.0
+
+    def __init__(self, packed, args: ModelArgs, **kw):
+        act = args.hidden_activation
+        if act not in GELU_TANH:
+            raise UnsupportedArchitectureError(
+                f"{packed.path}: gemma3 activation {act!r} is not supported (gelu_pytorch_tanh)")
+        super().__init__(packed, args, **kw)
+        self.embed_scale = embed_scale(args)
+        self.attn_softcap = float(args.attn_logit_softcapping or 0.0)
+        self.final_softcap = float(args.final_logit_softcapping or 0.0)
+        scalar = args.query_pre_attn_scalar or args.head_dim
+        self._attn_scale = float(scalar) ** -0.5
+
+    def layer_weights(self, i: int) -> LayerWeights:
+        p = f"model.layers.{i}."
+        return LayerWeights(
+            attn_norm=self.vector(p + "input_layernorm.weight"),
+            q=self.matrix(p + "self_attn.q_proj.weight"),
+            k=self.matrix(p + "self_attn.k_proj.weight"),
+            v=self.matrix(p + "self_attn.v_proj.weight"),
+            o=self.matrix(p + "self_attn.o_proj.weight"),
+            q_bias=self.vector(p + "self_attn.q_proj.bias", optional=True),
+            k_bias=self.vector(p + "self_attn.k_proj.bias", optional=True),
+            v_bias=self.vector(p + "self_attn.v_proj.bias", optional=True),
+            q_norm=self.vector(p + "self_attn.q_norm.weight"),
+            k_norm=self.vector(p + "self_attn.k_norm.weight"),
+            post_attn_norm=self.vector(p + "post_attention_layernorm.weight"),
+            ffn_norm=self.vector(p + "pre_feedforward_layernorm.weight"),
+            post_ffn_norm=self.vector(p + "post_feedforward_layernorm.weight"),
+            gate=self.matrix(p + "mlp.gate_proj.weight"),
+            up=self.matrix(p + "mlp.up_proj.weight"),
+            down=self.matrix(p + "mlp.down_proj.weight"),
+        )
+
+    def layer_rope(self, i: int) -> tuple[np.ndarray, float]:
+        params = layer_rope_params(self.args, self.args.layer_types[i])
+        dtype = self.args.extra.get("dtype") or self.args.extra.get("torch_dtype")
+        params["_bf16_buffers"] = dtype == "bfloat16"
+        return rope_inv_freq(self.args.head_dim, params)
+
+    def attn_scale(self) -> float:
+        return self._attn_scale
+
+    def qk_norm(self, w: LayerWeights, q: np.ndarray, k: np.ndarray) -> None:
+        rmsnorm_heads(q, w.q_norm, self.args.rms_norm_eps, self.norm_offset)
+        rmsnorm_heads(k, w.k_norm, self.args.rms_norm_eps, self.norm_offset)
+
+    def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
+        eps, off = self.args.rms_norm_eps, self.norm_offset
+        x, h = b.x[:T], b.h[:T]
+        rmsnorm(x, w.attn_norm, eps, off, h)
+        act = quantize_act(h, b.act_d) if self.int8_acts else None
+        q, k, v = b.q[:T], b.k[:T], b.v[:T]
+        linear(w.q, h, q, precise=self.precise, act=act)
+        linear(w.k, h, k, precise=self.precise, act=act)
+        linear(w.v, h, v, precise=self.precise, act=act)
+        for bias, out in ((w.q_bias, q), (w.k_bias, k), (w.v_bias, v)):
+            if bias is not None:
+                out += bias
+        self.attend(i, w, b, T, positions)
+        linear(w.o, b.attn[:T], h, precise=self.precise)
+        rmsnorm(h, w.post_attn_norm, eps, off, h)
+        add_inplace(x, h)
+        rmsnorm(x, w.ffn_norm, eps, off, h)
+        act = quantize_act(h, b.act_d) if self.int8_acts else None
+        linear(w.gate, h, b.gate[:T], precise=self.precise, act=act)
+        linear(w.up, h, b.up[:T], precise=self.precise, act=act)
+        geglu_tanh(b.gate[:T], b.up[:T], b.ffn[:T])
+        linear(w.down, b.ffn[:T], h, precise=self.precise)
+        rmsnorm(h, w.post_ffn_norm, eps, off, h)
+        add_inplace(x, h)
+
+    def attend(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
+        if not self.attn_softcap:
+            super().attend(i, w, b, T, positions)
+            return
+        # The shared attend() with soft-capped scores (Transformer.attend passes softcap 0).
+        a = self.args
+        Hq, Hkv, Dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        q = b.q[:T].reshape(T, Hq, Dh)
+        k = b.k[:T].reshape(T, Hkv, Dh)
+        v = b.v[:T].reshape(T, Hkv, Dh)
+        self.qk_norm(w, q, k)
+        inv_freq, scaling = self.rope[i]
+        cos, sin = rope_tables(positions, inv_freq, scaling)
+        apply_rope(q, cos, sin)
+        apply_rope(k, cos, sin)
+        layer = self.cache.layers[i]
+        attention(q, k, v, positions, layer.k, layer.v, layer.pos, layer.window,
+                  self.attn_scale(), self.attn_softcap, b.attn[:T].reshape(T, Hq, Dh))
+        layer.store(k, v, positions)
+
+    def _chunk(self, tokens: np.ndarray, want: str) -> np.ndarray | None:
+        out = super()._chunk(tokens, want)
+        if out is not None and self.final_softcap:
+            cap = np.float32(self.final_softcap)
+            out /= cap
+            np.tanh(out, out=out)
+            out *= cap
+        return out

@@ -1,0 +1,183 @@
+"""Mixture-of-experts decoders: qwen3_moe and mixtral. The llama attention block (qwen3_moe
+with per-head q/k RMSNorm), then a sparse MLP in place of the dense one:
+
+    p = softmax(router(n))                       n = post_attention_layernorm(h), [T, E]
+    S = the top_k experts of each token; w_e = p_e, / sum_S p when normalized
+    y = h + sum_{e in S} w_e * down_e(silu(gate_e(n)) * up_e(n))
+
+Mixtral always normalizes the top-k weights; qwen3_moe when norm_topk_prob is set.
+qwen3_moe layers in mlp_only_layers, or off the decoder_sparse_step, keep a dense MLP.
+Every expert matrix is its own (quantized) tensor, named as the checkpoints name them:
+qwen3_moe `mlp.gate` (the router, kept f32) and `mlp.experts.E.{gate,up,down}_proj`,
+mixtral `block_sparse_moe.gate` and `block_sparse_moe.experts.E.{w1,w3,w2}`.
+
+A chunk runs each expert once, over the rows routed to it, so an expert's weights are read
+once per chunk and a decode step reads only its top_k selected experts per layer: top_k /
+num_experts of the expert bytes. `expert_bytes_read` counts the expert bytes handed to the
+kernels (`expert_bytes` is the total of all expert tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelArgs
+from ..errors import FormatError, UnsupportedArchitectureError
+from ..format import Tensor
+from ..kernels.activations import swiglu
+from ..kernels.linear import linear, quantize_act
+from ..kernels.moe import route, scatter_add
+from ..kernels.norms import add_inplace, rmsnorm
+from .base import Buffers, LayerWeights
+from .llama import Llama
+
+# model_type -> (router, expert gate, up, down) names under "model.layers.N.".
+TENSOR_NAMES = {
+    "qwen3_moe": ("mlp.gate.weight", "mlp.experts.{}.gate_proj.weight",
+                  "mlp.experts.{}.up_proj.weight", "mlp.experts.{}.down_proj.weight"),
+    "mixtral": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{}.w1.weight",
+                "block_sparse_moe.experts.{}.w3.weight", "block_sparse_moe.experts.{}.w2.weight"),
+}
+
+
+@dataclass
+class MoEWeights(LayerWeights):
+    """A layer with a sparse MLP has router and experts (gate, up, down per expert)."""
+
+    router: Tensor | None = None
+    experts: list[tuple[Tensor, Tensor, Tensor]] | None = None
+    expert_nbytes: list[int] | None = None
+
+
+class MoEBuffers:
+    """Routing and per-expert activation buffers for up to `rows` tokens."""
+
+    def __init__(self, rows: int, hidden: int, inner: int, n_experts: int, top_k: int):
+        f32 = np.float32
+        self.logits = np.zeros((rows, n_experts), f32)
+        self.idx = np.zeros((rows, top_k), np.int64)
+        self.weights = np.zeros((rows, top_k), f32)
+        self.x = np.zeros((rows, hidden), f32)  # the rows routed to one expert
+        self.gate = np.zeros((rows, inner), f32)
+        self.up = np.zeros((rows, inner), f32)
+        self.ffn = np.zeros((rows, inner), f32)
+        self.y = np.zeros((rows, hidden), f32)
+
+
+def moe_settings(args: ModelArgs) -> tuple[int, int, bool]:
+    """(num_experts, top_k, normalize top-k weights) of a config."""
+    n = args.num_local_experts or args.num_experts
+    k = args.num_experts_per_tok
+    if n <= 0 or not 0 < k <= n:
+        raise FormatError(f"model config: {k} experts per token of {n} experts")
+    return n, k, args.model_type == "mixtral" or bool(args.norm_topk_prob)
+
+
+class MoE(Llama):
+    """qwen3_moe / mixtral over packed weights (see the module docstring)."""
+
+    def __init__(self, packed, args: ModelArgs, **kw):
+        if args.hidden_act != "silu":
+            raise UnsupportedArchitectureError(
+                f"{packed.path}: {args.model_type} activation {args.hidden_act!r} is not "
+                "supported (silu)")
+        self.n_experts, self.top_k, self.renorm = moe_settings(args)
+        super().__init__(packed, args, **kw)
+        sparse = [w for w in self.layers if w.experts is not None]
+        dense = [w for w in self.layers if w.experts is None]
+        inner = sparse[0].experts[0][0].shape[0] if sparse else 1
+        self.moe_buf = MoEBuffers(self.chunk, args.hidden_size, inner, self.n_experts,
+                                  self.top_k)
+        F = dense[0].gate.shape[0] if dense else 1
+        self.dense_buf = [np.zeros((self.chunk, F), np.float32) for _ in range(3)]
+        self.expert_bytes = sum(sum(w.expert_nbytes) for w in sparse)
+        self.expert_bytes_read = 0
+
+    def is_sparse(self, i: int) -> bool:
+        a = self.args
+        if a.model_type == "mixtral":
+            return True
+        step = max(1, int(a.decoder_sparse_step or 1))
+        return i not in (a.mlp_only_layers or []) and (i + 1) % step == 0
+
+    def layer_weights(self, i: int) -> MoEWeights:
+        p = f"model.layers.{i}."
+        w = MoEWeights(
+            attn_norm=self.vector(p + "input_layernorm.weight"),
+            q=self.matrix(p + "self_attn.q_proj.weight"),
+            k=self.matrix(p + "self_attn.k_proj.weight"),
+            v=self.matrix(p + "self_attn.v_proj.weight"),
+            o=self.matrix(p + "self_attn.o_proj.weight"),
+            q_bias=self.vector(p + "self_attn.q_proj.bias", optional=True),
+            k_bias=self.vector(p + "self_attn.k_proj.bias", optional=True),
+            v_bias=self.vector(p + "self_attn.v_proj.bias", optional=True),
+            q_norm=self.vector(p + "self_attn.q_norm.weight", optional=True),
+            k_norm=self.vector(p + "self_attn.k_norm.weight", optional=True),
+            ffn_norm=self.vector(p + "post_attention_layernorm.weight"),
+        )
+        if not self.is_sparse(i):
+            w.gate = self.matrix(p + "mlp.gate_proj.weight")
+            w.up = self.matrix(p + "mlp.up_proj.weight")
+            w.down = self.matrix(p + "mlp.down_proj.weight")
+            return w
+        router, *matrices = TENSOR_NAMES[self.args.model_type]
+        w.router = self.matrix(p + router)
+        if w.router.shape[0] != self.n_experts:
+            raise FormatError(f"{self.packed.path}: {w.router.name} routes to "
+                              f"{w.router.shape[0]} experts, the config says {self.n_experts}")
+        w.experts = [tuple(self.matrix(p + m.format(e)) for m in matrices)
+                     for e in range(self.n_experts)]
+        w.expert_nbytes = [sum(t.data.nbytes for t in ex) for ex in w.experts]
+        return w
+
+    def block(self, i: int, w: MoEWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
+        a: ModelArgs = self.args
+        x, h = b.x[:T], b.h[:T]
+        rmsnorm(x, w.attn_norm, a.rms_norm_eps, 0.0, h)
+        act = quantize_act(h, b.act_d) if self.int8_acts else None
+        q, k, v = b.q[:T], b.k[:T], b.v[:T]
+        linear(w.q, h, q, precise=self.precise, act=act)
+        linear(w.k, h, k, precise=self.precise, act=act)
+        linear(w.v, h, v, precise=self.precise, act=act)
+        for bias, out in ((w.q_bias, q), (w.k_bias, k), (w.v_bias, v)):
+            if bias is not None:
+                out += bias
+        self.attend(i, w, b, T, positions)
+        linear(w.o, b.attn[:T], h, precise=self.precise)
+        add_inplace(x, h)
+        rmsnorm(x, w.ffn_norm, a.rms_norm_eps, 0.0, h)
+        act = quantize_act(h, b.act_d) if self.int8_acts else None
+        if w.experts is None:
+            gate, up, ffn = (buf[:T] for buf in self.dense_buf)
+            linear(w.gate, h, gate, precise=self.precise, act=act)
+            linear(w.up, h, up, precise=self.precise, act=act)
+            swiglu(gate, up, ffn)
+            linear(w.down, ffn, h, precise=self.precise)
+            add_inplace(x, h)
+        else:
+            self.sparse_mlp(w, h, act, x)
+
+    def sparse_mlp(self, w: MoEWeights, h: np.ndarray, act, out: np.ndarray) -> None:
+        """out[T, D] += the routed experts' outputs for the normed rows h[T, D]."""
+        T = h.shape[0]
+        m = self.moe_buf
+        logits, idx, weights = m.logits[:T], m.idx[:T], m.weights[:T]
+        linear(w.router, h, logits, precise=True)
+        route(logits, self.top_k, self.renorm, idx, weights)
+        for e in np.unique(idx):  # ascending, as transformers adds them up
+            rows, slot = np.nonzero(idx == e)
+            n = rows.size
+            if n == T:  # every row (always so in decode): no gather, shared int8 activations
+                xe, a = h, act
+            else:
+                xe, a = m.x[:n], None
+                np.take(h, rows, axis=0, out=xe)
+            gate, up, down = w.experts[e]
+            linear(gate, xe, m.gate[:n], precise=self.precise, act=a)
+            linear(up, xe, m.up[:n], precise=self.precise, act=a)
+            swiglu(m.gate[:n], m.up[:n], m.ffn[:n])
+            linear(down, m.ffn[:n], m.y[:n], precise=self.precise)
+            scatter_add(out, rows, weights[rows, slot], m.y[:n])
+            self.expert_bytes_read += w.expert_nbytes[e]

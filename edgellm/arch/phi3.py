@@ -1,0 +1,139 @@
+"""Phi-3 (phi3): the llama block with fused projections, kept fused in the file.
+
+    qkv = qkv_proj(norm(x))        one linear call; output columns are [q | k | v]
+    h = x + o_proj(attention(rope(q), rope(k), v))
+    gu = gate_up_proj(norm(h))     one linear call; output columns are [gate | up]
+    y = h + down_proj(silu(gate) * up)
+
+partial_rotary_factor < 1 rotates only the first `rot` dims of each q/k head (rotate-half
+within them). We store q and k with their head dims permuted the same way (which leaves
+every q.k product unchanged) so that the shared full-width RoPE kernel, with zero
+frequencies on the pass-through dims, does exactly that; the KV cache's context shift
+then re-ropes keys correctly too. A sliding_window in the config applies to every layer,
+as transformers' Phi3 does. longrope ("su") scaling (the 128k models) is not supported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelArgs, rope_inv_freq
+from ..errors import FormatError, UnsupportedArchitectureError
+from ..format import Tensor
+from ..kernels.activations import swiglu
+from ..kernels.linear import linear, quantize_act
+from ..kernels.norms import add_inplace, rmsnorm
+from .base import Buffers, LayerWeights, Transformer
+
+
+@dataclass
+class Phi3Weights(LayerWeights):
+    """q/k/v, gate and up are None: Phi-3 keeps them fused."""
+
+    qkv: Tensor | None = None
+    gate_up: Tensor | None = None
+
+
+def rotary_dims(args: ModelArgs) -> int:
+    """How many leading dims of each head RoPE rotates (transformers: int(hd * factor))."""
+    params = args.rope()
+    factor = params.get("partial_rotary_factor", args.partial_rotary_factor)
+    rot = int(args.head_dim * float(1.0 if factor is None else factor))
+    if rot <= 0 or rot > args.head_dim or rot % 2:
+        raise FormatError(f"model config: partial_rotary_factor {factor} gives {rot} rotary "
+                          f"dims of head_dim {args.head_dim} (need an even number > 0)")
+    return rot
+
+
+def head_permutation(head_dim: int, rot: int) -> np.ndarray:
+    """Order of a head's dims that puts rotate-half pairs (i, i + rot/2) of the first `rot`
+    dims at (i, i + head_dim/2), and pairs the pass-through dims with each other."""
+    r, p = rot // 2, (head_dim - rot) // 2
+    return np.concatenate([np.arange(0, r), np.arange(rot, rot + p),
+                           np.arange(r, rot), np.arange(rot + p, head_dim)])
+
+
+class Phi3(Transformer):
+    """Phi-3 over packed weights (see the module docstring)."""
+
+    def __init__(self, packed, args: ModelArgs, **kw):
+        kind = args.rope().get("rope_type", "default")
+        if kind in ("longrope", "su", "yarn"):
+            raise UnsupportedArchitectureError(
+                f"{packed.path}: phi3 {kind!r} RoPE scaling (the long-context Phi-3 models) "
+                "is not supported")
+        if args.hidden_act != "silu":
+            raise UnsupportedArchitectureError(
+                f"{packed.path}: phi3 activation {args.hidden_act!r} is not supported (silu)")
+        self.rot = rotary_dims(args)
+        super().__init__(packed, args, **kw)
+        Hq, Hkv, Dh = args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        qd, kvd = Hq * Dh, Hkv * Dh
+        # Columns of the fused output that become q, k, v (q and k head dims permuted).
+        perm = head_permutation(Dh, self.rot)
+        self.q_cols = (np.arange(Hq)[:, None] * Dh + perm).reshape(-1)
+        self.k_cols = qd + (np.arange(Hkv)[:, None] * Dh + perm).reshape(-1)
+        self.v_cols = slice(qd + kvd, qd + 2 * kvd)
+        self.permuted = self.rot != Dh
+        F = self.layers[0].gate_up.shape[0] // 2
+        self.inner = F
+        self.qkv_buf = np.zeros((self.chunk, qd + 2 * kvd), np.float32)
+        self.gate_up_buf = np.zeros((self.chunk, 2 * F), np.float32)
+        self.ffn_buf = np.zeros((self.chunk, F), np.float32)
+
+    def layer_weights(self, i: int) -> Phi3Weights:
+        a = self.args
+        p = f"model.layers.{i}."
+        w = Phi3Weights(
+            attn_norm=self.vector(p + "input_layernorm.weight"),
+            q=None, k=None, v=None,
+            o=self.matrix(p + "self_attn.o_proj.weight"),
+            ffn_norm=self.vector(p + "post_attention_layernorm.weight"),
+            qkv=self.matrix(p + "self_attn.qkv_proj.weight"),
+            gate_up=self.matrix(p + "mlp.gate_up_proj.weight"),
+            down=self.matrix(p + "mlp.down_proj.weight"),
+        )
+        rows = (a.num_attention_heads + 2 * a.num_key_value_heads) * a.head_dim
+        if w.qkv.shape[0] != rows:
+            raise FormatError(f"{self.packed.path}: {w.qkv.name} has {w.qkv.shape[0]} rows, "
+                              f"expected {rows} (q, k and v heads)")
+        if w.gate_up.shape[0] != 2 * w.down.shape[1]:
+            raise FormatError(f"{self.packed.path}: {w.gate_up.name} has "
+                              f"{w.gate_up.shape[0]} rows, expected 2 x {w.down.shape[1]}")
+        return w
+
+    def layer_rope(self, i: int) -> tuple[np.ndarray, float]:
+        params = self.args.rope()
+        dtype = self.args.extra.get("dtype") or self.args.extra.get("torch_dtype")
+        params["_bf16_buffers"] = dtype == "bfloat16"
+        inv, scaling = rope_inv_freq(self.rot, params)
+        pad = np.zeros((self.args.head_dim - self.rot) // 2)  # pass-through dims: angle 0
+        return np.concatenate([inv, pad]), scaling
+
+    def block(self, i: int, w: Phi3Weights, b: Buffers, T: int, positions: np.ndarray) -> None:
+        eps = self.args.rms_norm_eps
+        x, h = b.x[:T], b.h[:T]
+        rmsnorm(x, w.attn_norm, eps, 0.0, h)
+        act = quantize_act(h, b.act_d) if self.int8_acts else None
+        qkv = self.qkv_buf[:T]
+        linear(w.qkv, h, qkv, precise=self.precise, act=act)
+        if self.permuted:
+            np.take(qkv, self.q_cols, axis=1, out=b.q[:T], mode="clip")
+            np.take(qkv, self.k_cols, axis=1, out=b.k[:T], mode="clip")
+        else:
+            b.q[:T] = qkv[:, :self.q_cols.size]
+            b.k[:T] = qkv[:, self.q_cols.size:self.v_cols.start]
+        b.v[:T] = qkv[:, self.v_cols]
+        self.attend(i, w, b, T, positions)
+        linear(w.o, b.attn[:T], h, precise=self.precise)
+        add_inplace(x, h)
+        rmsnorm(x, w.ffn_norm, eps, 0.0, h)
+        act = quantize_act(h, b.act_d) if self.int8_acts else None
+        gu = self.gate_up_buf[:T]
+        linear(w.gate_up, h, gu, precise=self.precise, act=act)
+        F = self.inner
+        swiglu(gu[:, :F], gu[:, F:], self.ffn_buf[:T])
+        linear(w.down, self.ffn_buf[:T], h, precise=self.precise)
+        add_inplace(x, h)

@@ -19,7 +19,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as QT
 
 from edgellm import quant
-from edgellm.errors import EdgeLLMError, SourceError
+from edgellm.errors import EdgeLLMError, SourceError, UnsupportedArchitectureError
 
 from . import gguf_names
 from .gguf_tokenizer import build_tokenizer
@@ -57,7 +57,10 @@ def open_gguf(path: str | os.PathLike) -> Source:
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
         raise SourceError(f"{path}: metadata field general.architecture is missing")
-    gguf_names.model_type(arch)  # UnsupportedArchitectureError before anything else
+    try:
+        gguf_names.model_type(arch)  # UnsupportedArchitectureError before anything else
+    except UnsupportedArchitectureError as e:
+        raise UnsupportedArchitectureError(f"{path}: {e}") from None
     infos = _guarded(path, "tensor table", lambda: [_TensorInfo(path, arch, t)
                                                     for t in reader.tensors])
     by_name = {i.gguf_name: i for i in infos}
@@ -103,11 +106,15 @@ def _open_reader(path: str) -> gguf.GGUFReader:
         raise SourceError(f"{path}: no such file")
     if not os.path.isfile(path):
         raise SourceError(f"{path}: not a file")
-    if os.path.getsize(path) < 24:
-        raise SourceError(f"{path}: not a GGUF file (too short for a header)")
-    with open(path, "rb") as fh:
-        if fh.read(4) != b"GGUF":
-            raise SourceError(f"{path}: not a GGUF file (bad magic)")
+    try:
+        if os.path.getsize(path) < 24:
+            raise SourceError(f"{path}: not a GGUF file (too short for a header)")
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read: {e.strerror or e}") from None
+    if magic != b"GGUF":
+        raise SourceError(f"{path}: not a GGUF file (bad magic)")
     reader = _guarded(path, "header", lambda: _StrictReader(path))
     if reader.byte_order != "I":
         raise SourceError(f"{path}: big-endian GGUF files are not supported")

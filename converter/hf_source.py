@@ -9,22 +9,38 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-from edgellm.errors import SourceError
+from edgellm.errors import SourceError, TokenizerError
+from edgellm.tokenizer import Tokenizer
 
 from .source import Source, SourceTensor
 
 _DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 
 
-def _read_json(path: Path, required: bool = False) -> dict:
+def _read_text(path: Path) -> str | None:
+    """A text file's contents, or None if there is no such file."""
     if not path.exists():
+        return None
+    if not path.is_file():  # a directory, or a FIFO that would block
+        raise SourceError(f"{path}: not a regular file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SourceError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _read_json(path: Path, required: bool = False) -> dict:
+    text = _read_text(path)
+    if text is None:
         if required:
             raise SourceError(f"{path}: missing")
         return {}
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+        value = json.loads(text)
+    except ValueError as e:
         raise SourceError(f"{path}: cannot read JSON: {e}") from None
+    except RecursionError:
+        raise SourceError(f"{path}: cannot read JSON: nested too deeply") from None
     if not isinstance(value, dict):
         raise SourceError(f"{path}: not a JSON object")
     return value
@@ -73,7 +89,7 @@ def _lazy_tensor(path: Path, name: str) -> SourceTensor:
                 return _bf16_to_f32(_read_bf16(path, name, shape))
             with safe_open(path, framework="numpy") as f:
                 return np.asarray(f.get_tensor(name), dtype=np.float32)
-        except (OSError, ValueError, RuntimeError) as e:
+        except Exception as e:  # safetensors raises its own error types too
             raise SourceError(f"{path}: cannot read tensor {name}: {e}") from None
 
     return SourceTensor(name, shape, _DTYPES[dtype], load)
@@ -121,15 +137,20 @@ def open_hf(path: str | Path) -> Source:
             except Exception as e:
                 raise SourceError(f"{shard}: tensor {name}: {e}") from None
 
-    tok_path = root / "tokenizer.json"
-    tokenizer_json = tok_path.read_text(encoding="utf-8") if tok_path.exists() else None
+    tokenizer_json = _read_text(root / "tokenizer.json")
     tokenizer_config = _read_json(root / "tokenizer_config.json")
-    template_path = root / "chat_template.jinja"
-    chat_template = (template_path.read_text(encoding="utf-8") if template_path.exists()
-                     else tokenizer_config.get("chat_template"))
+    generation_config = _read_json(root / "generation_config.json")
+    if tokenizer_json is not None:  # refused now rather than by the runtime, later
+        try:
+            Tokenizer.from_json(tokenizer_json, tokenizer_config, generation_config)
+        except TokenizerError as e:
+            raise SourceError(f"{root / 'tokenizer.json'}: {e}") from None
+    chat_template = _read_text(root / "chat_template.jinja")
+    if chat_template is None:
+        chat_template = tokenizer_config.get("chat_template")
     if isinstance(chat_template, list):  # named templates: keep the default one
         named = {t.get("name"): t.get("template") for t in chat_template if isinstance(t, dict)}
         chat_template = named.get("default")
     return Source(str(root), config, tensors, tokenizer_json, tokenizer_config,
                   chat_template if isinstance(chat_template, str) else None,
-                  _read_json(root / "generation_config.json"), kind="hf")
+                  generation_config, kind="hf")

@@ -8,18 +8,24 @@ existing OUT is left untouched.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
 import zlib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from edgellm import format as fmt
 from edgellm import quant
-from edgellm.errors import EdgeLLMError, QuantizationError, SourceError
+from edgellm.errors import EdgeLLMError, FormatError, QuantizationError, SourceError
+from edgellm.validate import check_model
 
 from .names import sanitize
 from .recipes import choose_type
@@ -27,6 +33,8 @@ from .source import Source, SourceTensor
 
 CHUNK_ELEMENTS = 1 << 21  # rows quantized per step: ~8 MB of float32 input
 ERROR_SAMPLE_ROWS = 256  # rows per tensor used to report the quantization error
+# quantize(values [rows, cols], type_name, block_size, name=...) -> uint8 [rows, row_bytes]
+Quantize = Callable[..., np.ndarray]
 
 
 @dataclass
@@ -67,12 +75,16 @@ class Summary:
         return out
 
 
-def _plan(source: Source, recipe: str, block_size: int
+def _plan(source: Source, recipe: str, block_size: int, types: dict[str, str] | None = None
           ) -> list[tuple[SourceTensor, str, str]]:
-    """(source tensor, edgellm name, storage type) for every tensor to write."""
+    """(source tensor, edgellm name, storage type) for every tensor to write; `types`
+    overrides the recipe's choice by name."""
     planned, seen = [], set()
     for t in source.tensors():
-        name = sanitize(t.name, source.config)
+        try:
+            name = sanitize(t.name, source.config)
+        except SourceError as e:
+            raise SourceError(f"{source.path}: {e}") from None
         if name is None:
             continue
         if name in seen:
@@ -80,31 +92,37 @@ def _plan(source: Source, recipe: str, block_size: int
         seen.add(name)
         if any(int(s) <= 0 for s in t.shape):
             raise SourceError(f"{source.path}: tensor {t.name} has shape {list(t.shape)}")
-        planned.append((t, name, choose_type(name, tuple(t.shape), t.dtype, recipe,
-                                             block_size)))
+        ty = (types or {}).get(name) or choose_type(
+            name, tuple(t.shape), t.dtype, recipe, block_size,
+            int(source.config.get("num_hidden_layers") or 0))
+        planned.append((t, name, ty))
     if not planned:
         raise SourceError(f"{source.path}: no tensors")
     return planned
 
 
 def _encode(t: SourceTensor, name: str, type_name: str, block_size: int,
-            stats: TypeStats) -> list[np.ndarray]:
+            stats: TypeStats, quantize: Quantize | None = None) -> list[np.ndarray]:
     """The stored bytes of one tensor, as a list of chunks; updates the error stats."""
+    quantize = quantize or quant.quantize
     if t.load_raw is not None and t.dtype == type_name and block_size == quant.DEFAULT_BLOCK:
-        return [np.ascontiguousarray(t.load_raw(), dtype=np.uint8)]  # lossless repack
+        raw = np.ascontiguousarray(t.load_raw(), dtype=np.uint8)  # lossless repack
+        _check_raw_scales(raw, name, type_name)
+        return [raw]
     values = t.load()
     if tuple(values.shape) != tuple(t.shape):
         raise SourceError(f"tensor {t.name}: data shape {list(values.shape)} does not match "
                           f"declared {list(t.shape)}")
+    _check_range(values, name, type_name)
     if not quant.TYPES[type_name].quantized:
         return [quant.quantize(values, type_name, block_size, name=name)]
     rows, cols = values.shape
     step = max(1, CHUNK_ELEMENTS // cols)
-    chunks = [quant.quantize(values[r:r + step], type_name, block_size, name=name)
+    chunks = [quantize(values[r:r + step], type_name, block_size, name=name)
               for r in range(0, rows, step)]
     sample = values[:ERROR_SAMPLE_ROWS]
     ssample = chunks[0][:ERROR_SAMPLE_ROWS] if step >= ERROR_SAMPLE_ROWS else \
-        quant.quantize(sample, type_name, block_size, name=name)
+        quantize(sample, type_name, block_size, name=name)
     err = np.abs(quant.dequantize(ssample, type_name, sample.shape, block_size) - sample)
     stats.max_err = max(stats.max_err, float(err.max()))
     stats.sum_err += float(err.sum())
@@ -112,30 +130,71 @@ def _encode(t: SourceTensor, name: str, type_name: str, block_size: int,
     return chunks
 
 
+# Largest |value| each type stores without its float16 (scale) overflowing to inf.
+F16_MAX = 65504.0
+RANGE = {"f16": F16_MAX, "q8_0": F16_MAX * 127, "q4_0": F16_MAX * 8, "q4_1": F16_MAX}
+
+
+def _check_range(values: np.ndarray, name: str, type_name: str) -> None:
+    limit = RANGE.get(type_name)
+    if limit is None or not values.size:
+        return
+    with np.errstate(invalid="ignore"):
+        amax = float(np.nanmax(np.abs(values)))
+    if amax > limit:  # NaN and inf are left to quant.quantize's own error
+        raise QuantizationError(f"tensor {name}: values up to {amax:.4g} do not fit "
+                                f"{type_name} (at most {limit:.6g}: float16 scales)")
+
+
+def _check_raw_scales(raw: np.ndarray, name: str, type_name: str) -> None:
+    """Block bytes copied as they are: their float16 scales (and minimums) must be finite."""
+    t = quant.qtype(type_name)
+    if not t.quantized or raw.ndim != 2:
+        return
+    per = t.block_bytes(quant.DEFAULT_BLOCK)
+    blocks = raw.reshape(raw.shape[0], -1, per)
+    heads = np.ascontiguousarray(blocks[..., :t.header_bytes]).view("<f2")
+    bad = int(heads.size - np.count_nonzero(np.isfinite(heads)))
+    if bad:
+        raise QuantizationError(f"tensor {name}: {bad} {type_name} block scales are NaN or "
+                                "infinite (corrupt data)")
+
+
 def _temp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.tmp-{os.getpid()}")
 
 
-def convert(source: Source, out: str | os.PathLike, recipe: str,
-            block_size: int = quant.DEFAULT_BLOCK, progress: bool = True) -> Summary:
-    """Write `source` to `out` under `recipe`; returns the conversion summary."""
-    out = Path(out)
-    if not out.parent.is_dir():
-        raise SourceError(f"{out}: output directory {out.parent} does not exist")
-    if block_size not in quant.BLOCK_SIZES:
-        raise QuantizationError(f"block size {block_size} is not one of {quant.BLOCK_SIZES}")
-    planned = _plan(source, recipe, block_size)
-    infos = fmt.plan_tensors([(name, ty, tuple(t.shape), block_size if quant.TYPES[ty].quantized
-                               else quant.DEFAULT_BLOCK) for t, name, ty in planned])
-    meta = {
+def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None) -> dict:
+    return {
         "architecture": source.config.get("model_type", ""),
         "config": source.config,
         "tokenizer": {"json": source.tokenizer_json, "config": source.tokenizer_config},
         "chat_template": source.chat_template,
         "generation_config": source.generation_config,
-        "quantization": {"recipe": recipe, "block_size": block_size},
+        "quantization": {"recipe": recipe, "block_size": block_size, **(meta_extra or {})},
         "source": {"kind": source.kind, "name": Path(source.path).name},
     }
+
+
+def convert(source: Source, out: str | os.PathLike, recipe: str,
+            block_size: int = quant.DEFAULT_BLOCK, progress: bool = True, *,
+            types: dict[str, str] | None = None, quantize: Quantize | None = None,
+            meta_extra: dict | None = None) -> Summary:
+    """Write `source` to `out` under `recipe`; returns the conversion summary.
+
+    types: storage type by tensor name, overriding the recipe (size_target.py);
+    quantize: the block quantizer, quant.quantize's signature (default: quant.quantize);
+    meta_extra: more fields for the header's "quantization" entry.
+    """
+    out = Path(out)
+    _check_out(out, source)
+    if block_size not in quant.BLOCK_SIZES:
+        raise QuantizationError(f"block size {block_size} is not one of {quant.BLOCK_SIZES}")
+    planned = _plan(source, recipe, block_size, types)
+    infos = fmt.plan_tensors([(name, ty, tuple(t.shape), block_size if quant.TYPES[ty].quantized
+                               else quant.DEFAULT_BLOCK) for t, name, ty in planned])
+    _check_model(source, infos)
+    meta = _meta(source, recipe, block_size, meta_extra)
     summary = Summary(str(out))
     tmp = _temp_path(out)
     try:
@@ -145,9 +204,9 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
             f.write(header)
             data_start = fmt.align(fmt.PREAMBLE.size + len(header))
             final = []
-            for (t, name, ty), info in _progress(list(zip(planned, infos)), progress):
+            for (t, name, ty), info in _progress(list(zip(planned, infos, strict=True)), progress):
                 stats = summary.by_type[ty]
-                chunks = _encode(t, name, ty, block_size, stats)
+                chunks = _encode(t, name, ty, block_size, stats, quantize)
                 f.seek(data_start + info.offset)
                 crc, written = 0, 0
                 for c in chunks:
@@ -175,9 +234,12 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
             os.fsync(f.fileno())
         os.replace(tmp, out)
     except BaseException as e:
-        tmp.unlink(missing_ok=True)
+        with _signals_held():  # a second Ctrl-C must not leave the temporary file behind
+            tmp.unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise SourceError(f"{out}: cannot write: {e.strerror or e}") from None
+        if isinstance(e, EdgeLLMError) and source.path not in str(e) and str(out) not in str(e):
+            raise type(e)(f"{source.path}: {e}") from None  # name the file
         if isinstance(e, (EdgeLLMError, KeyboardInterrupt, SystemExit)):
             raise
         if isinstance(e, (ValueError, MemoryError)):
@@ -185,6 +247,46 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
         raise
     summary.file_size = out.stat().st_size
     return summary
+
+
+def _check_out(out: Path, source: Source) -> None:
+    """OUT must be a file path in an existing directory, and not a file the source reads."""
+    if not out.parent.is_dir():
+        raise SourceError(f"{out}: output directory {out.parent} does not exist")
+    if out.is_dir():
+        raise SourceError(f"{out}: is a directory (give the output file's path)")
+    src = Path(source.path)
+    if out.exists() and src.exists():
+        same = src.is_file() and os.path.samefile(out, src)
+        inside = src.is_dir() and os.path.samefile(out.parent, src) \
+            and out.suffix in (".safetensors", ".json", ".jinja")
+        if same or inside:
+            raise SourceError(f"{out}: is a file of the source {src}: refusing to overwrite it")
+
+
+def _check_model(source: Source, infos: list[fmt.TensorInfo]) -> None:
+    """What the runtime will check at load (edgellm.validate), checked before writing."""
+    planned = SimpleNamespace(path=source.path, config=source.config,
+                              architecture=str(source.config.get("model_type") or ""),
+                              generation_config=source.generation_config,
+                              tensors={i.name: i for i in infos})
+    try:
+        check_model(planned, runtime=False)
+    except FormatError as e:
+        raise SourceError(str(e)) from None
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM wait (in the main thread) until the block is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _progress(items, enabled: bool):

@@ -6,8 +6,17 @@ Recipes (`--quant`):
   q4_0_mixed          (default) q4_0 for the transformer's linear layers, q8_0 for the
                       embedding and output matrices, which are the most sensitive
   q4_1_mixed          the same with q4_1
+  q4_0_best           q4_0 with the searched quantizer (converter/quantizers.py: per-block
+                      scales that minimize the weighted squared error, weighted by activation
+                      statistics with --calibrate TEXT); q8_0 for the embedding and output
+                      matrices and for v_proj and down_proj in the first and last layers
+  q4_1_best           the same with q4_1
   keep                (GGUF sources only, their default) each tensor stays in its source
                       type where edgellm has it; other types become q8_0
+Instead of a recipe, --target-size 80MB / --target-bpw 4.5 (converter/size_target.py) give
+each matrix q4_0, q4_1 or q8_0 by its measured sensitivity so that the file meets the budget.
+The plain recipes use llama.cpp's reference rounding (edgellm.quant), bit for bit, unless
+convert-model is given --quantizer search; the *_best recipes and --target-size always search.
 Vectors (norms, biases) and matrices whose columns do not split into blocks stay f32
 (a matrix that cannot be blocked is stored f16 where a 4-bit or 8-bit type was asked).
 """
@@ -16,23 +25,33 @@ from __future__ import annotations
 
 from edgellm import quant
 
-RECIPES = ("q4_0_mixed", "q4_1_mixed", "q8_0", "q4_0", "q4_1", "f16", "f32", "keep")
+RECIPES = ("q4_0_mixed", "q4_1_mixed", "q4_0_best", "q4_1_best", "q8_0", "q4_0", "q4_1", "f16",
+           "f32", "keep")
+SEARCHED = ("q4_0_best", "q4_1_best")  # recipes that always use the searched quantizer
 DEFAULT_HF = "q4_0_mixed"
 DEFAULT_GGUF = "keep"
 SENSITIVE = ("embed_tokens.weight", "lm_head.weight")
 # Small matrices read whole every token where quantization noise flips choices (MoE routers).
 KEEP_F32 = ("mlp.gate.weight", "block_sparse_moe.gate.weight")
+# Kept at q8_0 by the *_best recipes in the first and last layers (llama.cpp's Q4_K_M gives
+# them more bits too): quantization noise there costs the most perplexity per byte.
+EDGE_LAYER_SENSITIVE = ("self_attn.v_proj.weight", "mlp.down_proj.weight")
 
 
 def choose_type(name: str, shape: tuple[int, ...], source_dtype: str, recipe: str,
-                block_size: int) -> str:
-    """The storage type of tensor `name` under `recipe`."""
+                block_size: int, n_layers: int = 0) -> str:
+    """The storage type of tensor `name` under `recipe` (n_layers: the model's layer count,
+    for the *_best recipes)."""
     if len(shape) != 2 or name.endswith(KEEP_F32):
         return "f32"
     if recipe == "keep":
         wanted = source_dtype if source_dtype in quant.TYPES else "q8_0"
     elif recipe.endswith("_mixed"):
         wanted = "q8_0" if name.endswith(SENSITIVE) else recipe[: -len("_mixed")]
+    elif recipe.endswith("_best"):
+        edge = any(name == f"model.layers.{i}.{s}" for i in {0, n_layers - 1} if i >= 0
+                   for s in EDGE_LAYER_SENSITIVE)
+        wanted = "q8_0" if name.endswith(SENSITIVE) or edge else recipe[: -len("_best")]
     else:
         wanted = recipe
     if quant.TYPES[wanted].quantized and shape[-1] % block_size:

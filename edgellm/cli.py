@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 
@@ -36,15 +37,39 @@ def _sigterm(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
     try:
+        signal.signal(signal.SIGTERM, _sigterm)
+        args = build_parser().parse_args(argv)
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
         print("\nedgellm: interrupted", file=sys.stderr)
         return 130
     except EdgeLLMError as e:
-        print(f"edgellm: error: {e}", file=sys.stderr)
+        error(f"edgellm: error: {e}")
         return 1
     except BrokenPipeError:
+        _quiet_stdout()
         return 1
+    except MemoryError:
+        error("edgellm: error: out of memory")
+        return 1
+    except Exception as e:  # a bug: one line for the user, the traceback on request
+        if os.environ.get("EDGELLM_DEBUG"):
+            raise
+        error(f"edgellm: internal error: {type(e).__name__}: {e} (a bug in edgellm, please "
+              "report it; EDGELLM_DEBUG=1 shows the traceback)")
+        return 1
+
+
+def error(message: str) -> None:
+    """Print `message` to stderr as one line."""
+    print(" ".join(str(message).split()), file=sys.stderr)
+
+
+def _quiet_stdout() -> None:
+    """After a closed pipe: send what is left of stdout nowhere (no error at exit)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -110,7 +112,10 @@ class PackedModel:
         self.path = Path(path)
         where = str(self.path)
         try:
-            size = self.path.stat().st_size
+            st = self.path.stat()
+            if not stat.S_ISREG(st.st_mode):  # a FIFO would block, a device never end
+                raise FormatError(f"{where}: not a regular file")
+            size = st.st_size
             with open(self.path, "rb") as f:
                 pre = f.read(PREAMBLE.size)
                 if len(pre) < PREAMBLE.size:
@@ -131,19 +136,12 @@ class PackedModel:
             raise FormatError(f"{where}: cannot read: {e.strerror or e}") from None
         if hashlib.sha256(raw).digest() != digest:
             raise FormatError(f"{where}: header checksum mismatch: file is corrupt")
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            raise FormatError(f"{where}: header is not valid JSON: {e}") from None
-        if not isinstance(header, dict):
-            raise FormatError(f"{where}: header is not a JSON object")
+        header = _parse_json(where, raw)
         self.header = header
         self.data_start = align(PREAMBLE.size + hlen)
         self.file_size = size
         self.tensors = _parse_table(where, header.get("tensors"), size - self.data_start)
-        for key in ("config", "generation_config"):
-            if not isinstance(header.get(key, {}), dict):
-                raise FormatError(f"{where}: header field {key!r} is not an object")
+        _check_fields(where, header)
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if size else None
 
     # header fields -------------------------------------------------------------
@@ -214,6 +212,67 @@ class PackedModel:
         self.close()
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(f"key {_name(key)} appears twice")
+            seen.add(key)
+    return out
+
+
+def _parse_json(where: str, raw: bytes) -> dict:
+    """The header object; duplicate keys (two tensors of one name) are refused."""
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        raise FormatError(f"{where}: header JSON is ambiguous: {e}") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise FormatError(f"{where}: header is not valid JSON: {e}") from None
+    except RecursionError:
+        raise FormatError(f"{where}: header JSON is nested too deeply") from None
+    if not isinstance(header, dict):
+        raise FormatError(f"{where}: header is not a JSON object")
+    return header
+
+
+# header field -> the JSON types it may have (absent is always allowed)
+HEADER_FIELDS = {"architecture": (str,), "config": (dict,), "generation_config": (dict,),
+                 "chat_template": (str, type(None)), "tokenizer": (dict, type(None)),
+                 "quantization": (dict,), "source": (dict,)}
+
+
+def _check_fields(where: str, header: dict) -> None:
+    """The non-tensor header fields have the types the runtime reads them as."""
+    for key, types in HEADER_FIELDS.items():
+        if key in header and not isinstance(header[key], types):
+            want = " or ".join(_JSON[t] for t in types)
+            raise FormatError(f"{where}: header field {key!r} is "
+                              f"{type(header[key]).__name__}, expected {want}")
+    tok = header.get("tokenizer") or {}
+    if not isinstance(tok.get("json"), (str, type(None))):
+        raise FormatError(f"{where}: header field tokenizer.json is not a string")
+    if not isinstance(tok.get("config"), (dict, type(None))):
+        raise FormatError(f"{where}: header field tokenizer.config is not an object")
+
+
+_JSON = {str: "a string", dict: "an object", type(None): "null"}
+
+
+def _name(name) -> str:
+    """A tensor name for a one-line message: control characters escaped, long names cut."""
+    text = name if isinstance(name, str) else repr(name)
+    if not text.isprintable():
+        text = repr(text)[1:-1]
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _parse_table(where: str, table, data_bytes: int) -> dict[str, TensorInfo]:
     """Validate the tensor table against the data section's length."""
     if not isinstance(table, dict):
@@ -222,9 +281,12 @@ def _parse_table(where: str, table, data_bytes: int) -> dict[str, TensorInfo]:
         raise FormatError(f"{where}: tensor table has {len(table)} entries")
     out: dict[str, TensorInfo] = {}
     for name, e in table.items():
+        if not name or _name(name) != name:
+            raise FormatError(f"{where}: tensor name {_name(name)!r} is empty, too long or has "
+                              "control characters")
         out[name] = _parse_entry(where, name, e, data_bytes)
     spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in out.values() if t.nbytes)
-    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:], strict=False):
         if start < end:
             raise FormatError(f"{where}: tensors {a} and {b} overlap")
     return out
@@ -247,10 +309,15 @@ def _parse_entry(where: str, name: str, e, data_bytes: int) -> TensorInfo:
     if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_DIMS:
         raise FormatError(f"{where}: tensor {name}: field 'shape' is {shape!r}")
     shape = tuple(_int(where, name, "shape", s, 1) for s in shape)
+    if math.prod(shape) > 2 * max(data_bytes, 0) + 2:  # no type stores under 4 bits/element
+        raise FormatError(f"{where}: tensor {name}: shape {list(shape)} does not fit in the "
+                          f"file's {max(data_bytes, 0)} bytes of data")
     block = _int(where, name, "block_size", e.get("block_size", quant.DEFAULT_BLOCK), 1)
     t = quant.qtype(type_name)
-    if t.quantized and (block not in quant.BLOCK_SIZES or len(shape) != 2
-                        or shape[-1] % block):
+    if block not in quant.BLOCK_SIZES:  # float tensors too: the kernels take it as an int
+        raise FormatError(f"{where}: tensor {name}: block_size {block} is not one of "
+                          f"{list(quant.BLOCK_SIZES)}")
+    if t.quantized and (len(shape) != 2 or shape[-1] % block):
         raise FormatError(f"{where}: tensor {name}: shape {list(shape)} does not fit "
                           f"{type_name} blocks of {block}")
     offset = _int(where, name, "offset", e.get("offset"))

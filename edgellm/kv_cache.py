@@ -22,10 +22,9 @@ from .kernels.rope import apply_rope, rope_tables
 class LayerCache:
     """K/V [cap, n_kv, head_dim] with slot positions; `window` 0 means full attention."""
 
-    def __init__(self, cap: int, n_kv: int, head_dim: int, window: int):
-        self.k = np.zeros((cap, n_kv, head_dim), dtype=np.float32)
-        self.v = np.zeros((cap, n_kv, head_dim), dtype=np.float32)
-        self.pos = np.full(cap, -1, dtype=np.int64)
+    def __init__(self, k: np.ndarray, v: np.ndarray, pos: np.ndarray, window: int):
+        self.k, self.v, self.pos = k, v, pos  # [cap, n_kv, head_dim] x2, [cap]
+        self.pos[:] = -1
         self.window = window
         self.written = 0  # tokens written since reset (next ring slot = written % cap)
 
@@ -62,8 +61,20 @@ class KVCache:
         self.context = context
         self.n_keep = n_keep
         self.inv_freqs = inv_freqs
-        self.layers = [LayerCache(min(w, context) if w else context, n_kv, head_dim, w)
-                       for w in layer_windows]
+        caps = [min(w, context) if w else context for w in layer_windows]
+        self.caps = np.array(caps, dtype=np.int64)
+        self.windows = np.array(layer_windows, dtype=np.int64)
+        self.uniform = len(set(caps)) == 1
+        if self.uniform:  # one array for all layers: the fused decode step indexes it
+            shape = (len(caps), caps[0], n_kv, head_dim)
+            self.k, self.v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            self.pos = np.full(shape[:2], -1, dtype=np.int64)
+            parts = [(self.k[i], self.v[i], self.pos[i]) for i in range(len(caps))]
+        else:  # each layer as long as its window (Gemma's sliding layers)
+            parts = [(np.zeros((c, n_kv, head_dim), np.float32),
+                      np.zeros((c, n_kv, head_dim), np.float32), np.full(c, -1, np.int64))
+                     for c in caps]
+        self.layers = [LayerCache(k, v, pos, w) for (k, v, pos), w in zip(parts, layer_windows)]
         self.next_pos = 0  # position of the next token
         self.n_tokens = 0  # tokens that full-attention layers hold
 

@@ -10,11 +10,12 @@ from collections.abc import Iterator, Sequence
 
 from . import arch
 from .chat_template import ChatTemplate
-from .errors import ContextError, EdgeLLMError, SamplingError, TemplateError
+from .errors import ContextError, EdgeLLMError, SamplingError, TemplateError, TokenizerError
 from .format import PackedModel
 from .generate import Chunk, stream
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
+from .validate import check_model
 
 DEFAULT_MAX_TOKENS = 256
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
@@ -38,7 +39,12 @@ class LLM:
             raise EdgeLLMError(str(e)) from None
         self.packed = PackedModel(path)
         try:
+            check_model(self.packed)  # every shape against the config, before any kernel
             self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk)
+        except MemoryError:
+            self.packed.close()
+            raise EdgeLLMError(f"{self.packed.path}: not enough memory for the model's "
+                               "buffers (try a smaller --ctx)") from None
         except BaseException:
             self.packed.close()
             raise
@@ -74,8 +80,14 @@ class LLM:
         """The model's tokenizer (built on first use from the embedded tokenizer.json)."""
         if self._tokenizer is None:
             p = self.packed
-            self._tokenizer = Tokenizer.from_json(p.tokenizer_json, p.tokenizer_config,
-                                                  p.generation_config)
+            if not p.tokenizer_json:
+                raise TokenizerError(f"{p.path}: the model file has no tokenizer (its source "
+                                     "had no tokenizer.json); pass token ids instead")
+            try:
+                self._tokenizer = Tokenizer.from_json(p.tokenizer_json, p.tokenizer_config,
+                                                      p.generation_config)
+            except TokenizerError as e:
+                raise TokenizerError(f"{p.path}: {e}") from None
         return self._tokenizer
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
@@ -84,22 +96,36 @@ class LLM:
         if self._template is None:
             if not self.packed.chat_template:
                 raise TemplateError(f"{self.packed.path}: the model has no chat template")
-            self._template = ChatTemplate(self.packed.chat_template,
-                                          self.tokenizer.special_tokens)
-        return self._template.render(messages, add_generation_prompt=add_generation_prompt,
-                                     **kwargs)
+            try:
+                self._template = ChatTemplate(self.packed.chat_template,
+                                              self.tokenizer.special_tokens)
+            except TemplateError as e:
+                raise TemplateError(f"{self.packed.path}: {e}") from None
+        try:
+            return self._template.render(messages, add_generation_prompt=add_generation_prompt,
+                                         **kwargs)
+        except TemplateError as e:
+            raise TemplateError(f"{self.packed.path}: {e}") from None
 
     def encode_prompt(self, prompt) -> list[int]:
         """A prompt -> ids: a string (special tokens added as the tokenizer says), chat
         messages (the template applied), or token ids as they are."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt, add_special_tokens=True)
+            return self._in_vocab(self.tokenizer.encode(prompt, add_special_tokens=True))
         prompt = list(prompt)
         if prompt and all(isinstance(m, dict) for m in prompt):
-            return self.tokenizer.encode(self.apply_chat_template(prompt))
+            return self._in_vocab(self.tokenizer.encode(self.apply_chat_template(prompt)))
         if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
             return [int(t) for t in prompt]
         raise EdgeLLMError("prompt must be a string, a list of chat messages or token ids")
+
+    def _in_vocab(self, ids: list[int]) -> list[int]:
+        """ids from the tokenizer, checked against the model's vocabulary."""
+        bad = [i for i in ids if not 0 <= i < self.args.vocab_size]
+        if bad:
+            raise TokenizerError(f"{self.packed.path}: the tokenizer gave token id {bad[0]}, "
+                                 f"outside the model's vocabulary of {self.args.vocab_size}")
+        return ids
 
     def sampler(self, **sampling) -> Sampler:
         """A Sampler with the model's generation_config defaults, overridden by `sampling`."""

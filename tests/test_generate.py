@@ -175,6 +175,6 @@ def test_cli_errors(converted, tmp_path):
     r = run_cli("generate", "-m", str(tmp_path / "none.edgellm"), "-p", "x")
     assert r.returncode == 1 and "no such file" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("generate", "-m", str(converted("qwen2", "q8_0")), "-p", "x", "--top-p", "2")
-    assert r.returncode == 1 and "top_p" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "top_p" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("generate", "--bogus")
     assert r.returncode == 2

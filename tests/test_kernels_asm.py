@@ -87,14 +87,41 @@ def test_portable_path_emits_vpmaddwd():
         assert found[kind]["vpmaddwd"] > 0, kind
 
 
-def test_generic_cpu_selects_portable():
-    code = "from edgellm.kernels import simd; print(simd.SIMD_PATH)"
+GENERIC_PROBE = """
+import json, sys
+import numpy as np
+sys.path.insert(0, {root!r})
+from tests.test_kernels_linear import make_weight, make_x, oracle, run
+from edgellm.kernels import linear as L, simd
+errors = {{}}
+for kind in ("q8_0", "q4_1", "f16"):
+    w = make_weight(kind, 9, 64)
+    for T in (1, 5):
+        x = make_x(T, 64)
+        for precise in (False, True):
+            ref, scale = oracle(w, x, precise)
+            err = np.abs(run(w, x, precise=precise) - ref) / scale
+            errors[f"{{kind}} T={{T}} precise={{precise}}"] = float(err.max())
+    out = np.empty((2, 64), np.float32)
+    L.embedding(w, np.array([3, 8]), out)
+    errors[f"{{kind}} embedding"] = float(np.abs(out - w.dequantize()[[3, 8]]).max())
+print(json.dumps({{"path": simd.SIMD_PATH, "native_f16": simd.NATIVE_F16, "errors": errors}}))
+"""
+
+
+@pytest.mark.skipif(not X86, reason="the generic x86-64 target")
+def test_generic_cpu_is_portable_and_correct():
+    """NUMBA_CPU_NAME=generic: no VNNI, and no F16C, so f16 is converted in integer IR
+    (LLVM's fallback is a runtime-library call numba does not provide: a segfault)."""
     env = dict(os.environ, NUMBA_CPU_NAME="generic")
     env.pop("EDGELLM_PORTABLE", None)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", GENERIC_PROBE.format(root=str(ROOT))],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-1] == "portable"
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert found["path"] == "portable" and not found["native_f16"]
+    bad = {k: v for k, v in found["errors"].items() if not v < 2e-5}
+    assert not bad, bad
 
 
 @pytest.mark.skipif(not X86, reason="checks x86 vector registers")

@@ -294,3 +294,18 @@ def test_numba_setup():
         numba.set_num_threads(previous)
     run(make_weight("q8_0", 40, 64), make_x(1, 64))  # make sure the pool has started
     assert numba_setup.check_threading_layer() in ("omp", "tbb", "workqueue")
+
+
+def test_cache_dir_choice(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGELLM_HOME", str(tmp_path / "home"))
+    assert numba_setup._default_cache_dir() == str(tmp_path / "home" / "numba-cache")
+    monkeypatch.delenv("EDGELLM_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert numba_setup._default_cache_dir() == str(tmp_path / "xdg" / "edgellm" / "numba-cache")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # unusable: the next candidate wins
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert numba_setup._default_cache_dir() == str(tmp_path / "user" / ".cache" / "edgellm"
+                                                   / "numba-cache")
+    assert numba_setup._pick_threading_layer() in ("omp", "tbb", None)

@@ -90,6 +90,7 @@ class Transformer:
         self.buffers = Buffers(args, self.chunk, inner)
         self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
         self.tokens: list[int] = []  # the ids the cache holds, in order
+        self.fused = None  # a FusedDecoder where the architecture has one (llama.py)
 
     # weights --------------------------------------------------------------------
     def matrix(self, name: str) -> Tensor:
@@ -137,7 +138,8 @@ class Transformer:
         apply_rope(q, cos, sin)
         apply_rope(k, cos, sin)
         layer = self.cache.layers[i]
-        attention(q, k, v, positions, layer.k, layer.v, layer.pos, layer.window,
+        n = min(layer.written, layer.cap)  # slots written so far: the rest are empty
+        attention(q, k, v, positions, layer.k[:n], layer.v[:n], layer.pos[:n], layer.window,
                   self.attn_scale(), 0.0, b.attn[:T].reshape(T, Hq, Dh))
         layer.store(k, v, positions)
 
@@ -179,6 +181,16 @@ class Transformer:
         if bad.any():
             raise ContextError(f"token id {int(tokens[bad][0])} is outside the vocabulary "
                                f"(0..{self.args.vocab_size - 1})")
+        if tokens.size == 1 and want != "all" and self.fused is not None:
+            if self.cache.room() < 1:
+                if not shift:
+                    raise ContextError(f"context of {self.context} tokens is full")
+                discard = self.cache.shift(1)
+                keep = min(self.cache.n_keep, len(self.tokens))
+                del self.tokens[keep:keep + discard]
+            logits = self.fused.step(int(tokens[0]), self.precise)
+            self.tokens.append(int(tokens[0]))
+            return logits if want == "last" else None
         outs = []
         for s in range(0, tokens.size, self.chunk):
             part = tokens[s:s + self.chunk]

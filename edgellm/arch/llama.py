@@ -7,6 +7,8 @@ biases), qwen3 (per-head q/k RMSNorm), SmolLM. One block:
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..config import ModelArgs
@@ -14,12 +16,18 @@ from ..kernels.activations import swiglu
 from ..kernels.linear import linear, quantize_act
 from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
 from .base import Buffers, LayerWeights, Transformer
+from .fused import FusedDecoder
 
 
 class Llama(Transformer):
     """Decoder-only llama-style transformer over packed weights."""
 
     norm_offset = 0.0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if os.environ.get("EDGELLM_FUSED", "1") != "0":
+            self.fused = FusedDecoder.build(self)
 
     def layer_weights(self, i: int) -> LayerWeights:
         p = f"model.layers.{i}."

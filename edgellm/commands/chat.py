@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_model_arguments, add_sampling_arguments, open_model, sampling_kwargs
+from .common import (
+    add_model_arguments,
+    add_sampling_arguments,
+    int_at_least,
+    open_model,
+    sampling_kwargs,
+)
 
 HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D), /help"
 
@@ -16,7 +22,7 @@ HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D), /help"
 def add_arguments(p) -> None:
     add_model_arguments(p)
     p.add_argument("--system", default=None, help="system message")
-    p.add_argument("-n", "--max-tokens", type=int, default=None,
+    p.add_argument("-n", "--max-tokens", type=int_at_least(0), default=None,
                    help="tokens per answer at most (default: 256)")
     add_sampling_arguments(p)
     p.add_argument("--verbose", action="store_true", help="print statistics after answers")

@@ -2,18 +2,62 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
+from ..errors import SamplingError
 from ..llm import LLM
 from ..pull import resolve
+from ..sampling import SamplingParams
+
+MIN_CONTEXT = 8  # as arch/base.py's Transformer requires
+
+
+def int_at_least(lo: int, what: str = "an integer"):
+    """argparse type: an int >= lo (anything else is a usage error, exit code 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
+        return value
+    return parse
+
+
+def _threads(text: str) -> int:
+    import numba
+
+    value = int_at_least(1)(text)
+    if value > numba.config.NUMBA_NUM_THREADS:
+        raise argparse.ArgumentTypeError(f"must be at most {numba.config.NUMBA_NUM_THREADS} "
+                                         f"(NUMBA_NUM_THREADS), got {value}")
+    return value
+
+
+def _sampling(name: str, kind: type):
+    """argparse type for sampling parameter `name`, range-checked by SamplingParams."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        try:
+            SamplingParams(**{name: value})
+        except SamplingError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+    return parse
 
 
 def add_model_arguments(p) -> None:
     p.add_argument("-m", "--model", default=None,
                    help="model file or catalog name (default: the default model)")
-    p.add_argument("-t", "--threads", type=int, default=None,
+    p.add_argument("-t", "--threads", type=_threads, default=None,
                    help="threads (default: all cores)")
-    p.add_argument("--ctx", type=int, default=None,
+    p.add_argument("--ctx", type=int_at_least(MIN_CONTEXT), default=None,
                    help="context length in tokens (default: the model's, at most 4096)")
     p.add_argument("--precise", action="store_true",
                    help="float activations for quantized weights: matches the float model "
@@ -21,15 +65,18 @@ def add_model_arguments(p) -> None:
 
 
 def add_sampling_arguments(p) -> None:
-    p.add_argument("--temp", type=float, default=None, dest="temperature",
+    p.add_argument("--temp", type=_sampling("temperature", float), default=None,
+                   dest="temperature",
                    help="temperature; 0 = greedy (default: the model's generation_config)")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--min-p", type=float, default=None)
-    p.add_argument("--repeat-penalty", type=float, default=None, dest="repetition_penalty")
-    p.add_argument("--presence-penalty", type=float, default=None)
-    p.add_argument("--frequency-penalty", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--top-k", type=_sampling("top_k", int), default=None)
+    p.add_argument("--top-p", type=_sampling("top_p", float), default=None)
+    p.add_argument("--min-p", type=_sampling("min_p", float), default=None)
+    p.add_argument("--repeat-penalty", type=_sampling("repetition_penalty", float), default=None,
+                   dest="repetition_penalty")
+    p.add_argument("--presence-penalty", type=_sampling("presence_penalty", float), default=None)
+    p.add_argument("--frequency-penalty", type=_sampling("frequency_penalty", float),
+                   default=None)
+    p.add_argument("--seed", type=_sampling("seed", int), default=None)
 
 
 def sampling_kwargs(args) -> dict:

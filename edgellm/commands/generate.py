@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import EdgeLLMError
-from .common import add_model_arguments, add_sampling_arguments, open_model, sampling_kwargs
+from .common import (
+    add_model_arguments,
+    add_sampling_arguments,
+    int_at_least,
+    open_model,
+    sampling_kwargs,
+)
 
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
     p.add_argument("-p", "--prompt", required=True, help="the prompt; '-' reads stdin")
-    p.add_argument("-n", "--max-tokens", type=int, default=None,
+    p.add_argument("-n", "--max-tokens", type=int_at_least(0), default=None,
                    help="tokens to generate at most (default: 256)")
     add_sampling_arguments(p)
     p.add_argument("--stop", nargs="+", default=[], metavar="STR",
@@ -29,8 +34,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if args.max_tokens is not None and args.max_tokens < 0:
-        raise EdgeLLMError(f"-n must be >= 0, got {args.max_tokens}")
     with open_model(args) as llm:
         if args.chat:
             messages = [{"role": "system", "content": args.system}] if args.system else []

@@ -5,24 +5,25 @@ Checks the header at every open; --verify also checks every tensor's checksum.
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import Counter
 
 import numpy as np
 
-from ..config import ModelArgs
 from ..errors import FormatError
 from ..format import PackedModel
 from ..memory_plan import largest_context, plan
+from ..validate import check_model
 
 
 def add_arguments(p) -> None:
     p.add_argument("model", help="packed model file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--verify", action="store_true", help="check every tensor's checksum")
-    p.add_argument("--ctx", default="2048",
+    p.add_argument("--ctx", default="2048", type=_ctx_text,
                    help="context for the memory plan, or 'auto' with --max-memory")
-    p.add_argument("--max-memory", default="512MB",
+    p.add_argument("--max-memory", default="512MB", type=_size_text,
                    help="memory budget for --ctx auto (e.g. 512MB, 1GB)")
 
 
@@ -31,13 +32,32 @@ def parse_size(text: str) -> int:
     t = text.strip().upper().rstrip("B")
     mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(t[-1:], 1)
     try:
-        return int(float(t[:-1] if mult > 1 else t) * mult)
-    except ValueError:
-        raise FormatError(f"cannot read size {text!r} (e.g. 512MB)") from None
+        size = int(float(t[:-1] if mult > 1 else t) * mult)
+    except (ValueError, OverflowError):
+        size = -1
+    if size < 0:
+        raise FormatError(f"cannot read size {text!r} (e.g. 512MB)")
+    return size
+
+
+def _ctx_text(text: str) -> str:
+    """--ctx: 'auto' or a positive number of tokens (argparse: a usage error otherwise)."""
+    if text != "auto" and not (text.isdigit() and int(text) > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of tokens or 'auto', "
+                                         f"not {text!r}")
+    return text
+
+
+def _size_text(text: str) -> str:
+    try:
+        parse_size(text)
+    except FormatError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def describe(packed: PackedModel, ctx_arg: str, max_memory: str) -> dict:
-    args = ModelArgs.from_dict(packed.config)
+    args = check_model(packed)  # the config and every tensor's shape, as loading checks them
     params = sum(int(np.prod(t.shape)) for t in packed.tensors.values())
     data = sum(t.nbytes for t in packed.tensors.values())
     by_type = Counter(t.type for t in packed.tensors.values())

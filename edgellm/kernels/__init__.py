@@ -1,3 +1,9 @@
-"""Numba kernels. numba_setup runs first so numba sees edgellm's cache dir and threading layer."""
+"""Numba kernels.
+
+numba_setup is imported first, so numba sees edgellm's cache directory and threading layer.
+Linear algebra on stored weights: `linear.py` (validation and dispatch: linear, embedding,
+ActQ8, quantize_act), built on matvec.py (decode), matmul.py (prefill), act_quant.py and
+the LLVM IR intrinsics of simd.py (SIMD_PATH "vnni" or "portable").
+"""
 
 from .. import numba_setup  # noqa: F401

@@ -27,7 +27,7 @@ import weakref
 import numba
 import numpy as np
 
-from .. import quant
+from .. import numba_setup, quant
 from . import act_quant, matmul, matvec
 
 try:  # for _threads(); numba.get_num_threads() is the fallback
@@ -178,10 +178,15 @@ def _check_weight(w):
 
 
 def _threads() -> int:
-    """numba.get_num_threads() without its locking once the pool runs (~0.1 us vs ~0.7)."""
+    """numba.get_num_threads() without its locking once the pool runs (~0.1 us vs ~0.7).
+
+    The first call also warns if numba's threading layer is workqueue (numba_setup).
+    """
     if _parallel is not None and getattr(_parallel, "_is_initialized", False):
         return _parallel._get_num_threads()
-    return numba.get_num_threads()
+    n = numba.get_num_threads()  # starts the thread pool
+    numba_setup.check_threading_layer()
+    return n
 
 
 # type -> kernels: int8 matvec (serial rows, parallel), int8 matmul; float matvec

@@ -1,18 +1,19 @@
 """Block dot products emitted as LLVM vector IR through `numba.extending.intrinsic`.
 
-Plain Numba loops do not vectorize int8 block dot products well (kernels.md), so the inner
-loop over one weight row's blocks is written here as IR. Each intrinsic computes a tile
-of outputs: RW consecutive weight rows i.. times RT consecutive activation rows t..,
-looping over all K columns, and stores them to out[t + r, i + w]. The weight bytes are
-ggml's blocks as stored (quant.py): nothing is repacked or copied.
+Plain Numba loops do not vectorize int8 block dot products well (kernels.md), so the loop
+over one weight row's blocks is written here as IR. Each intrinsic computes a tile of
+outputs, RW consecutive weight rows i.. times RT consecutive activation rows t.., over all
+K columns, and stores them to out[t + s, i + r]. Weights are read as ggml's blocks as
+stored (quant.py): nothing is repacked or copied.
 
 Two SIMD paths, chosen once at import (`SIMD_PATH`):
-  "vnni"      `llvm.x86.avx512.vpdpbusd.256` (u8 x s8 -> i32, 4 products per lane): q4 weights
-              are unsigned nibbles times signed activations with the -8 / +m offsets folded
-              in afterwards; q8_0 uses |w| . sign(w)*x. Chosen only where llvmlite reports
-              avx512vnni and avx512vl for the host and numba compiles for the host CPU.
-  "portable"  the same dot written as sext/zext, mul and pairwise adds in generic vector
-              IR: x86 lowers it to vpmaddwd, aarch64 to its own multiply-adds. Forced with
+  "vnni"      `llvm.x86.avx512.vpdpbusd.512` (u8 x s8 -> i32, 4 products per lane) on 64
+              columns at a time: q4 weights are unsigned nibbles times signed activations
+              with the -8 / +m offsets folded in afterwards; q8_0 uses |w| . sign(w) x.
+              Chosen only where llvmlite reports avx512vnni and avx512vl for the host and
+              numba compiles for the host CPU (not NUMBA_CPU_NAME=generic).
+  "portable"  the same dot as sext/zext, mul and pairwise adds in generic vector IR: x86
+              lowers it to vpmaddwd, aarch64 to its own multiply-adds. Forced with
               EDGELLM_PORTABLE=1.
 Float work (scales, float activations, f32/f16 weights) is generic vector IR on both paths.
 
@@ -25,29 +26,32 @@ Block sizes 64 and 128 reuse the 32-element activation blocks: a weight block's 
 multiplies the sum over its 2 or 4 activation sub-blocks, each with its own dx.
 
 Caching (numba#1833): numba's cache key for a kernel covers only its own source file, not
-intrinsics from this module, nor the SIMD path. Kernels that use these intrinsics are
-defined with `@kernel`, which caches them in a subdirectory of NUMBA_CACHE_DIR named after
-KERNEL_VERSION, SIMD_PATH and a hash of this file, so editing this file or switching path
-never loads a stale kernel. Bump KERNEL_VERSION when a change elsewhere (a kernel module's
-helper, a global LLVM option) must invalidate cached kernels. Keep kernel modules free of
-calls into each other: only this module is covered.
+intrinsics or jitted functions it calls from other modules, nor the SIMD path. Kernels
+are therefore defined with `@kernel`, which caches them in a subdirectory of
+NUMBA_CACHE_DIR named by CACHE_TAG: KERNEL_VERSION, SIMD_PATH and a hash of this file,
+act_quant.py, matvec.py and matmul.py. Editing any of them or switching path never loads
+a stale kernel. A kernel elsewhere that calls these intrinsics or kernels (a fused decode
+step, say) should be defined with `@kernel` too, so that it is cached under the same tag;
+bump KERNEL_VERSION when a change the hash does not see must invalidate cached kernels
+(a global LLVM option, a helper module). Old tag directories are not deleted.
 """
 
 from __future__ import annotations
 
+# isort: off
+from .. import numba_setup  # noqa: F401  (numba's environment: must come before numba)
+# isort: on
 import contextlib
 import hashlib
 import os
 
-import llvmlite.binding as llb  # noqa: E402
-import numba  # noqa: E402
-from llvmlite import ir  # noqa: E402
-from numba import types  # noqa: E402
-from numba.core import cgutils, config  # noqa: E402
-from numba.core.errors import TypingError  # noqa: E402
-from numba.extending import intrinsic  # noqa: E402
-
-from .. import numba_setup  # noqa: F401  (environment before numba)
+import llvmlite.binding as llb
+import numba
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils, config
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
 
 KERNEL_VERSION = 1
 OPTIONS = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
@@ -56,28 +60,59 @@ KINDS = ("q8_0", "q4_0", "q4_1")
 BLOCKS = (32, 64, 128)
 
 
+def _target_features() -> set[str]:
+    """CPU features numba compiles for: NUMBA_CPU_FEATURES if set ("" for
+    NUMBA_CPU_NAME=generic), else the host's (as numba.core.codegen does)."""
+    if config.CPU_FEATURES is not None:
+        return {f[1:] for f in config.CPU_FEATURES.split(",") if f.startswith("+")}
+    from numba.core.codegen import get_host_cpu_features
+
+    return {f[1:] for f in get_host_cpu_features().split(",") if f.startswith("+")}
+
+
 def _select_path() -> str:
     if os.environ.get("EDGELLM_PORTABLE", "").strip().lower() not in ("", "0", "false", "no"):
         return "portable"
-    cpu = (config.CPU_NAME or "host").strip().lower()
-    if cpu == "generic":
+    if (config.CPU_NAME or "").strip().lower() == "generic":
         return "portable"
     host = llb.get_host_cpu_features()
-    if not (host.get("avx512vnni") and host.get("avx512vl")):
-        return "portable"
-    if cpu != "host" or config.CPU_FEATURES:
-        # compiling for a named CPU / feature string: VNNI only if it is asked for explicitly
-        feats = (config.CPU_FEATURES or "").split(",")
-        if "+avx512vnni" not in feats or "+avx512vl" not in feats:
-            return "portable"
-    return "vnni"
+    need = ("avx512vnni", "avx512vl")
+    if all(host.get(f) for f in need) and all(f in _target_features() for f in need):
+        return "vnni"
+    return "portable"
+
+
+def _native_f16() -> bool:
+    """Does the compile target convert float16 in hardware (x86: F16C; aarch64: always)?"""
+    import platform
+
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686"):
+        return "f16c" in _target_features()
+    return machine in ("aarch64", "arm64")
 
 
 SIMD_PATH = _select_path()
 VNNI = SIMD_PATH == "vnni"
+NATIVE_F16 = _native_f16()  # else f16 scales are converted in integer IR (_h2f)
 
-with open(__file__, "rb") as _f:
-    CACHE_TAG = f"k{KERNEL_VERSION}-{SIMD_PATH}-{hashlib.sha256(_f.read()).hexdigest()[:10]}"
+# The kernel sources the tag covers: this file and the kernel modules built on it.
+_SOURCES = ("simd.py", "act_quant.py", "matvec.py", "matmul.py")
+
+
+def _sources_hash() -> str:
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in _SOURCES:
+        try:
+            with open(os.path.join(here, name), "rb") as f:
+                h.update(f.read())
+        except OSError:  # e.g. a zipped install: fall back on KERNEL_VERSION alone
+            h.update(name.encode())
+    return h.hexdigest()[:10]
+
+
+CACHE_TAG = f"k{KERNEL_VERSION}-{SIMD_PATH}{'' if NATIVE_F16 else '-softf16'}-{_sources_hash()}"
 
 
 @contextlib.contextmanager
@@ -149,8 +184,37 @@ def _load(b, base, off, ty):
     return b.load(b.bitcast(p, ty.as_pointer()), align=1)
 
 
+def _h2f(b, bits):
+    """float16 bit patterns (i16 or <n x i16>) -> float32 (or <n x f32>).
+
+    Targets without a half-precision conversion instruction (x86 without F16C, e.g.
+    NUMBA_CPU_NAME=generic) get it in integer IR: LLVM would call a runtime library
+    function there that numba's JIT does not provide.
+    """
+    vec = isinstance(bits.type, ir.VectorType)
+    n = bits.type.count if vec else 0
+    f32 = _v(F32, n) if vec else F32
+    if NATIVE_F16:
+        return b.fpext(b.bitcast(bits, _v(F16, n) if vec else F16), f32)
+    i32 = _v(I32, n) if vec else I32
+
+    def k(v):
+        return _c(i32, [v] * n) if vec else _c(I32, v)
+
+    x = b.zext(bits, i32)
+    o = b.shl(b.and_(x, k(0x7FFF)), k(13))  # exponent and mantissa, in place
+    e = b.and_(o, k(0x7C00 << 13))
+    o = b.add(o, k((127 - 15) << 23))
+    inf = b.add(o, k((128 - 16) << 23))  # inf / nan keep an all-ones exponent
+    magic = b.bitcast(k(113 << 23), f32)
+    sub = b.bitcast(b.fsub(b.bitcast(b.add(o, k(1 << 23)), f32), magic), i32)  # zero/subnormal
+    o = b.select(b.icmp_unsigned("==", e, k(0x7C00 << 13)), inf, o)
+    o = b.select(b.icmp_unsigned("==", e, k(0)), sub, o)
+    return b.bitcast(b.or_(o, b.shl(b.and_(x, k(0x8000)), k(16))), f32)
+
+
 def _f16(b, base, off):
-    return b.fpext(b.bitcast(_load(b, base, off, I16), F16), F32)
+    return _h2f(b, _load(b, base, off, I16))
 
 
 def _splat(b, x, n):
@@ -399,7 +463,7 @@ def _pair16(b, h0, h1):
     """Two f16 bit patterns (i16) -> <2 x f32>."""
     v = b.insert_element(ir.Constant(_v(I16, 2), ir.Undefined), h0, _c(I32, 0))
     v = b.insert_element(v, h1, _c(I32, 1))
-    return b.fpext(b.bitcast(v, _v(F16, 2)), _v(F32, 2))
+    return _h2f(b, v)
 
 
 def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT):
@@ -431,27 +495,31 @@ def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT):
 NACC = 2  # accumulators per output: breaks the multiply-add dependency chain
 
 
-def _dequant(b, kind, p, B):
-    """Weight block at p as <16 x f32> chunks of dequantized values."""
+def _dequant(b, kind, p, B, scaled=True):
+    """Weight block at p as <16 x f32> chunks of dequantized values.
+
+    scaled=False (q8_0, q4_0): the integer values q (q - 8 for q4_0), and the scale apart:
+    returns (chunks, <16 x f32> scale).
+    """
     hdr, _ = BLOCK_BYTES[kind]
     dwv = _splat(b, _f16(b, p, 0), 16)
-    chunks = []
     if kind == "q8_0":
-        for c in range(B // 16):
-            q = _load(b, p, hdr + 16 * c, _v(I8, 16))
-            chunks.append(b.fmul(b.sitofp(q, _v(F32, 16)), dwv, flags=FAST))
-        return chunks
-    full = _nibbles(b, p, hdr, B)
-    if kind == "q4_0":
-        full = b.sub(full, _c(_v(I8, B), [8] * B))
-    mv = _splat(b, _f16(b, p, 2), 16) if kind == "q4_1" else None
-    for c in range(B // 16):
-        q = _pick(b, full, range(16 * c, 16 * c + 16))
+        qs = [b.sitofp(_load(b, p, hdr + 16 * c, _v(I8, 16)), _v(F32, 16))
+              for c in range(B // 16)]
+    else:
+        full = _nibbles(b, p, hdr, B)
         if kind == "q4_0":
-            chunks.append(b.fmul(b.sitofp(q, _v(F32, 16)), dwv, flags=FAST))
-        else:
-            chunks.append(b.fadd(b.fmul(b.uitofp(q, _v(F32, 16)), dwv, flags=FAST), mv,
-                                 flags=FAST))
+            full = b.sub(full, _c(_v(I8, B), [8] * B))
+        conv = b.sitofp if kind == "q4_0" else b.uitofp
+        qs = [conv(_pick(b, full, range(16 * c, 16 * c + 16)), _v(F32, 16))
+              for c in range(B // 16)]
+    if not scaled:
+        assert kind != "q4_1"
+        return qs, dwv
+    chunks = [b.fmul(q, dwv, flags=FAST) for q in qs]
+    if kind == "q4_1":
+        mv = _splat(b, _f16(b, p, 2), 16)
+        chunks = [b.fadd(c, mv, flags=FAST) for c in chunks]
     return chunks
 
 
@@ -474,16 +542,30 @@ def _f32act_codegen(kind, B, RW, RT):
         n = RW * RT
         zero16 = _c(_v(F32, 16), [0.0] * 16)
 
+        # one token: sum q . x over the block first, then one multiply-add by the scale
+        sum_first = RT == 1 and kind in ("q8_0", "q4_0")
+
         def body(bi, st):
             acc = list(st)
             for r in range(RW):
                 p = b.gep(wrow[r], [b.mul(bi, _i64(BB))], inbounds=True)
+                if sum_first:
+                    qs, dwv = _dequant(b, kind, p, B, scaled=False)
+                    xb = b.mul(bi, _i64(step * 4))
+                    dot = None
+                    for c, q in enumerate(qs):
+                        xc = _load(b, xrow[0], b.add(xb, _i64(64 * c)), _v(F32, 16))
+                        prod = b.fmul(q, xc, flags=FAST)
+                        dot = prod if dot is None else b.fadd(dot, prod, flags=FAST)
+                    j = r * NACC
+                    acc[j] = b.fadd(acc[j], b.fmul(dot, dwv, flags=FAST), flags=FAST)
+                    continue
                 if quantized:
                     wf = _dequant(b, kind, p, B)
                 elif kind == "f32":
                     wf = [_load(b, p, 0, _v(F32, 16))]
                 else:
-                    wf = [b.fpext(_load(b, p, 0, _v(F16, 16)), _v(F32, 16))]
+                    wf = [_h2f(b, _load(b, p, 0, _v(I16, 16)))]
                 for s in range(RT):
                     xb = b.mul(bi, _i64(step * 4))
                     for c, wc in enumerate(wf):
@@ -505,7 +587,7 @@ def _f32act_codegen(kind, B, RW, RT):
                     if kind == "f32":
                         wk = _load(b, wrow[r], b.mul(k, _i64(4)), F32)
                     else:
-                        wk = b.fpext(_load(b, wrow[r], b.mul(k, _i64(2)), F16), F32)
+                        wk = _h2f(b, _load(b, wrow[r], b.mul(k, _i64(2)), I16))
                     for s in range(RT):
                         xk = _load(b, xrow[s], b.mul(k, _i64(4)), F32)
                         j = r * RT + s
@@ -546,7 +628,7 @@ def _dequant_row_codegen(kind, B):
             elif kind == "f32":
                 chunks = [_load(b, p, 0, _v(F32, 16))]
             else:
-                chunks = [b.fpext(_load(b, p, 0, _v(F16, 16)), _v(F32, 16))]
+                chunks = [_h2f(b, _load(b, p, 0, _v(I16, 16)))]
             for c, v in enumerate(chunks):
                 q = b.gep(orow, [b.add(b.mul(bi, _i64(step * 4)), _i64(64 * c))], inbounds=True)
                 b.store(v, b.bitcast(q, v.type.as_pointer()), align=4)
@@ -559,7 +641,7 @@ def _dequant_row_codegen(kind, B):
                 if kind == "f32":
                     v = _load(b, wrow, b.mul(k, _i64(4)), F32)
                 else:
-                    v = b.fpext(_load(b, wrow, b.mul(k, _i64(2)), F16), F32)
+                    v = _h2f(b, _load(b, wrow, b.mul(k, _i64(2)), I16))
                 q = b.gep(orow, [b.mul(k, _i64(4))], inbounds=True)
                 b.store(v, b.bitcast(q, F32.as_pointer()), align=4)
                 return st
@@ -626,7 +708,7 @@ def quant_row(typingctx, X, t, XQ, XD, XS, XDS):
 #   row_<type>(W, block, i, out, t)                           out[t] = row i (embedding)
 # Each writes out[t + s, i + r] for r < RW, s < RT and reads nothing else of out.
 
-TILES_INT8 = ((1, 1), (4, 1), (1, 4), (2, 4))
+TILES_INT8 = ((1, 1), (1, 4), (2, 4))
 TILES_FLOAT = ((1, 1), (1, 4))
 _WEIGHT_DTYPE = {"f32": types.float32, "f16": types.uint16}  # quantized: uint8
 
@@ -662,11 +744,7 @@ def _drop_block(codegen):
 
 def _typed(name, codegen, arrays, ints):
     """An intrinsic `name`: args are 2-D arrays of the given dtypes or integers (by position)."""
-    nargs = len(arrays) + len(ints)
-
-    def typer(typingctx, *args):
-        if len(args) != nargs:
-            raise TypingError(f"{name} takes {nargs} arguments, got {len(args)}")
+    def check(args):
         sig = []
         for k, a in enumerate(args):
             if k in ints:
@@ -680,6 +758,19 @@ def _typed(name, codegen, arrays, ints):
                 sig.append(a)
         return types.none(*sig), codegen
 
+    # numba's @intrinsic needs a fixed parameter list
+    nargs = len(arrays) + len(ints)
+    if nargs == 8:
+        def typer(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
+            return check((a0, a1, a2, a3, a4, a5, a6, a7))
+    elif nargs == 6:
+        def typer(typingctx, a0, a1, a2, a3, a4, a5):
+            return check((a0, a1, a2, a3, a4, a5))
+    else:
+        assert nargs == 5, nargs
+
+        def typer(typingctx, a0, a1, a2, a3, a4):
+            return check((a0, a1, a2, a3, a4))
     typer.__name__ = typer.__qualname__ = name
     return intrinsic(typer)
 

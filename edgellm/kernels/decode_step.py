@@ -1,0 +1,282 @@
+"""One decode step of a llama-family model in one parallel region.
+
+Python calls `decode_token` once per generated token. Inside, `n_threads` workers (one per
+prange iteration) run the whole step: each splits the rows of every matrix with the others
+and they meet at spin barriers (sync.py) where a stage needs the previous one's full
+output. Per layer, for worker `tid`:
+
+  S1  h = rmsnorm(x); quantize h (int8 mode)            private copy: no barrier needed
+  S2  rows of q, k, v (+ biases)                         -> shared q, k, v      | barrier
+  S3  its query heads: q/k norm, RoPE, attention over the cache plus this token;
+      the worker owning a KV head's first query head stores its k, v            | barrier
+  S4  quantize attn (private); rows of o_proj: x[r] += o[r]                     | barrier
+  S5  h = rmsnorm(x) (private); rows of gate and up: ffn[r] = silu(g[r]) u[r]   | barrier
+  S6  quantize ffn (private); rows of down_proj: x[r] += d[r]                   | barrier
+then the final norm and the rows of the output head. Weights are read in place from the
+mapped file (`blob`, a uint8 view of the whole file) at offsets from `mats`.
+
+Every offset, shape and type in the tables is checked by the caller (arch/fused.py)
+before the first call: these kernels do not check bounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .act_quant import quantize_rows
+from .matvec import (
+    mv_rows_q4_0,
+    mv_rows_q4_1,
+    mv_rows_q8_0,
+    mvp_rows_q4_0,
+    mvp_rows_q4_1,
+    mvp_rows_q8_0,
+)
+from .sync import barrier
+
+OPT = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
+KIND_CODE = {"q8_0": 2, "q4_0": 3, "q4_1": 4}
+# mats[layer, m] = (offset, rows, row_bytes, kind, block) for m in Q..DOWN
+Q, K, V, O, GATE, UP, DOWN = range(7)
+ALIGN = 16  # row split granularity (multiple of the 4-row tiles)
+
+
+@njit(**OPT)
+def _split(n, tid, nt):
+    """Rows [r0, r1) of n for worker tid of nt, boundaries on ALIGN."""
+    per = (n + nt * ALIGN - 1) // (nt * ALIGN) * ALIGN
+    r0 = min(n, tid * per)
+    return r0, min(n, r0 + per)
+
+
+@njit(**OPT)
+def _matrix(blob, m):
+    """The uint8 [rows, row_bytes] view of table entry m."""
+    off, rows, rb = m[0], m[1], m[2]
+    return blob[off:off + rows * rb].reshape((rows, rb))
+
+
+@njit(**OPT)
+def _mv(blob, m, h, xq, xd, xds, out, r0, r1, precise):
+    """out[0, r0:r1] = W[r0:r1] @ h[0] for the matrix of table entry m."""
+    w = _matrix(blob, m)
+    kind, block = m[3], m[4]
+    if precise:
+        if kind == 2:
+            mvp_rows_q8_0(w, block, h, out, r0, r1)
+        elif kind == 3:
+            mvp_rows_q4_0(w, block, h, out, r0, r1)
+        else:
+            mvp_rows_q4_1(w, block, h, out, r0, r1)
+    else:
+        if kind == 2:
+            mv_rows_q8_0(w, block, xq, xd, xds, out, r0, r1)
+        elif kind == 3:
+            mv_rows_q4_0(w, block, xq, xd, xds, out, r0, r1)
+        else:
+            mv_rows_q4_1(w, block, xq, xd, xds, out, r0, r1)
+
+
+@njit(**OPT)
+def _rmsnorm(x, w, eps, offset, out):
+    """out[0] = x[0] / rms(x[0]) * (w + offset)."""
+    D = x.shape[1]
+    ss = np.float32(0.0)
+    for i in range(D):
+        ss += x[0, i] * x[0, i]
+    inv = np.float32(1.0) / np.sqrt(ss / np.float32(D) + np.float32(eps))
+    for i in range(D):
+        out[0, i] = x[0, i] * inv * (w[i] + np.float32(offset))
+
+
+@njit(**OPT)
+def _head_prep(src, dst, norm_w, has_norm, eps, offset, cos, sin):
+    """dst[:] = rope(norm(src)) for one head vector."""
+    Dh = src.shape[0]
+    if has_norm:
+        ss = np.float32(0.0)
+        for i in range(Dh):
+            ss += src[i] * src[i]
+        inv = np.float32(1.0) / np.sqrt(ss / np.float32(Dh) + np.float32(eps))
+        for i in range(Dh):
+            dst[i] = src[i] * inv * (norm_w[i] + np.float32(offset))
+    else:
+        for i in range(Dh):
+            dst[i] = src[i]
+    half = Dh // 2
+    for i in range(half):
+        a = dst[i]
+        b = dst[i + half]
+        dst[i] = a * cos[i] - b * sin[i]
+        dst[i + half] = b * cos[i] + a * sin[i]
+
+
+@njit(**OPT)
+def _attend_head(qh, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, out):
+    """out[:] = softmax over the cache slots (positions < p in the window) and this token."""
+    cap, _, Dh = kc.shape
+    best = np.float32(0.0)
+    for i in range(Dh):
+        best += qh[i] * kh[i]
+    best *= scale
+    self_score = best
+    for s in range(cap):
+        kp = cpos[s]
+        if kp >= 0 and kp < p and (window == 0 or p - kp < window):
+            acc = np.float32(0.0)
+            for i in range(Dh):
+                acc += qh[i] * kc[s, kvh, i]
+            acc *= scale
+            scores[s] = acc
+            best = max(best, acc)
+        else:
+            scores[s] = -np.inf
+    e_self = np.exp(self_score - best)
+    total = e_self
+    for i in range(Dh):
+        out[i] = e_self * vh[i]
+    for s in range(cap):
+        if scores[s] != -np.inf:
+            e = np.exp(scores[s] - best)
+            total += e
+            for i in range(Dh):
+                out[i] += e * vc[s, kvh, i]
+    inv = np.float32(1.0) / total
+    for i in range(Dh):
+        out[i] *= inv
+
+
+@njit(**OPT)
+def _proj(blob, m, bias, has_bias, h, xq, xd, xds, out, tid, nt, precise):
+    """This worker's rows of out[0] = W @ h[0] (+ bias)."""
+    r0, r1 = _split(m[1], tid, nt)
+    _mv(blob, m, h, xq, xd, xds, out, r0, r1, precise)
+    if has_bias:
+        for r in range(r0, r1):
+            out[0, r] += bias[r]
+
+
+@njit(**OPT)
+def _store_kv(k, v, kc, vc, cpos, kvh, s, p, Dh, norm_w, has_norm, eps, offset, cos, sin):
+    """Write KV head kvh of this token (k normed and roped) into cache slot s."""
+    _head_prep(k[0, kvh * Dh:(kvh + 1) * Dh], kc[s, kvh], norm_w, has_norm, eps, offset,
+               cos, sin)
+    for i in range(Dh):
+        vc[s, kvh, i] = v[0, kvh * Dh + i]
+    if kvh == 0:
+        cpos[s] = p
+
+
+@njit(**OPT)
+def _worker(tid, nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
+            has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos, caps,
+            windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp, logits, h,
+            acts_d, acts_q, acts_f, kq, scores, state):
+    """Worker tid's part of one decode step (see the module docstring)."""
+    xq_d, xd_d, xs_d, xds_d = acts_d
+    xq_q, xd_q, xs_q, xds_q = acts_q
+    xq_f, xd_f, xs_f, xds_f = acts_f
+    L = mats.shape[0]
+    Hq = q.shape[1] // Dh
+    group = Hq // (k.shape[1] // Dh)
+    ht = h[tid:tid + 1]
+    aq, ad, asum, ads = xq_d[tid:tid + 1], xd_d[tid:tid + 1], xs_d[tid:tid + 1], xds_d[tid:tid + 1]
+    oq, od, osum, ods = xq_q[tid:tid + 1], xd_q[tid:tid + 1], xs_q[tid:tid + 1], xds_q[tid:tid + 1]
+    fq, fd, fsum, fds = xq_f[tid:tid + 1], xd_f[tid:tid + 1], xs_f[tid:tid + 1], xds_f[tid:tid + 1]
+    h0, h1 = _heads(Hq, tid, nt)
+    kbuf, qbuf = kq[tid, 0], kq[tid, 1]
+    for layer in range(L):
+        m = mats[layer]
+        # S1-S2: rows of q, k, v
+        _rmsnorm(x, norms[layer, 0], eps, offset, ht)
+        if not precise:
+            quantize_rows(ht, aq, ad, asum, ads, 0, 1)
+        _proj(blob, m[Q], biases[layer, 0], has_bias, ht, aq, ad, ads, q, tid, nt, precise)
+        _proj(blob, m[K], biases[layer, 1], has_bias, ht, aq, ad, ads, k, tid, nt, precise)
+        _proj(blob, m[V], biases[layer, 2], has_bias, ht, aq, ad, ads, v, tid, nt, precise)
+        barrier(state, nt)
+        # S3: attention for query heads h0..h1 over the cache plus this token
+        cap = caps[layer]
+        n = nslots[layer]  # slots written so far; attention skips the empty rest
+        kc, vc, cpos = k_cache[layer, :cap], v_cache[layer, :cap], cache_pos[layer, :cap]
+        for hq in range(h0, h1):
+            kvh = hq // group
+            _head_prep(k[0, kvh * Dh:(kvh + 1) * Dh], kbuf, qk_norms[layer, 1], has_qk_norm,
+                       eps, offset, cos, sin)
+            _head_prep(q[0, hq * Dh:(hq + 1) * Dh], qbuf, qk_norms[layer, 0], has_qk_norm,
+                       eps, offset, cos, sin)
+            _attend_head(qbuf, kbuf, v[0, kvh * Dh:(kvh + 1) * Dh], kc[:n], vc[:n], cpos[:n],
+                         kvh, p, windows[layer], scale, scores[tid],
+                         attn[0, hq * Dh:(hq + 1) * Dh])
+        barrier(state, nt)
+        for hq in range(h0, h1):  # the worker with a KV head's first query head stores it
+            if hq % group == 0:
+                _store_kv(k, v, kc, vc, cpos, hq // group, slots[layer], p, Dh,
+                          qk_norms[layer, 1], has_qk_norm, eps, offset, cos, sin)
+        # S4: rows of o_proj, residual
+        if not precise:
+            quantize_rows(attn, oq, od, osum, ods, 0, 1)
+        r0, r1 = _split(m[O, 1], tid, nt)
+        _mv(blob, m[O], attn, oq, od, ods, tmp, r0, r1, precise)
+        for r in range(r0, r1):
+            x[0, r] += tmp[0, r]
+        barrier(state, nt)
+        # S5: rows of gate and up, SwiGLU
+        _rmsnorm(x, norms[layer, 1], eps, offset, ht)
+        if not precise:
+            quantize_rows(ht, aq, ad, asum, ads, 0, 1)
+        r0, r1 = _split(m[GATE, 1], tid, nt)
+        _mv(blob, m[GATE], ht, aq, ad, ads, gate, r0, r1, precise)
+        _mv(blob, m[UP], ht, aq, ad, ads, ffn, r0, r1, precise)
+        for r in range(r0, r1):
+            g = gate[0, r]
+            ffn[0, r] = g / (np.float32(1.0) + np.exp(-g)) * ffn[0, r]
+        barrier(state, nt)
+        # S6: rows of down_proj, residual
+        if not precise:
+            quantize_rows(ffn, fq, fd, fsum, fds, 0, 1)
+        r0, r1 = _split(m[DOWN, 1], tid, nt)
+        _mv(blob, m[DOWN], ffn, fq, fd, fds, tmp, r0, r1, precise)
+        for r in range(r0, r1):
+            x[0, r] += tmp[0, r]
+        barrier(state, nt)
+    # output head
+    _rmsnorm(x, final_norm, eps, offset, ht)
+    if not precise:
+        quantize_rows(ht, aq, ad, asum, ads, 0, 1)
+    r0, r1 = _split(head_mat[1], tid, nt)
+    _mv(blob, head_mat, ht, aq, ad, ads, logits, r0, r1, precise)
+
+
+@njit(**OPT)
+def _heads(n, tid, nt):
+    """Heads [h0, h1) of n for worker tid (no alignment)."""
+    per = (n + nt - 1) // nt
+    h0 = min(n, tid * per)
+    return h0, min(n, h0 + per)
+
+
+@njit(**dict(OPT, parallel=True))
+def decode_parallel(nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
+                    has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache,
+                    cache_pos, caps, windows, slots, nslots, p, scale, x, q, k, v, attn, gate,
+                    ffn, tmp, logits, h, acts_d, acts_q, acts_f, kq, scores, state):
+    """One decode step on nt threads (nt == numba.get_num_threads(), omp layer)."""
+    for tid in prange(nt):
+        _worker(tid, nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
+                has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos,
+                caps, windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp,
+                logits, h, acts_d, acts_q, acts_f, kq, scores, state)
+
+
+@njit(**OPT)
+def decode_serial(blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
+                  has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos,
+                  caps, windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp,
+                  logits, h, acts_d, acts_q, acts_f, kq, scores, state):
+    """One decode step on the calling thread."""
+    _worker(0, 1, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
+            has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos, caps,
+            windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp, logits, h,
+            acts_d, acts_q, acts_f, kq, scores, state)

@@ -14,9 +14,20 @@ Policy (as llama.cpp's context shift):
 
 from __future__ import annotations
 
+import mmap
+
 import numpy as np
 
 from .kernels.rope import apply_rope, rope_tables
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Zeros in an anonymous mapping: pages cost memory only once written. (numpy asks for
+    huge pages on large arrays, so writing one token's slot would commit 2 MB per layer.)"""
+    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if n == 0:
+        return np.zeros(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, n), dtype=dtype).reshape(shape)
 
 
 class LayerCache:
@@ -67,12 +78,12 @@ class KVCache:
         self.uniform = len(set(caps)) == 1
         if self.uniform:  # one array for all layers: the fused decode step indexes it
             shape = (len(caps), caps[0], n_kv, head_dim)
-            self.k, self.v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+            self.k, self.v = lazy_zeros(shape, np.float32), lazy_zeros(shape, np.float32)
             self.pos = np.full(shape[:2], -1, dtype=np.int64)
             parts = [(self.k[i], self.v[i], self.pos[i]) for i in range(len(caps))]
         else:  # each layer as long as its window (Gemma's sliding layers)
-            parts = [(np.zeros((c, n_kv, head_dim), np.float32),
-                      np.zeros((c, n_kv, head_dim), np.float32), np.full(c, -1, np.int64))
+            parts = [(lazy_zeros((c, n_kv, head_dim), np.float32),
+                      lazy_zeros((c, n_kv, head_dim), np.float32), np.full(c, -1, np.int64))
                      for c in caps]
         self.layers = [LayerCache(k, v, pos, w) for (k, v, pos), w in zip(parts, layer_windows)]
         self.next_pos = 0  # position of the next token

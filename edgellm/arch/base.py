@@ -68,6 +68,8 @@ class Transformer:
 
     norm_offset = 0.0  # RMSNorm multiplies by (weight + norm_offset)
     embed_scale = 1.0
+    attn_softcap = 0.0  # > 0: attention scores soft-capped (cap * tanh(s / cap))
+    logit_softcap = 0.0  # > 0: output logits soft-capped
 
     def __init__(self, packed: PackedModel, args: ModelArgs, precise: bool = False,
                  context: int | None = None, chunk: int = 64, n_keep: int = 4):
@@ -86,8 +88,7 @@ class Transformer:
         self.cache = KVCache([args.layer_window(i) for i in range(args.num_hidden_layers)],
                              self.context, args.num_key_value_heads, args.head_dim,
                              [inv for inv, _ in self.rope], n_keep=n_keep)
-        inner = self.layers[0].gate.shape[0] if self.layers[0].gate is not None else 1
-        self.buffers = Buffers(args, self.chunk, inner)
+        self.buffers = Buffers(args, self.chunk, self.ffn_width())
         self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
         self.tokens: list[int] = []  # the ids the cache holds, in order
         self.fused = None  # a FusedDecoder where the architecture has one (llama.py)
@@ -110,6 +111,11 @@ class Transformer:
 
     def layer_weights(self, i: int) -> LayerWeights:
         raise NotImplementedError
+
+    def ffn_width(self) -> int:
+        """Width of the gate/up/ffn buffers (1 where an architecture keeps its own)."""
+        gate = self.layers[0].gate
+        return gate.shape[0] if gate is not None else 1
 
     def layer_rope(self, i: int) -> tuple[np.ndarray, float]:
         """(inv_freq, attention scaling) of layer i."""
@@ -140,7 +146,7 @@ class Transformer:
         layer = self.cache.layers[i]
         n = min(layer.written, layer.cap)  # slots written so far: the rest are empty
         attention(q, k, v, positions, layer.k[:n], layer.v[:n], layer.pos[:n], layer.window,
-                  self.attn_scale(), 0.0, b.attn[:T].reshape(T, Hq, Dh))
+                  self.attn_scale(), self.attn_softcap, b.attn[:T].reshape(T, Hq, Dh))
         layer.store(k, v, positions)
 
     def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
@@ -165,6 +171,11 @@ class Transformer:
         out = self.logit_buf[:n]
         act = quantize_act(b.h[:n], b.act_d) if self.int8_acts else None
         linear(self.head, b.h[:n], out, precise=self.precise, act=act)
+        if self.logit_softcap:
+            cap = np.float32(self.logit_softcap)
+            out /= cap
+            np.tanh(out, out=out)
+            out *= cap
         return out
 
     # public ---------------------------------------------------------------------

@@ -112,9 +112,9 @@ class FusedDecoder:
         args = (self.blob, self.mats, self.head, self.norms, self.final_norm, self.biases,
                 self.has_bias, self.qk_norms, self.has_qk_norm, self.Dh, self.eps, 0.0,
                 precise, cos[0], sin[0], cache.k, cache.v, cache.pos, cache.caps,
-                cache.windows, slots, nslots, p, self.scale, self.x, self.q, self.k, self.v, self.attn,
-                self.gate, self.ffn, self.tmp, self.logits, self.h, self.acts[0], self.acts[1],
-                self.acts[2], self.kq, self.scores, self.state)
+                cache.windows, slots, nslots, p, self.scale, self.x, self.q, self.k, self.v,
+                self.attn, self.gate, self.ffn, self.tmp, self.logits, self.h, self.acts[0],
+                self.acts[1], self.acts[2], self.kq, self.scores, self.state)
         if self.nt > 1 and numba.get_num_threads() == self.nt:
             decode_parallel(self.nt, *args)
         else:

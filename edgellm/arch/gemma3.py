@@ -21,10 +21,8 @@ import numpy as np
 from ..config import ModelArgs, _round_bf16, rope_inv_freq
 from ..errors import UnsupportedArchitectureError
 from ..kernels.activations import geglu_tanh
-from ..kernels.attention import attention
 from ..kernels.linear import linear, quantize_act
 from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
-from ..kernels.rope import apply_rope, rope_tables
 from .base import Buffers, LayerWeights, Transformer
 
 GELU_TANH = (None, "gelu_pytorch_tanh", "gelu_tanh")
@@ -66,7 +64,7 @@ class Gemma3(Transformer):
         super().__init__(packed, args, **kw)
         self.embed_scale = embed_scale(args)
         self.attn_softcap = float(args.attn_logit_softcapping or 0.0)
-        self.final_softcap = float(args.final_logit_softcapping or 0.0)
+        self.logit_softcap = float(args.final_logit_softcapping or 0.0)
         scalar = args.query_pre_attn_scalar or args.head_dim
         self._attn_scale = float(scalar) ** -0.5
 
@@ -128,32 +126,3 @@ class Gemma3(Transformer):
         linear(w.down, b.ffn[:T], h, precise=self.precise)
         rmsnorm(h, w.post_ffn_norm, eps, off, h)
         add_inplace(x, h)
-
-    def attend(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        if not self.attn_softcap:
-            super().attend(i, w, b, T, positions)
-            return
-        # The shared attend() with soft-capped scores (Transformer.attend passes softcap 0).
-        a = self.args
-        Hq, Hkv, Dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
-        q = b.q[:T].reshape(T, Hq, Dh)
-        k = b.k[:T].reshape(T, Hkv, Dh)
-        v = b.v[:T].reshape(T, Hkv, Dh)
-        self.qk_norm(w, q, k)
-        inv_freq, scaling = self.rope[i]
-        cos, sin = rope_tables(positions, inv_freq, scaling)
-        apply_rope(q, cos, sin)
-        apply_rope(k, cos, sin)
-        layer = self.cache.layers[i]
-        attention(q, k, v, positions, layer.k, layer.v, layer.pos, layer.window,
-                  self.attn_scale(), self.attn_softcap, b.attn[:T].reshape(T, Hq, Dh))
-        layer.store(k, v, positions)
-
-    def _chunk(self, tokens: np.ndarray, want: str) -> np.ndarray | None:
-        out = super()._chunk(tokens, want)
-        if out is not None and self.final_softcap:
-            cap = np.float32(self.final_softcap)
-            out /= cap
-            np.tanh(out, out=out)
-            out *= cap
-        return out

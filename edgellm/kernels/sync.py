@@ -21,6 +21,11 @@ from numba.extending import intrinsic
 
 I64 = ir.IntType(64)
 _ARCH = platform.machine().lower()
+SPINS = 4000  # pause-spins before each yield to the OS: a worker descheduled by another
+# process (a shared machine) would otherwise leave the others burning their time slices
+
+
+
 
 
 def _slot(context, builder, arr_type, arr, index):
@@ -62,6 +67,20 @@ def cpu_relax(typingctx):
     return sig, codegen
 
 
+@intrinsic
+def os_yield(typingctx):
+    """sched_yield(): let a descheduled worker run (resolved from libc at link time)."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module,
+                                            ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @njit(cache=True, nogil=True)
 def barrier(state, n_threads):
     """Wait until all n_threads threads have called barrier(state, n_threads)."""
@@ -72,5 +91,10 @@ def barrier(state, n_threads):
         atomic_add(state, 0, -n_threads)
         atomic_add(state, 1, 1)
     else:
+        spins = 0
         while atomic_add(state, 1, 0) == gen:
             cpu_relax()
+            spins += 1
+            if spins == SPINS:
+                spins = 0
+                os_yield()

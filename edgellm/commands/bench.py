@@ -26,7 +26,15 @@ def add_arguments(p) -> None:
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory so far, MiB."""
+    """This process's peak resident memory so far, MiB (VmHWM: unlike ru_maxrss it does
+    not carry over a parent's peak through exec)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -29,8 +29,8 @@ LLAMA_BENCH = r"""
 import json, sys, time
 import llama_cpp
 path, threads, n_prompt, n_gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=n_prompt + n_gen + 8,
-                      n_batch=n_prompt, verbose=False)
+llm = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads,
+                      n_ctx=n_prompt + n_gen + 8, n_batch=n_prompt, verbose=False)
 vocab = llm.n_vocab()
 import random
 rng = random.Random(1)
@@ -115,13 +115,13 @@ def main() -> None:
         for r in range(a.rounds):
             for model, gguf in a.pair:
                 for t in a.threads:
-                    runs = [("edgellm", lambda: edgellm_run(model, t, a)),
-                            ("llama.cpp", lambda: llama_run(gguf, t, a, script))]
+                    runs = [("edgellm", edgellm_run, (model, t, a)),
+                            ("llama.cpp", llama_run, (gguf, t, a, script))]
                     if a.precise:
-                        runs.append(("edgellm precise", lambda: edgellm_run(model, t, a, True)))
-                    for name, fn in (runs if r % 2 == 0 else runs[::-1]):
+                        runs.append(("edgellm precise", edgellm_run, (model, t, a, True)))
+                    for name, fn, args in (runs if r % 2 == 0 else runs[::-1]):
                         key = f"{os.path.basename(model)} | {name} | {t}t"
-                        results.setdefault(key, []).append(fn())
+                        results.setdefault(key, []).append(fn(*args))
                         print(f"round {r + 1}: {key}: {results[key][-1]}", file=sys.stderr)
     finally:
         os.unlink(script)
@@ -135,7 +135,7 @@ def main() -> None:
         print(f"{k:60s} {m['pp_tok_s']:9.1f} {m['tg_tok_s']:9.1f} {m['ttft_s'] * 1000:8.0f} "
               f"{m['peak_rss_mb']:8.0f}")
     print("ratios edgellm / llama.cpp:")
-    for model, gguf in a.pair:
+    for model, _ in a.pair:
         wb = weight_bytes(model)
         for t in a.threads:
             e = med[f"{os.path.basename(model)} | edgellm | {t}t"]

@@ -45,8 +45,8 @@ def once():
     return n_prompt / (t1 - t0), n_gen / (t2 - t1), t1 - t0
 once()
 runs = [once() for _ in range(3)]
-print(json.dumps({"pp_tok_s": sorted(r[0] for r in runs)[1], "tg_tok_s": sorted(r[1] for r in runs)[1],
-                  "ttft_s": sorted(r[2] for r in runs)[1],
+med = [sorted(r[i] for r in runs)[1] for i in range(3)]
+print(json.dumps({"pp_tok_s": med[0], "tg_tok_s": med[1], "ttft_s": med[2],
                   "peak_rss_mb": [int(l.split()[1]) / 1024 for l in open("/proc/self/status")
                                   if l.startswith("VmHWM:")][0]}))
 """

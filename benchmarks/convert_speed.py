@@ -10,7 +10,6 @@ interpreter's baseline (a `python -c "import converter.pack"` measured the same 
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time

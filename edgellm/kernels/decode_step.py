@@ -22,7 +22,7 @@ before the first call: these kernels do not check bounds.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from .act_quant import quantize_rows
 from .matvec import (
@@ -33,16 +33,18 @@ from .matvec import (
     mvp_rows_q4_1,
     mvp_rows_q8_0,
 )
+from .simd import kernel
 from .sync import barrier
 
-OPT = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
+# @kernel caches under a tag that covers the kernel modules these functions call
+# (numba's own cache key would only see this file).
 KIND_CODE = {"q8_0": 2, "q4_0": 3, "q4_1": 4}
 # mats[layer, m] = (offset, rows, row_bytes, kind, block) for m in Q..DOWN
 Q, K, V, O, GATE, UP, DOWN = range(7)
-ALIGN = 16  # row split granularity (multiple of the 4-row tiles)
+ALIGN = 16  # row split granularity (cache-line friendly, whole prefill tiles)
 
 
-@njit(**OPT)
+@kernel
 def _split(n, tid, nt):
     """Rows [r0, r1) of n for worker tid of nt, boundaries on ALIGN."""
     per = (n + nt * ALIGN - 1) // (nt * ALIGN) * ALIGN
@@ -50,14 +52,14 @@ def _split(n, tid, nt):
     return r0, min(n, r0 + per)
 
 
-@njit(**OPT)
+@kernel
 def _matrix(blob, m):
     """The uint8 [rows, row_bytes] view of table entry m."""
     off, rows, rb = m[0], m[1], m[2]
     return blob[off:off + rows * rb].reshape((rows, rb))
 
 
-@njit(**OPT)
+@kernel
 def _mv(blob, m, h, xq, xd, xds, out, r0, r1, precise):
     """out[0, r0:r1] = W[r0:r1] @ h[0] for the matrix of table entry m."""
     w = _matrix(blob, m)
@@ -78,7 +80,7 @@ def _mv(blob, m, h, xq, xd, xds, out, r0, r1, precise):
             mv_rows_q4_1(w, block, xq, xd, xds, out, r0, r1)
 
 
-@njit(**OPT)
+@kernel
 def _rmsnorm(x, w, eps, offset, out):
     """out[0] = x[0] / rms(x[0]) * (w + offset)."""
     D = x.shape[1]
@@ -90,7 +92,7 @@ def _rmsnorm(x, w, eps, offset, out):
         out[0, i] = x[0, i] * inv * (w[i] + np.float32(offset))
 
 
-@njit(**OPT)
+@kernel
 def _head_prep(src, dst, norm_w, has_norm, eps, offset, cos, sin):
     """dst[:] = rope(norm(src)) for one head vector."""
     Dh = src.shape[0]
@@ -112,7 +114,7 @@ def _head_prep(src, dst, norm_w, has_norm, eps, offset, cos, sin):
         dst[i + half] = b * cos[i] + a * sin[i]
 
 
-@njit(**OPT)
+@kernel
 def _attend_head(qh, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, out):
     """out[:] = softmax over the cache slots (positions < p in the window) and this token."""
     cap, _, Dh = kc.shape
@@ -147,7 +149,7 @@ def _attend_head(qh, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, out):
         out[i] *= inv
 
 
-@njit(**OPT)
+@kernel
 def _proj(blob, m, bias, has_bias, h, xq, xd, xds, out, tid, nt, precise):
     """This worker's rows of out[0] = W @ h[0] (+ bias)."""
     r0, r1 = _split(m[1], tid, nt)
@@ -157,7 +159,7 @@ def _proj(blob, m, bias, has_bias, h, xq, xd, xds, out, tid, nt, precise):
             out[0, r] += bias[r]
 
 
-@njit(**OPT)
+@kernel
 def _store_kv(k, v, kc, vc, cpos, kvh, s, p, Dh, norm_w, has_norm, eps, offset, cos, sin):
     """Write KV head kvh of this token (k normed and roped) into cache slot s."""
     _head_prep(k[0, kvh * Dh:(kvh + 1) * Dh], kc[s, kvh], norm_w, has_norm, eps, offset,
@@ -168,7 +170,7 @@ def _store_kv(k, v, kc, vc, cpos, kvh, s, p, Dh, norm_w, has_norm, eps, offset, 
         cpos[s] = p
 
 
-@njit(**OPT)
+@kernel
 def _worker(tid, nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
             has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos, caps,
             windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp, logits, h,
@@ -249,7 +251,7 @@ def _worker(tid, nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, 
     _mv(blob, head_mat, ht, aq, ad, ads, logits, r0, r1, precise)
 
 
-@njit(**OPT)
+@kernel
 def _heads(n, tid, nt):
     """Heads [h0, h1) of n for worker tid (no alignment)."""
     per = (n + nt - 1) // nt
@@ -257,7 +259,7 @@ def _heads(n, tid, nt):
     return h0, min(n, h0 + per)
 
 
-@njit(**dict(OPT, parallel=True))
+@kernel(parallel=True)
 def decode_parallel(nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
                     has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache,
                     cache_pos, caps, windows, slots, nslots, p, scale, x, q, k, v, attn, gate,
@@ -270,7 +272,7 @@ def decode_parallel(nt, blob, mats, head_mat, norms, final_norm, biases, has_bia
                 logits, h, acts_d, acts_q, acts_f, kq, scores, state)
 
 
-@njit(**OPT)
+@kernel
 def decode_serial(blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
                   has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos,
                   caps, windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp,

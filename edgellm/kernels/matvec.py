@@ -11,9 +11,9 @@ Per weight type and mode, two entry points with the same leading arguments:
                               (define that one with simd.kernel: see simd.py, caching)
   <prefix>_<type>(...)        parallel: chunks of CHUNK rows, an equal run per thread
 mv_*  int8 activations (xq, xd, xds from act_quant), one weight row at a time: tiles of
-      several rows per activation load are faster with the weights in cache, but in a real
-      decode step the weights stream from DRAM, and there one sequential stream per thread
-      was 25-60% faster (benchmarks/bench_kernels.py, "cold" decode step)
+      several rows per activation load are faster with the weights in cache, but in a
+      decode step they stream from DRAM, and there one sequential stream per thread was
+      25-60% faster (measured as bench_kernels.py's decode step: own weights per layer)
 mvp_* float32 activations, each weight block dequantized in registers ("precise");
       the only mode of f32/f16 weights
 embed_<type>(w, block, ids, out): out[t] = dequantized row ids[t] (embedding lookup)

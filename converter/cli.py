@@ -177,10 +177,6 @@ def _report(model, out: str, calib_chunks, rest, n: int, text_path: str) -> str:
             f"{100 * (got.ppl / ref.ppl - 1):+.2f}%)")
 
 
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt
-
-
 def _identity(path: str):
     """What tells whether OUT was replaced: (device, inode, size, mtime), or None."""
     try:
@@ -190,6 +186,16 @@ def _identity(path: str):
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _interrupted(out: str | None, before) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
+    if out is not None and _identity(out) != before:
+        _say(f"convert-model: interrupted after {out} was written")
+    else:
+        _say("convert-model: interrupted; nothing written"
+             + (f" ({out} is as it was)" if before is not None else ""))
+    return 130
+
+
 def _say(message: str) -> None:
     print(" ".join(str(message).split()), file=sys.stderr)
 
@@ -197,36 +203,33 @@ def _say(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     out = None
     before = None
+    handlers = _catch_signals()
+    interrupts = len(_INTERRUPTS)
     try:
-        signal.signal(signal.SIGTERM, _sigterm)
         ap = build_parser()
         args = ap.parse_args(argv)
         _check_quality_arguments(ap, args)
         out, before = args.out, _identity(args.out)
-        from .recipes import DEFAULT_GGUF, DEFAULT_HF
-
-        source = open_source(args.src)
-        if not source.tokenizer_json:
-            _say(f"convert-model: warning: {args.src} has no tokenizer: the converted model "
-                 "will take token ids only")
-        recipe = args.quant or (DEFAULT_GGUF if source.kind == "gguf" else DEFAULT_HF)
         import numpy as np
 
+        from .recipes import DEFAULT_GGUF, DEFAULT_HF
+
         with np.errstate(all="ignore"):  # bad values end in a clear error, not in warnings
+            source = open_source(args.src)
+            if not source.tokenizer_json:
+                _say(f"convert-model: warning: {args.src} has no tokenizer: the converted "
+                     "model will take token ids only")
+            recipe = args.quant or (DEFAULT_GGUF if source.kind == "gguf" else DEFAULT_HF)
             _convert(source, args, recipe)
         return 0
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
-        if out is not None and _identity(out) != before:
-            _say(f"convert-model: interrupted after {out} was written")
-        else:
-            _say("convert-model: interrupted; nothing written"
-                 + (f" ({out} is as it was)" if before is not None else ""))
-        return 130
+        return _interrupted(out, before)
     except MemoryError:
         _say("convert-model: error: out of memory")
         return 1
     except Exception as e:
+        if len(_INTERRUPTS) > interrupts:  # an interrupt a library turned into an error
+            return _interrupted(out, before)
         from edgellm.errors import EdgeLLMError
 
         if isinstance(e, EdgeLLMError):
@@ -238,3 +241,39 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"convert-model: internal error: {type(e).__name__}: {e} (a bug in edgellm, "
              "please report it; EDGELLM_DEBUG=1 shows the traceback)")
         return 1
+    except BaseException as e:  # a library's panic (a BaseException): the source's data
+        if type(e).__name__ != "PanicException" or os.environ.get("EDGELLM_DEBUG"):
+            raise
+        _say(f"convert-model: error: a library failed on the source's data: {str(e)[:200]}")
+        return 1
+    finally:  # as the program (argv None) the work is done: a late Ctrl-C is ignored
+        for sig, handler in handlers.items():
+            if argv is None:
+                signal.signal(sig, signal.SIG_IGN)
+            elif handler is not None:
+                signal.signal(sig, handler)
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM (as edgellm.errors.Interrupted, which says why not the exact
+    KeyboardInterrupt; defined here too, as this module must not import edgellm early)."""
+
+
+_INTERRUPTS: list[int] = []  # a library may turn Interrupted into another error (numpy's
+                             # import into ImportError): main() still exits as interrupted
+
+
+def _interrupt(signum, frame):
+    _INTERRUPTS.append(signum)
+    raise Interrupted(f"signal {signum}")
+
+
+def _catch_signals() -> dict:
+    """SIGINT and SIGTERM raise Interrupted; returns the handlers they had."""
+    handlers = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            handlers[sig] = signal.signal(sig, _interrupt)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    return handlers

@@ -9,6 +9,7 @@ is undone on rows, so it applies alike to float values and to quantized byte row
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from collections.abc import Callable, Iterator
@@ -47,6 +48,21 @@ class _StrictReader(gguf.GGUFReader):
             raise ValueError(f"reading {int(count)} items at offset {offset} runs past the end "
                              "of the file")
         return arr
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        # The stock reader adds the offsets in uint64 (2**64 - 1 wraps around to the byte
+        # before the data) and multiplies the dims in numpy: check them exactly first.
+        size = len(self.data)
+        for field in fields:
+            _, name, _, dims, _, offset = field.parts
+            name = bytes(name).decode("utf-8", "replace")
+            rel, n = int(offset[0]), math.prod(int(d) for d in dims)
+            if start_offs + rel > size or n > 8 * size:
+                raise ValueError(f"tensor {name}: {n} elements at data offset {rel} lie beyond "
+                                 f"the file's {size} bytes")
+            if rel % int(getattr(self, "alignment", 32) or 1):
+                raise ValueError(f"tensor {name}: data offset {rel} is not aligned")
+        super()._build_tensors(start_offs, fields)
 
 
 def open_gguf(path: str | os.PathLike) -> Source:

@@ -10,11 +10,18 @@ import numpy as np
 from safetensors import safe_open
 
 from edgellm.errors import SourceError, TokenizerError
+from edgellm.guard import native
 from edgellm.tokenizer import Tokenizer
 
 from .source import Source, SourceTensor
 
 _DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception's message as one line (library messages quote the file's bytes)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _read_text(path: Path) -> str | None:
@@ -90,7 +97,7 @@ def _lazy_tensor(path: Path, name: str) -> SourceTensor:
             with safe_open(path, framework="numpy") as f:
                 return np.asarray(f.get_tensor(name), dtype=np.float32)
         except Exception as e:  # safetensors raises its own error types too
-            raise SourceError(f"{path}: cannot read tensor {name}: {e}") from None
+            raise SourceError(f"{path}: cannot read tensor {name}: {_one_line(e)}") from None
 
     return SourceTensor(name, shape, _DTYPES[dtype], load)
 
@@ -111,7 +118,7 @@ def _tensor_names(path: Path) -> list[str]:
         with safe_open(path, framework="numpy") as f:
             return list(f.keys())
     except Exception as e:  # safetensors raises its own error types for bad headers
-        raise SourceError(f"{path}: not a readable safetensors file: {e}") from None
+        raise SourceError(f"{path}: not a readable safetensors file: {_one_line(e)}") from None
 
 
 def open_hf(path: str | Path) -> Source:
@@ -135,14 +142,15 @@ def open_hf(path: str | Path) -> Source:
             except SourceError:
                 raise
             except Exception as e:
-                raise SourceError(f"{shard}: tensor {name}: {e}") from None
+                raise SourceError(f"{shard}: tensor {name}: {_one_line(e)}") from None
 
     tokenizer_json = _read_text(root / "tokenizer.json")
     tokenizer_config = _read_json(root / "tokenizer_config.json")
     generation_config = _read_json(root / "generation_config.json")
     if tokenizer_json is not None:  # refused now rather than by the runtime, later
         try:
-            Tokenizer.from_json(tokenizer_json, tokenizer_config, generation_config)
+            native(Tokenizer.from_json, tokenizer_json, tokenizer_config, generation_config,
+                   error=lambda m: TokenizerError(f"invalid: {m}"))
         except TokenizerError as e:
             raise SourceError(f"{root / 'tokenizer.json'}: {e}") from None
     chat_template = _read_text(root / "chat_template.jinja")

@@ -235,7 +235,8 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
         os.replace(tmp, out)
     except BaseException as e:
         with _signals_held():  # a second Ctrl-C must not leave the temporary file behind
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (on a read-only file system even a missing
+                tmp.unlink(missing_ok=True)     # file's unlink fails)
         if isinstance(e, OSError):
             raise SourceError(f"{out}: cannot write: {e.strerror or e}") from None
         if isinstance(e, EdgeLLMError) and source.path not in str(e) and str(out) not in str(e):

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from .errors import EdgeLLMError
+from .errors import INTERRUPTS, EdgeLLMError, Interrupted, is_panic, raise_interrupted
 
 COMMANDS = ("generate", "chat", "info", "list", "pull", "bench", "perplexity")
 
@@ -32,18 +32,22 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _sigterm(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
+    handlers = _catch_signals()
+    interrupts = len(INTERRUPTS)
     try:
-        signal.signal(signal.SIGTERM, _sigterm)
-        args = build_parser().parse_args(argv)
-        return int(args.run(args) or 0)
+        try:
+            args = build_parser().parse_args(argv)
+            return int(args.run(args) or 0)
+        except Exception:
+            if len(INTERRUPTS) > interrupts:  # an interrupt some library turned into an error
+                raise Interrupted("signal") from None
+            raise
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C cannot cut the exit
         print("\nedgellm: interrupted", file=sys.stderr)
+        if argv is None:  # as the program: nothing is left to write, leave at once
+            _exit_now(130)
         return 130
     except EdgeLLMError as e:
         error(f"edgellm: error: {e}")
@@ -60,6 +64,45 @@ def main(argv: list[str] | None = None) -> int:
         error(f"edgellm: internal error: {type(e).__name__}: {e} (a bug in edgellm, please "
               "report it; EDGELLM_DEBUG=1 shows the traceback)")
         return 1
+    except BaseException as e:  # a library's panic (a BaseException): the model's data
+        if not is_panic(e) or os.environ.get("EDGELLM_DEBUG"):
+            raise
+        error(f"edgellm: error: a library failed on the model's data: {str(e)[:200]}")
+        return 1
+    finally:
+        _restore_signals(handlers, argv is None)
+
+
+def _catch_signals() -> dict:
+    """SIGINT and SIGTERM raise errors.Interrupted; returns the handlers they had."""
+    handlers = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            handlers[sig] = signal.signal(sig, raise_interrupted)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    return handlers
+
+
+def _restore_signals(handlers: dict, exiting: bool) -> None:
+    """Put the handlers back (called in-process); as the program (argv None), ignore the
+    signals instead: the work is done, and a Ctrl-C now would only garble the exit."""
+    for sig, handler in handlers.items():
+        if exiting:
+            signal.signal(sig, signal.SIG_IGN)
+        elif handler is not None:
+            signal.signal(sig, handler)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown, which takes up to a second or more once the
+    kernels are loaded (numba/LLVM objects): an interrupted command exits within a second."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def error(message: str) -> None:

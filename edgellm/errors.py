@@ -1,4 +1,5 @@
-"""Typed errors. Every failure edgellm reports to a user is one of these, with a one-line message."""
+"""Typed errors. Every failure edgellm reports to a user is one of these, with a one-line
+message."""
 
 
 class EdgeLLMError(Exception):
@@ -39,3 +40,29 @@ class SamplingError(EdgeLLMError, ValueError):
 
 class ModelNotFoundError(EdgeLLMError):
     """A model name or path does not resolve to a model."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM, as the command lines raise it (exit code 130).
+
+    A KeyboardInterrupt, so `except KeyboardInterrupt` catches it as before, but not that
+    exact class: CPython remembers an exact KeyboardInterrupt that escaped code it ran from
+    a string (as some imports do) and kills the process with SIGINT at exit, even after the
+    program caught it and chose its exit code.
+    """
+
+
+INTERRUPTS: list[int] = []  # signals raise_interrupted has turned into Interrupted
+
+
+def raise_interrupted(signum, frame) -> None:
+    """Signal handler: raise Interrupted (and remember it: a library may turn the exception
+    into another one, as numpy's import does into ImportError)."""
+    INTERRUPTS.append(signum)
+    raise Interrupted(f"signal {signum}")
+
+
+def is_panic(e: BaseException) -> bool:
+    """Whether `e` is a Rust library's panic (pyo3's PanicException: a BaseException, so
+    `except Exception` misses it). `tokenizers` panics on some malformed tokenizer.json."""
+    return type(e).__name__ == "PanicException"

@@ -265,6 +265,12 @@ def _check_fields(where: str, header: dict) -> None:
 _JSON = {str: "a string", dict: "an object", type(None): "null"}
 
 
+def _short(value, limit: int = 60) -> str:
+    """repr of a header value, cut to one short line."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _name(name) -> str:
     """A tensor name for a one-line message: control characters escaped, long names cut."""
     text = name if isinstance(name, str) else repr(name)
@@ -294,7 +300,7 @@ def _parse_table(where: str, table, data_bytes: int) -> dict[str, TensorInfo]:
 
 def _int(where: str, name: str, field: str, v, lo: int = 0) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise FormatError(f"{where}: tensor {name}: field {field!r} is {v!r}, "
+        raise FormatError(f"{where}: tensor {name}: field {field!r} is {_short(v)}, "
                           f"expected an integer >= {lo}")
     return v
 
@@ -304,10 +310,10 @@ def _parse_entry(where: str, name: str, e, data_bytes: int) -> TensorInfo:
         raise FormatError(f"{where}: tensor {name}: entry is not an object")
     type_name = e.get("type")
     if type_name not in quant.TYPES:
-        raise FormatError(f"{where}: tensor {name}: unknown type {type_name!r}")
+        raise FormatError(f"{where}: tensor {name}: unknown type {_short(type_name)}")
     shape = e.get("shape")
     if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_DIMS:
-        raise FormatError(f"{where}: tensor {name}: field 'shape' is {shape!r}")
+        raise FormatError(f"{where}: tensor {name}: field 'shape' is {_short(shape)}")
     shape = tuple(_int(where, name, "shape", s, 1) for s in shape)
     if math.prod(shape) > 2 * max(data_bytes, 0) + 2:  # no type stores under 4 bits/element
         raise FormatError(f"{where}: tensor {name}: shape {list(shape)} does not fit in the "
@@ -334,7 +340,7 @@ def _parse_entry(where: str, name: str, e, data_bytes: int) -> TensorInfo:
     try:
         crc = int(crc, 16) if isinstance(crc, str) else _int(where, name, "crc32", crc)
     except ValueError:
-        raise FormatError(f"{where}: tensor {name}: field 'crc32' is {crc!r}") from None
+        raise FormatError(f"{where}: tensor {name}: field 'crc32' is {_short(crc)}") from None
     return TensorInfo(name, type_name, shape, block, offset, nbytes, crc)
 
 

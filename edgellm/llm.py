@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 
 import numpy as np
-
-from collections.abc import Iterator, Sequence
 
 from . import arch
 from .chat_template import ChatTemplate
 from .errors import ContextError, EdgeLLMError, SamplingError, TemplateError, TokenizerError
 from .format import PackedModel
 from .generate import Chunk, stream
+from .guard import native
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 from .validate import check_model
@@ -84,8 +84,10 @@ class LLM:
                 raise TokenizerError(f"{p.path}: the model file has no tokenizer (its source "
                                      "had no tokenizer.json); pass token ids instead")
             try:
-                self._tokenizer = Tokenizer.from_json(p.tokenizer_json, p.tokenizer_config,
-                                                      p.generation_config)
+                self._tokenizer = native(
+                    Tokenizer.from_json, p.tokenizer_json, p.tokenizer_config,
+                    p.generation_config,
+                    error=lambda m: TokenizerError(f"tokenizer.json is invalid: {m}"))
             except TokenizerError as e:
                 raise TokenizerError(f"{p.path}: {e}") from None
         return self._tokenizer
@@ -111,13 +113,19 @@ class LLM:
         """A prompt -> ids: a string (special tokens added as the tokenizer says), chat
         messages (the template applied), or token ids as they are."""
         if isinstance(prompt, str):
-            return self._in_vocab(self.tokenizer.encode(prompt, add_special_tokens=True))
+            return self._encode(prompt, add_special_tokens=True)
         prompt = list(prompt)
         if prompt and all(isinstance(m, dict) for m in prompt):
-            return self._in_vocab(self.tokenizer.encode(self.apply_chat_template(prompt)))
+            return self._encode(self.apply_chat_template(prompt))
         if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
             return [int(t) for t in prompt]
         raise EdgeLLMError("prompt must be a string, a list of chat messages or token ids")
+
+    def _encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = native(self.tokenizer.encode, text, add_special_tokens=add_special_tokens,
+                     error=lambda m: TokenizerError(f"{self.packed.path}: the tokenizer "
+                                                    f"failed: {m}"))
+        return self._in_vocab(ids)
 
     def _in_vocab(self, ids: list[int]) -> list[int]:
         """ids from the tokenizer, checked against the model's vocabulary."""

@@ -156,12 +156,12 @@ def check_model(packed, runtime: bool = True) -> ModelArgs:
                           "'model_type' is missing)")
     if ARCH_ALIASES.get(model_type) is None:
         raise UnsupportedArchitectureError(
-            f"{where}: architecture {model_type!r} is not supported "
+            f"{where}: architecture {_short(model_type)} is not supported "
             f"(supported: {', '.join(SUPPORTED)})")
     declared = packed.config.get("model_type")
     if declared is not None and declared != model_type:
-        raise FormatError(f"{where}: architecture {model_type!r} contradicts the config's "
-                          f"model_type {declared!r}")
+        raise FormatError(f"{where}: architecture {_short(model_type)} contradicts the config's "
+                          f"model_type {_short(declared)}")
     args = check_config(packed, runtime)
     check_shapes(packed, args)
     check_generation_config(packed, args)
@@ -176,14 +176,14 @@ def check_config(packed, runtime: bool = True) -> ModelArgs:
         raise FormatError(f"{where}: the model config is not an object")
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        raise FormatError(f"{where}: config field 'model_type' is {model_type!r}, "
+        raise FormatError(f"{where}: config field 'model_type' is {_short(model_type)}, "
                           "expected a string")
     for name, (kind, lo, hi, nullable) in CONFIG_FIELDS.items():
         if name in config:
             _check_field(where, name, config[name], kind, lo, hi, nullable)
     for name in _STR_FIELDS:
         if config.get(name) is not None and not isinstance(config[name], str):
-            raise FormatError(f"{where}: config field {name!r} is {config[name]!r}, "
+            raise FormatError(f"{where}: config field {name!r} is {_short(config[name])}, "
                               "expected a string")
     _check_lists(where, config)
     for name in ("rope_scaling", "rope_parameters"):
@@ -208,6 +208,9 @@ def check_shapes(packed, args: ModelArgs) -> None:
 def check_table(where: str, table: Mapping[str, tuple[str, tuple[int, ...]]],
                 args: ModelArgs) -> None:
     """check_shapes on a plain {name: (type, shape)} table (the converter's plan)."""
+    if args.family not in LAYER or (args.family == "moe" and args.model_type not in SPARSE_MLP):
+        raise UnsupportedArchitectureError(f"{where}: architecture {_short(args.model_type)} "
+                                           f"is not supported (supported: {', '.join(SUPPORTED)})")
     dims = _dims(args)
     expected = {}
     for name, role, shape, required in expected_tensors(args):
@@ -273,12 +276,12 @@ def check_generation_config(packed, args: ModelArgs) -> None:
             if i is None and not isinstance(value, list):
                 continue
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < 1 << 31:
-                raise FormatError(f"{where}: generation_config field {key!r} is {value!r}, "
+                raise FormatError(f"{where}: generation_config field {key!r} is {_short(value)}, "
                                   "expected a token id or a list of them")
     value = gen.get("max_new_tokens")
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or not 0 <= value < 1 << 31):
-        raise FormatError(f"{where}: generation_config field 'max_new_tokens' is {value!r}")
+        raise FormatError(f"{where}: generation_config field 'max_new_tokens' is {_short(value)}")
     from .sampling import SamplingParams
 
     try:
@@ -351,13 +354,20 @@ def _check_args(where: str, a: ModelArgs, runtime: bool) -> None:
     if a.head_dim < 2 or a.head_dim % 2:
         raise FormatError(f"{where}: config head_dim is {a.head_dim}, expected an even "
                           "number >= 2")
+    if a.family == "phi3":  # as arch/phi3.py's rotary_dims, with the file named
+        factor = a.rope().get("partial_rotary_factor", a.partial_rotary_factor)
+        rot = int(a.head_dim * float(1.0 if factor is None else factor))
+        if rot <= 0 or rot > a.head_dim or rot % 2:
+            raise FormatError(f"{where}: config partial_rotary_factor {_short(factor)} gives "
+                              f"{rot} rotary dims of head_dim {a.head_dim} (need an even "
+                              "number > 0)")
     if a.family == "moe":
         n, k = _n_experts(a), a.num_experts_per_tok
         if not isinstance(k, int) or n < 1 or not 1 <= k <= n:
-            raise FormatError(f"{where}: config has {k!r} experts per token of {n} experts")
+            raise FormatError(f"{where}: config has {_short(k)} experts per token of {n} experts")
         if _expert_inter(a) < 1:
             raise FormatError(f"{where}: config field 'moe_intermediate_size' is "
-                              f"{a.moe_intermediate_size!r}")
+                              f"{_short(a.moe_intermediate_size)}")
     layer_types = a.layer_types or [None]
     for layer_type in dict.fromkeys(layer_types):
         try:

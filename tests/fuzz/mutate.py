@@ -317,7 +317,8 @@ def p_meta(rng, b: Packed):
             tok["json"] = ""
         value = rng.choice([None, 5, "", "{", "[]", '{"model": {"type": "BPE"}}',
                             (tok.get("json") or "")[: rng.randrange(1, 2000)],
-                            (tok.get("json") or "").replace('"vocab"', '"vocab_"')])
+                            (tok.get("json") or "").replace('"vocab"', '"vocab_"'),
+                            panicking_tokenizer(tok["json"], rng)])
         tok["json"] = value
     elif how == "tokenizer config":
         tok = h["tokenizer"]
@@ -340,6 +341,25 @@ def p_meta(rng, b: Packed):
     else:
         h["architecture"] = value = rng.choice(["gpt2", "", 5, "phi3", "qwen3_moe", None])
     return f"{how} = {value!r:.60}", b.join(h)
+
+
+# Parts of a tokenizer.json on which the `tokenizers` library panics (a Rust panic, not an
+# error): an unparsable precompiled charsmap, a regex that backtracks past onig's limit.
+PANICKING_TOKENIZER_PARTS = [
+    ("normalizer", {"type": "Precompiled", "precompiled_charsmap": "AAAA"}),
+    ("pre_tokenizer", {"type": "Split", "pattern": {"Regex": "(a|a?)+$"},
+                       "behavior": "Isolated", "invert": False}),
+]
+
+
+def panicking_tokenizer(text: str, rng: random.Random) -> str:
+    try:
+        tok = json.loads(text)
+    except (TypeError, ValueError):
+        return "{"
+    key, part = rng.choice(PANICKING_TOKENIZER_PARTS)
+    tok[key] = part
+    return json.dumps(tok)
 
 
 def p_data_offsets(rng, b: Packed):
@@ -802,7 +822,7 @@ class GGUFBase:
 def g_truncate(rng, g: GGUFBase, tmp: Path):
     slot = rng.choice(g.slots)
     region, cut = rng.choice([
-        ("header", rng.randrange(0, 24)), ("metadata", rng.randrange(24, slot.offset + 1)),
+        ("header", rng.randrange(0, 24)), ("metadata", rng.randrange(24, max(25, slot.offset + 1))),
         ("at field", slot.offset + rng.randrange(slot.size)),
         ("data", rng.randrange(g.data_start, len(g.raw))),
         ("tail", len(g.raw) - rng.randrange(1, 64))])

@@ -82,8 +82,8 @@ def calibration_chunks(tokenizer, text: str, ctx: int = 512, tokens: int = DEFAU
     if ids.size < MIN_TOKENS:
         raise EdgeLLMError(f"the calibration text is {ids.size} tokens; at least {MIN_TOKENS} "
                            "are needed")
-    n = max(1, min(tokens, ids.size) // ctx)
-    width = min(ctx, ids.size)
+    width = min(ctx, ids.size, tokens)
+    n = max(1, min(tokens, ids.size) // width)
     chunks = ids[: n * width].reshape(n, width).copy()
     bos = bos_for(tokenizer)
     if bos is not None:

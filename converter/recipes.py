@@ -9,7 +9,8 @@ Recipes (`--quant`):
   q4_0_best           q4_0 with the searched quantizer (converter/quantizers.py: per-block
                       scales that minimize the weighted squared error, weighted by activation
                       statistics with --calibrate TEXT); q8_0 for the embedding and output
-                      matrices and for v_proj and down_proj in the first and last layers
+                      matrices, v_proj in every layer and down_proj in the first and last
+                      layers: per byte the most sensitive matrices (measured on SmolLM2)
   q4_1_best           the same with q4_1
   keep                (GGUF sources only, their default) each tensor stays in its source
                       type where edgellm has it; other types become q8_0
@@ -33,9 +34,10 @@ DEFAULT_GGUF = "keep"
 SENSITIVE = ("embed_tokens.weight", "lm_head.weight")
 # Small matrices read whole every token where quantization noise flips choices (MoE routers).
 KEEP_F32 = ("mlp.gate.weight", "block_sparse_moe.gate.weight")
-# Kept at q8_0 by the *_best recipes in the first and last layers (llama.cpp's Q4_K_M gives
-# them more bits too): quantization noise there costs the most perplexity per byte.
-EDGE_LAYER_SENSITIVE = ("self_attn.v_proj.weight", "mlp.down_proj.weight")
+# Kept at q8_0 by the *_best recipes (llama.cpp's Q4_K_M gives them more bits too): per byte,
+# q4_0 noise costs SmolLM2 the most there (converter/size_target.py's KL measurement).
+BEST_Q8 = ("self_attn.v_proj.weight",)  # in every layer
+BEST_Q8_EDGE = ("mlp.down_proj.weight",)  # in the first and last layers
 
 
 def choose_type(name: str, shape: tuple[int, ...], source_dtype: str, recipe: str,
@@ -50,8 +52,9 @@ def choose_type(name: str, shape: tuple[int, ...], source_dtype: str, recipe: st
         wanted = "q8_0" if name.endswith(SENSITIVE) else recipe[: -len("_mixed")]
     elif recipe.endswith("_best"):
         edge = any(name == f"model.layers.{i}.{s}" for i in {0, n_layers - 1} if i >= 0
-                   for s in EDGE_LAYER_SENSITIVE)
-        wanted = "q8_0" if name.endswith(SENSITIVE) or edge else recipe[: -len("_best")]
+                   for s in BEST_Q8_EDGE)
+        wanted = "q8_0" if name.endswith(SENSITIVE + BEST_Q8) or edge \
+            else recipe[: -len("_best")]
     else:
         wanted = recipe
     if quant.TYPES[wanted].quantized and shape[-1] % block_size:

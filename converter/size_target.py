@@ -78,7 +78,8 @@ class TargetPlan:
     smallest: int  # the smallest file the candidates allow
     damage: float  # estimated KL (nats per token) with calibration, else a relative error
     measured: bool  # whether sensitivities were measured on calibration text
-    gains: dict[str, float] = field(default_factory=dict)
+    gains: dict[str, float] = field(default_factory=dict)  # group -> KL per unit of error
+    kl: dict[str, float] = field(default_factory=dict)  # group -> measured KL at cheapest
 
     def lines(self) -> list[str]:
         counts = defaultdict(int)
@@ -169,10 +170,15 @@ def plan(source, *, target_bytes: int | None = None, target_bpw: float | None = 
             if ty == cheapest[c.name] and model is not None:
                 cheap_data[c.name] = data
     gains: dict[str, float] = {}
+    kl: dict[str, float] = {}
     measured = model is not None and sens_ids is not None and col_weights is not None
     if measured:
-        gains = _measure_gains(model, sens_ids, [c for _, c in cands], cheap_data, cheapest,
-                               block_size, say)
+        kl = _measure_kl(model, sens_ids, [c for _, c in cands], cheap_data, cheapest,
+                         block_size, say)
+        groups: dict[str, float] = defaultdict(float)
+        for _, c in cands:
+            groups[c.group] += c.error[cheapest[c.name]]
+        gains = {g: kl[g] / e if e > 0 else 0.0 for g, e in groups.items()}
     for _, c in cands:
         g = gains.get(c.group, 1.0) if measured else 1.0
         c.damage = {ty: g * e for ty, e in c.error.items()}
@@ -182,7 +188,7 @@ def plan(source, *, target_bytes: int | None = None, target_bpw: float | None = 
     return TargetPlan(types={**fixed, **types}, budget=budget,
                       file_size=overhead + fixed_bytes + data,
                       smallest=overhead + fixed_bytes + smallest, damage=damage,
-                      measured=measured, gains=gains)
+                      measured=measured, gains=gains, kl=kl)
 
 
 def _cost(type_name: str, shape: tuple[int, ...], block_size: int) -> int:
@@ -198,25 +204,23 @@ def _kl(ref_logp: np.ndarray, logits: np.ndarray) -> float:
     return float(np.mean(np.sum(np.exp(ref_logp) * (ref_logp - logp), axis=1)))
 
 
-def _measure_gains(model, ids: np.ndarray, cands: list[Candidate],
-                   data: dict[str, np.ndarray], cheapest: dict[str, str], block_size: int,
-                   say) -> dict[str, float]:
-    """{group: KL of running the group at its cheapest types / the group's summed error}."""
+def _measure_kl(model, ids: np.ndarray, cands: list[Candidate], data: dict[str, np.ndarray],
+                cheapest: dict[str, str], block_size: int, say) -> dict[str, float]:
+    """{group: KL of the float model's next-token distributions with the group's matrices
+    at their cheapest types}."""
     z = np.asarray(model.logits(ids), dtype=np.float64)
     z = z - z.max(axis=1, keepdims=True)
     ref_logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
     groups: dict[str, list[Candidate]] = defaultdict(list)
     for c in cands:
         groups[c.group].append(c)
-    gains = {}
+    kl = {}
     for i, (g, members) in enumerate(groups.items()):
         say(f"measuring sensitivity {i + 1}/{len(groups)}: {g}")
         replace = {c.name: Tensor(c.name, cheapest[c.name], c.shape, block_size, data[c.name])
                    for c in members}
-        kl = _kl(ref_logp, model.logits(ids, replace))
-        err = sum(c.error[cheapest[c.name]] for c in members)
-        gains[g] = max(kl, 0.0) / err if err > 0 else 0.0
-    return gains
+        kl[g] = max(_kl(ref_logp, model.logits(ids, replace)), 0.0)
+    return kl
 
 
 def _allocate(cands: list[Candidate], limit: int) -> dict[str, str]:
@@ -239,6 +243,17 @@ def _allocate(cands: list[Candidate], limit: int) -> dict[str, str]:
         used += extra
         choice[name] = ty
         done[name] += 1
+    # fill what is left with any upgrade that fits (off-hull ones included), best first
+    by_name = {c.name: c for c in cands}
+    for _, name, ty in sorted(
+            ((c.damage[choice[c.name]] - c.damage[ty]) / (c.cost[ty] - c.cost[choice[c.name]]),
+             c.name, ty) for c in cands for ty in c.cost
+            if c.cost[ty] > c.cost[choice[c.name]] and c.damage[ty] < c.damage[choice[c.name]]):
+        c = by_name[name]
+        extra = c.cost[ty] - c.cost[choice[name]]
+        if 0 < extra <= limit - used and c.damage[ty] < c.damage[choice[name]]:
+            used += extra
+            choice[name] = ty
     return choice
 
 

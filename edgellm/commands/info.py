@@ -11,9 +11,9 @@ from collections import Counter
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import EdgeLLMError, FormatError
 from ..format import PackedModel
-from ..memory_plan import largest_context, plan
+from ..memory_plan import default_context, largest_context, plan
 from ..validate import check_model
 
 
@@ -21,10 +21,13 @@ def add_arguments(p) -> None:
     p.add_argument("model", help="packed model file")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--verify", action="store_true", help="check every tensor's checksum")
-    p.add_argument("--ctx", default="2048", type=_ctx_text,
-                   help="context for the memory plan, or 'auto' with --max-memory")
-    p.add_argument("--max-memory", default="512MB", type=_size_text,
-                   help="memory budget for --ctx auto (e.g. 512MB, 1GB)")
+    p.add_argument("--ctx", default=None, type=_ctx_text,
+                   help="context for the memory plan (default: the one generate uses, the "
+                        "model's up to 4096), or 'auto': the largest that fits the budget")
+    p.add_argument("--max-memory", default=None, type=_size_text,
+                   help="memory budget (e.g. 512MB, 1GB): without --ctx, plan the largest "
+                        "context that fits it (default for --ctx auto: the memory this "
+                        "machine has available now)")
 
 
 def parse_size(text: str) -> int:
@@ -56,18 +59,50 @@ def _size_text(text: str) -> str:
     return text
 
 
-def describe(packed: PackedModel, ctx_arg: str, max_memory: str) -> dict:
-    args = check_model(packed)  # the config and every tensor's shape, as loading checks them
-    params = sum(int(np.prod(t.shape)) for t in packed.tensors.values())
-    data = sum(t.nbytes for t in packed.tensors.values())
-    by_type = Counter(t.type for t in packed.tensors.values())
-    if ctx_arg == "auto":
-        ctx = largest_context(packed, args, parse_size(max_memory))
+def available_memory() -> int:
+    """Bytes this machine has available now (MemAvailable; 512 MiB where unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 512 * 2**20
+
+
+def _memory(packed: PackedModel, args, ctx_arg: str | None, max_memory: str | None) -> dict:
+    """The memory plan for --ctx / --max-memory, with the budget and whether it fits."""
+    budget = parse_size(max_memory) if max_memory is not None else None
+    if ctx_arg == "auto" or (ctx_arg is None and budget is not None):
+        if budget is None:
+            budget = available_memory()
+        ctx = largest_context(packed, args, budget)
+        if ctx == 0:
+            least = min(256, args.max_position_embeddings)
+            need = plan(packed, args, least).total
+            raise EdgeLLMError(f"{packed.path}: does not fit in {_mb(budget)} even at a "
+                               f"context of {least} tokens (needs {_mb(need)})")
+    elif ctx_arg is None:
+        ctx = default_context(args)
     else:
         try:
             ctx = int(ctx_arg)
         except ValueError:
             raise FormatError(f"--ctx must be a number or 'auto', not {ctx_arg!r}") from None
+    memory = plan(packed, args, ctx).to_json()
+    if budget is not None:
+        memory["budget"] = budget
+        memory["fits"] = memory["total"] <= budget
+    return memory
+
+
+def describe(packed: PackedModel, ctx_arg: str | None, max_memory: str | None) -> dict:
+    args = check_model(packed)  # the config and every tensor's shape, as loading checks them
+    params = sum(int(np.prod(t.shape)) for t in packed.tensors.values())
+    data = sum(t.nbytes for t in packed.tensors.values())
+    by_type = Counter(t.type for t in packed.tensors.values())
+    memory = _memory(packed, args, ctx_arg, max_memory)
     return {
         "path": str(packed.path),
         "architecture": packed.architecture,
@@ -79,7 +114,7 @@ def describe(packed: PackedModel, ctx_arg: str, max_memory: str) -> dict:
         "tensors_by_type": dict(by_type),
         "tensors": {n: {"type": t.type, "shape": list(t.shape), "block_size": t.block_size}
                     for n, t in packed.tensors.items()},
-        "memory": plan(packed, args, ctx).to_json(),
+        "memory": memory,
     }
 
 
@@ -107,7 +142,10 @@ def run(args) -> int:
         print("  tensors: " + ", ".join(f"{n} {t}" for t, n in info["tensors_by_type"].items()))
         print(f"  memory at context {m['context']}: {_mb(m['total'])} = weights {_mb(m['weights'])}"
               f" (mapped) + KV cache {_mb(m['kv_cache'])} + buffers {_mb(m['buffers'])} + "
-              f"runtime {_mb(m['baseline'])}")
+              f"tokenizer {_mb(m['tokenizer'])} + runtime {_mb(m['baseline'])}")
+        if "budget" in m:
+            print(f"  {'fits in' if m['fits'] else 'does NOT fit in'} the budget of "
+                  f"{_mb(m['budget'])}")
         if m["kv_cache"] != m["kv_cache_no_window"]:
             print(f"  KV cache without sliding windows would be {_mb(m['kv_cache_no_window'])}")
         if args.verify:

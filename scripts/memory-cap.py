@@ -1,0 +1,312 @@
+#!/usr/bin/env python3
+"""Generate under a memory cap; compare with an uncapped run and with `edgellm info`.
+
+    python scripts/memory-cap.py [MODEL] [--limit 512M[,320M...]] [--tokens 64] [--ctx N]
+        [--prompt-tokens N] [--threads T] [--repeat R] [--cold] [--no-uncapped]
+
+Each run is a fresh process in a child memory cgroup of its own (v1:
+memory.limit_in_bytes; v2: memory.max), with the limit or none, and reports the cgroup's
+peak (anonymous memory, shared memory and the page cache it brought in), the process's
+VmHWM, whether the OOM killer fired, and prefill and decode tokens/s. Page cache is charged
+to the cgroup that first reads a file, so before each run the model file is written back
+and dropped from the page cache (posix_fadvise DONTNEED), and so are Python's, the
+packages' and the kernel cache's files (not pages other processes have mapped): otherwise
+the figure is too good. --cold gives each run an empty kernel cache: the first run on a
+machine, which compiles every kernel. The runs go capped first, then uncapped, --repeat
+times. Last, `edgellm info MODEL --ctx N --json` is set against the uncapped peaks: for
+that, fill the context (--prompt-tokens + --tokens = --ctx).
+
+The weights are mapped from the file: clean pages that the kernel drops under the cap and
+reads again when needed. A run under a tight cap that ends without an OOM kill, and its
+tokens/s against the uncapped run's, show what that costs.
+
+MODEL defaults to the default model (pulled if missing). Needs root (cgroups). Prints one
+JSON object per run and a summary; exits 1 if a run failed or was OOM-killed. `--child`
+is internal: the generation itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CGROUP = Path("/sys/fs/cgroup")
+
+
+# --- cgroups ---------------------------------------------------------------------------
+def _v2() -> bool:
+    return (CGROUP / "cgroup.controllers").exists()
+
+
+def _own_group() -> Path:
+    """Our memory cgroup's directory (v1: the memory hierarchy; v2: the unified one)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hid, ctrls, path = line.split(":", 2)
+        if _v2() and hid == "0":
+            return CGROUP / path.lstrip("/")
+        if not _v2() and "memory" in ctrls.split(","):
+            return CGROUP / "memory" / path.lstrip("/")
+    raise SystemExit("memory-cap: no memory cgroup found (is the memory controller mounted?)")
+
+
+class Cgroup:
+    """A child memory cgroup with an optional limit; remove() after the run."""
+
+    def __init__(self, limit: int | None):
+        parent = _own_group()
+        self.path = parent / f"edgellm_cap_{os.getpid()}_{time.monotonic_ns()}"
+        self.path.mkdir()
+        if limit is not None:
+            if _v2():
+                (self.path / "memory.max").write_text(str(limit))
+                _try_write(self.path / "memory.swap.max", "0")
+            else:
+                (self.path / "memory.limit_in_bytes").write_text(str(limit))
+                _try_write(self.path / "memory.memsw.limit_in_bytes", str(limit))
+
+    def enter_fn(self):
+        """A preexec_fn that moves the child into this cgroup before it execs."""
+        procs = self.path / "cgroup.procs"
+        return lambda: procs.write_text(str(os.getpid()))
+
+    def stats(self) -> dict:
+        p = self.path
+        if _v2():
+            events = dict(line.split() for line in (p / "memory.events").read_text().splitlines())
+            peak = p / "memory.peak"
+            return {"peak": int(peak.read_text()) if peak.exists() else None,
+                    "failcnt": int(events.get("max", 0)),
+                    "oom_kill": int(events.get("oom_kill", 0))}
+        oom = dict(line.split() for line in (p / "memory.oom_control").read_text().splitlines())
+        return {"peak": int((p / "memory.max_usage_in_bytes").read_text()),
+                "failcnt": int((p / "memory.failcnt").read_text()),
+                "oom_kill": int(oom.get("oom_kill", 0))}
+
+    def remove(self) -> None:
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:  # the last task is still leaving
+                time.sleep(0.1)
+
+
+def _try_write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError:
+        pass
+
+
+def evict(path: Path) -> None:
+    """Write back and drop `path`'s pages from the page cache."""
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def parse_size(text: str) -> int:
+    t = text.strip().upper().rstrip("B").rstrip("I")
+    mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(t[-1:], 1)
+    return int(float(t[:-1] if mult > 1 else t) * mult)
+
+
+# --- the generation (in the child) -----------------------------------------------------
+def _status() -> dict:
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def child(args) -> int:
+    t0 = time.perf_counter()
+    sys.path.insert(0, str(REPO))  # the work tree this script belongs to
+    import edgellm
+
+    stages = {"import": _status()}
+    with edgellm.load(args.model, threads=args.threads, context=args.ctx) as llm:
+        stages["load"] = _status()
+        llm.model.warmup()  # loads (or compiles) every kernel
+        stages["warm"] = _status()
+        load_s = time.perf_counter() - t0
+        tok = llm.tokenizer
+        if args.prompt_tokens:  # a long prompt: a text repeated, cut to the length
+            text = (REPO / "README.md").read_text("utf-8")
+            ids = tok.encode(text, add_special_tokens=False)
+            while len(ids) < args.prompt_tokens:
+                ids = ids + ids
+            ids = ids[:args.prompt_tokens]
+        else:
+            ids = llm.encode_prompt([{"role": "user", "content": "Tell me a story."}])
+        no_eos = {int(e): -1e9 for e in tok.eos_ids}  # generate exactly --tokens
+        last = list(llm.stream(ids, max_tokens=args.tokens, temperature=0, logit_bias=no_eos,
+                               shift=False))[-1]
+        stages["done"] = _status()
+        st = last.stats
+    print(json.dumps({"load_s": load_s, "prompt_tokens": st.prompt_tokens,
+                      "generated_tokens": st.generated_tokens,
+                      "prefill_tok_s": st.prefill_tok_s, "decode_tok_s": st.decode_tok_s,
+                      "vm_hwm": stages["done"]["VmHWM"], "stages": stages}))
+    return 0
+
+
+# --- the runs (in the parent) ----------------------------------------------------------
+def runtime_files() -> list[Path]:
+    """What a run reads besides the model: Python, the packages edgellm imports and the
+    kernel cache. Evicted too (--evict-runtime) so that the cgroup is charged for them."""
+    import importlib.util
+    import sysconfig
+
+    paths = {Path(sysconfig.get_paths()["stdlib"]), Path(sys.executable).resolve()}
+    for name in ("numpy", "numba", "llvmlite", "tokenizers", "jinja2", "safetensors"):
+        spec = importlib.util.find_spec(name)
+        if spec and spec.submodule_search_locations:
+            paths.update(Path(p) for p in spec.submodule_search_locations)
+            libs = Path(next(iter(spec.submodule_search_locations))).parent / f"{name}.libs"
+            if libs.is_dir():
+                paths.add(libs)
+    sys.path.insert(0, str(REPO))
+    from edgellm import numba_setup
+
+    paths.add(Path(numba_setup.CACHE_DIR))
+    return sorted(paths)
+
+
+def evict_tree(root: Path) -> None:
+    files = [root] if root.is_file() else (Path(d) / f for d, _, fs in os.walk(root) for f in fs)
+    for f in files:
+        try:
+            evict(f)
+        except OSError:
+            pass
+
+
+def run_one(args, limit: int | None, cache_dir: str | None) -> dict:
+    os.sync()
+    evict(args.model)
+    if args.evict_runtime:
+        for path in runtime_files():
+            evict_tree(path)
+    cg = Cgroup(limit)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(args.model),
+           "--tokens", str(args.tokens), "--prompt-tokens", str(args.prompt_tokens)]
+    if args.ctx:
+        cmd += ["--ctx", str(args.ctx)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir) if cache_dir else None
+    try:
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=cg.enter_fn(),
+                              cwd=REPO, env=env)
+        wall = time.perf_counter() - start
+        result = {"limit": limit, "returncode": proc.returncode, "wall_s": wall, **cg.stats()}
+    finally:
+        cg.remove()
+    if proc.returncode == 0:
+        result.update(json.loads(proc.stdout.strip().splitlines()[-1]))
+    else:
+        result["stderr"] = proc.stderr[-2000:]
+    return result
+
+
+def predicted(model: Path, ctx: int | None) -> dict:
+    cmd = [sys.executable, "-m", "edgellm", "info", str(model), "--json"]
+    if ctx:
+        cmd += ["--ctx", str(ctx)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO)
+    return json.loads(out.stdout)["memory"]
+
+
+def default_model() -> Path:
+    sys.path.insert(0, str(REPO))
+    from edgellm.pull import resolve
+
+    return Path(resolve(None, say=lambda m: print(m, file=sys.stderr)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model", nargs="?", default=None, help="model file (default: the default)")
+    ap.add_argument("--limit", default="512M",
+                    help="memory cap(s), comma-separated (e.g. 512M or 512M,320M)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens to generate")
+    ap.add_argument("--ctx", type=int, default=None, help="context (default: the model's)")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="a prompt of this many tokens (default: a short chat prompt)")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--no-uncapped", action="store_true", help="skip the uncapped run")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the capped and uncapped runs this many times, alternating")
+    ap.add_argument("--cold", action="store_true",
+                    help="start each run with an empty kernel cache (the first run on a "
+                         "machine: every kernel is compiled)")
+    ap.add_argument("--no-evict-runtime", dest="evict_runtime", action="store_false",
+                    help="evict only the model file, not Python's and the packages' files")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    if os.geteuid() != 0:
+        raise SystemExit("memory-cap: needs root (creates a memory cgroup)")
+    args.model = Path(args.model) if args.model else default_model()
+    limits = [parse_size(t) for t in args.limit.split(",") if t.strip()]
+    if not args.no_uncapped:
+        limits.append(None)
+    runs = []
+    import tempfile
+
+    for _ in range(args.repeat):
+        for limit in limits:
+            with tempfile.TemporaryDirectory(prefix="edgellm-cold-cache-") as tmp:
+                r = run_one(args, limit, tmp if args.cold else None)
+            r["run"] = f"limit {limit // 2**20}M" if limit else "uncapped"
+            print(json.dumps(r), flush=True)
+            runs.append(r)
+    plan = predicted(args.model, args.ctx)
+    mib = 2**20
+    print(f"\nmodel {args.model} ({args.model.stat().st_size / mib:.1f} MiB), "
+          f"ctx {plan['context']}, prompt {args.prompt_tokens or 'chat'} tokens, "
+          f"{args.tokens} generated, threads {args.threads or 'all'}"
+          f"{', cold kernel cache' if args.cold else ''}")
+    for r in runs:
+        if r["returncode"] != 0:
+            print(f"  {r['run']:12s} FAILED rc={r['returncode']} oom_kill={r['oom_kill']} "
+                  f"peak {r['peak'] / mib:.0f} MiB\n{r.get('stderr', '')}")
+            continue
+        print(f"  {r['run']:12s} cgroup peak {r['peak'] / mib:4.0f} MiB, VmHWM "
+              f"{r['vm_hwm'] / mib:4.0f} MiB, oom_kill {r['oom_kill']}, failcnt "
+              f"{r['failcnt']:6d}; prefill {r['prefill_tok_s']:6.1f} tok/s, decode "
+              f"{r['decode_tok_s']:6.1f} tok/s ({r['generated_tokens']} tokens), "
+              f"wall {r['wall_s']:.1f} s")
+    parts = ", ".join(f"{k} {plan[k] / mib:.1f}" for k in
+                      ("weights", "kv_cache", "buffers", "tokenizer", "baseline") if k in plan)
+    print(f"  edgellm info --ctx {plan['context']}: {plan['total'] / mib:.0f} MiB ({parts})")
+    held = args.prompt_tokens + args.tokens if args.prompt_tokens else None
+    if held is None or held < 0.9 * plan["context"]:
+        print(f"    (the KV cache held only part of the context: for a like-for-like "
+              f"figure, fill it with --prompt-tokens; the plan at 256 tokens is "
+              f"{predicted(args.model, 256)['total'] / mib:.0f} MiB)")
+    for r in runs:
+        if r["returncode"] == 0 and r["limit"] is None:
+            for what in ("peak", "vm_hwm"):
+                print(f"    vs uncapped {'cgroup peak' if what == 'peak' else 'VmHWM'} "
+                      f"{r[what] / mib:.0f} MiB: {plan['total'] / r[what] - 1:+.1%}")
+    ok = all(r["returncode"] == 0 and not r["oom_kill"] for r in runs)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The portable kernel path (generic vector IR, no x86 intrinsics) is chosen where it must
+be, and computes what the VNNI path computes.
+
+aarch64 (a Raspberry Pi) always runs the portable path; on x86 it runs where the CPU lacks
+AVX512-VNNI. So that it cannot rot on a VNNI machine, the linear-kernel tests and the fused
+decode tests run again here in a subprocess with EDGELLM_PORTABLE=1 (on aarch64 the suite
+itself already runs them on the portable path). scripts/test-arm64.sh runs this file and the
+kernel tests on an emulated aarch64 under several Cortex-A CPU models.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgellm.kernels import simd
+
+ROOT = Path(__file__).resolve().parents[1]
+MACHINE = platform.machine().lower()
+X86 = MACHINE in ("x86_64", "amd64")
+ARM64 = MACHINE in ("aarch64", "arm64")
+
+
+@pytest.fixture
+def host(monkeypatch):
+    """host(features, cpu_name=None, portable=None) -> simd._select_path() on such a host."""
+    def select(features: set[str], cpu_name: str | None = None, portable: str | None = None):
+        flags = {f: True for f in features}
+        monkeypatch.setattr(simd.llb, "get_host_cpu_features", lambda: flags)
+        monkeypatch.setattr(simd, "_target_features", lambda: set(features))
+        monkeypatch.setattr(simd.config, "CPU_NAME", cpu_name)
+        if portable is None:
+            monkeypatch.delenv("EDGELLM_PORTABLE", raising=False)
+        else:
+            monkeypatch.setenv("EDGELLM_PORTABLE", portable)
+        return simd._select_path()
+    return select
+
+
+def test_path_selection(host):
+    vnni = {"avx512f", "avx512bw", "avx512vl", "avx512vnni", "f16c"}
+    assert host(vnni) == "vnni"
+    assert host(vnni - {"avx512vnni"}) == "portable"  # e.g. Zen 3, Skylake-X
+    assert host(vnni - {"avx512vl"}) == "portable"
+    assert host({"avx2", "fma", "f16c"}) == "portable"
+    assert host({"neon", "fp-armv8", "dotprod"}) == "portable"  # a Pi 5's features
+    assert host(vnni, cpu_name="generic") == "portable"
+    assert host(vnni, portable="1") == "portable"
+    assert host(vnni, portable="0") == "vnni"
+
+
+@pytest.mark.skipif(not ARM64, reason="aarch64 only")
+def test_aarch64_runs_the_portable_path():
+    assert simd.SIMD_PATH == "portable" and not simd.VNNI
+    assert simd.NATIVE_F16  # aarch64 converts f16 in hardware
+    assert "-portable" in simd.CACHE_TAG
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_spin_barrier_runs_on_this_cpu(threads):
+    """The fused decode's barrier (sync.py: atomic adds and the CPU's spin-wait hint, x86
+    `pause` or aarch64 `yield`) compiles for this CPU, and no worker passes it early."""
+    import numba
+
+    from edgellm import numba_setup
+
+    if threads > numba.config.NUMBA_NUM_THREADS:
+        pytest.skip("one thread only")
+    if threads > 1 and numba_setup.THREADING_LAYER != "omp":
+        pytest.skip("the spin barrier needs omp (one prange iteration per thread)")
+    rounds = 200
+    out = _barrier_rounds(threads, rounds)
+    # after round r's barrier every worker has added its 1: the counter reads (r+1) x threads
+    assert (out == (np.arange(rounds)[:, None] + 1) * threads).all()
+
+
+def _barrier_rounds(threads: int, rounds: int) -> np.ndarray:
+    import numba
+    from numba import njit, prange
+
+    from edgellm.kernels.sync import atomic_add, barrier
+
+    @njit(parallel=True)
+    def run(nt, counter, state, out):
+        for tid in prange(nt):
+            for r in range(out.shape[0]):
+                atomic_add(counter, 0, 1)
+                barrier(state, nt)
+                out[r, tid] = atomic_add(counter, 0, 0)
+                barrier(state, nt)
+
+    previous = numba.get_num_threads()
+    numba.set_num_threads(threads)
+    try:
+        out = np.zeros((rounds, threads), np.int64)
+        run(threads, np.zeros(1, np.int64), np.zeros(2, np.int64), out)
+    finally:
+        numba.set_num_threads(previous)
+    return out
+
+
+@pytest.mark.skipif(not X86, reason="on aarch64 the whole suite runs the portable path")
+def test_kernel_and_fused_tests_pass_on_the_portable_path():
+    env = dict(os.environ, EDGELLM_PORTABLE="1")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+           "tests/test_kernels_linear.py", "tests/test_fused.py"]
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=1800)
+    tail = proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, tail
+    probe = subprocess.run([sys.executable, "-c",
+                            "from edgellm.kernels import simd; print(simd.SIMD_PATH)"],
+                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert probe.stdout.strip() == "portable", probe.stderr[-2000:]
+    assert " passed" in tail and " failed" not in tail

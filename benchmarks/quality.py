@@ -86,11 +86,14 @@ def rows(calib: str, sizes: dict[str, int]) -> list[tuple[str, list[str] | str, 
         ("q8_0 precise", ["--quant", "q8_0"], "reference rounding, float activations"),
         ("q8_0 search", ["--quant", "q8_0", "--quantizer", "search"], "searched scales"),
         ("q4_0", ["--quant", "q4_0"], "reference rounding, embedding q4_0 too"),
+        ("q4_0 search", ["--quant", "q4_0", "--quantizer", "search"],
+         "searched scales, no calibration, embedding q4_0 too"),
         ("q4_1", ["--quant", "q4_1"], "reference rounding (Q4_1 source grid)"),
         ("q4_0_mixed", ["--quant", "q4_0_mixed"], "= llama.cpp Q4_0's tensors, same bytes"),
         ("q4_0_mixed search", ["--quant", "q4_0_mixed", "--quantizer", "search"],
          "searched scales, no calibration"),
-        ("q4_0_best", ["--quant", "q4_0_best", *c], "searched + calibrated"),
+        ("q4_0_best, no calibration", ["--quant", "q4_0_best"], "searched, mixed types"),
+        ("q4_0_best", ["--quant", "q4_0_best", *c], "searched + calibrated, mixed types"),
         ("q4_1_best", ["--quant", "q4_1_best", *c], "searched + calibrated (Q4_1 grid)"),
         ("target Q4_0 size, q4_0/q8_0", ["--target-size", q40, "--target-types", "q4_0,q8_0",
                                          *c], "no larger than llama.cpp Q4_0, no q4_1"),
@@ -139,11 +142,16 @@ def write_if_changed(path: Path, data: bytes) -> None:
     os.replace(part, path)
 
 
-def run(cmd: list[str], log: Path) -> str:
+def run(cmd: list[str], log: Path, threads: int = 1) -> str:
+    """Run cmd with `threads` threads (Numba's, and those of calibration and of BLAS)."""
     t0 = time.time()
+    env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+               OPENBLAS_NUM_THREADS=str(threads))
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=f, text=True, timeout=4 * 3600)
+        f.flush()
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=f, text=True, timeout=4 * 3600,
+                           env=env)
         f.write(r.stdout + f"[{time.time() - t0:.0f} s, exit {r.returncode}]\n")
     if r.returncode:
         raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}; see {log}")
@@ -233,7 +241,7 @@ def main() -> None:
             if isinstance(how, str):  # a llama.cpp row
                 model = work / f"llama-{how}.gguf"
                 out = run([a.llama_python, "-c", LLAMA_PPL, str(model), str(ids_path),
-                           str(a.threads)], log)
+                           str(a.threads)], log, a.threads)
                 r = summarize(np.array(json.loads(out.strip().splitlines()[-1])), *chunks.shape)
                 res = r.to_json()
             else:
@@ -245,11 +253,12 @@ def main() -> None:
                 if name != "f32" and (a.fresh or not model.exists()
                                       or not name.endswith(" precise")):
                     report = run([sys.executable, "-m", "converter", str(f32_gguf), str(model),
-                                  *how], log)
+                                  *how], log, a.threads)
                 precise = ["--precise"] if name.endswith(" precise") else []
                 out = run([sys.executable, "-m", "edgellm", "perplexity", "-m", str(model),
                            "-f", str(text_path), "--ctx", str(a.ctx), "--chunks",
-                           str(a.chunks), "-t", str(a.threads), "--json", *precise], log)
+                           str(a.chunks), "-t", str(a.threads), "--json", *precise], log,
+                          a.threads)
                 res = json.loads(out.strip().splitlines()[-1])
                 res["convert_report"] = [ln for ln in report.splitlines()
                                          if ln.startswith("perplexity on")]

@@ -162,7 +162,7 @@ def _report(model, out: str, calib_chunks, rest, n: int, text_path: str) -> str:
     """The perplexity of OUT and of the float model on TEXT after the calibration part (on
     the calibration chunks themselves when too little text is left)."""
     from edgellm.llm import LLM
-    from edgellm.perplexity import bos_for, evaluate, make_chunks
+    from edgellm.perplexity import bos_for, evaluate, make_chunks, scored_logits
 
     ctx = calib_chunks.shape[1]
     if rest is not None and len(rest) >= 2 * ctx:
@@ -170,8 +170,8 @@ def _report(model, out: str, calib_chunks, rest, n: int, text_path: str) -> str:
     else:
         chunks, where = calib_chunks[:n], "calibration (too little text left to hold out)"
     with LLM(out, context=ctx) as llm:
-        got = evaluate(llm.logits, chunks)
-    ref = evaluate(model.llm.logits, chunks)
+        got = evaluate(lambda c: scored_logits(llm, c), chunks)
+    ref = evaluate(lambda c: scored_logits(model.llm, c), chunks)
     return (f"perplexity on {got.tokens} {where} tokens of {text_path}: {got.ppl:.4f} +/- "
             f"{got.ppl_stderr:.4f} (float model {ref.ppl:.4f}, "
             f"{100 * (got.ppl / ref.ppl - 1):+.2f}%)")

@@ -5,8 +5,10 @@ shorter than a chunk is dropped). Each chunk runs from an empty cache; the first
 each chunk is replaced by BOS when the tokenizer puts BOS before a text (llama.cpp's
 add_bos rule; `bos="always"` / `"never"` override it). Only the second half of each chunk
 is scored: the logits at positions ctx/2 .. ctx-2 predict tokens ctx/2+1 .. ctx-1, so
-every scored token has at least ctx/2 tokens of context. With the negative log-likelihoods
-nll_t of the N scored tokens:
+every scored token has at least ctx/2 tokens of context. Only those positions go through
+the output head (with a 49152-token vocabulary it costs as much as several layers): the
+first half of each chunk runs without it. With the negative log-likelihoods nll_t of the N
+scored tokens:
 
     ppl    = exp(mean(nll))
     stderr = ppl * sqrt((mean(nll^2) - mean(nll)^2) / (N - 1))   (llama.cpp's estimate)
@@ -83,16 +85,40 @@ def make_chunks(ids, ctx: int, chunks: int | None = None, bos_id: int | None = N
 def chunk_nll(logits: np.ndarray, chunk: np.ndarray) -> np.ndarray:
     """float64 [ctx - ctx/2 - 1]: -log p(token t+1 | ..t) for t = ctx/2 .. ctx-2.
 
-    logits: [ctx, vocab], the model's output at every position of the chunk."""
+    logits: [n, vocab], the model's output at the last n positions of the chunk
+    (ctx - n .. ctx - 1); n = ctx (every position) or at least ctx - ctx/2."""
     ctx = chunk.shape[0]
     first = ctx // 2
-    if logits.shape[0] != ctx:
-        raise EdgeLLMError(f"expected logits for {ctx} positions, got {logits.shape[0]}")
-    z = np.asarray(logits[first:ctx - 1], dtype=np.float64)
+    n = logits.shape[0]
+    if not ctx - first <= n <= ctx:
+        raise EdgeLLMError(f"expected logits for {ctx} positions (or at least the last "
+                           f"{ctx - first}), got {n}")
+    start = ctx - n
+    z = np.asarray(logits[first - start:ctx - 1 - start], dtype=np.float64)
     z = z - z.max(axis=1, keepdims=True)
     lse = np.log(np.exp(z).sum(axis=1))
     target = chunk[first + 1:ctx]
     return lse - z[np.arange(z.shape[0]), target]
+
+
+def scored_logits(llm, chunk: np.ndarray) -> np.ndarray:
+    """float32 [n, vocab]: logits of the last n positions of one forward over `chunk` from
+    an empty cache, n = ctx - s with s the largest multiple of the prefill piece <= ctx/2.
+
+    Positions before s run without the output head. The prefill pieces are those of a
+    whole forward (llm.logits), so the logits are the same numbers, bit for bit."""
+    model = llm.model
+    chunk = np.ascontiguousarray(chunk, dtype=np.int64).reshape(-1)
+    ctx = chunk.size
+    if ctx > model.context:
+        raise EdgeLLMError(f"a chunk of {ctx} tokens does not fit the context of "
+                           f"{model.context}")
+    first = ctx // 2
+    start = first - first % max(int(model.chunk), 1)
+    model.reset()
+    if start:
+        model.forward(chunk[:start], want="none", shift=False)
+    return model.forward(chunk[start:], want="all", shift=False)
 
 
 def summarize(nll: np.ndarray, chunks: int, ctx: int) -> PerplexityResult:
@@ -108,8 +134,8 @@ def summarize(nll: np.ndarray, chunks: int, ctx: int) -> PerplexityResult:
 
 def evaluate(logits_fn: Callable[[np.ndarray], np.ndarray], chunks: np.ndarray,
              progress: Callable[[int, int, float], None] | None = None) -> PerplexityResult:
-    """Score every chunk with logits_fn(chunk ids [ctx]) -> logits [ctx, vocab];
-    progress(i, n, running ppl) after each chunk."""
+    """Score every chunk with logits_fn(chunk ids [ctx]) -> logits [n, vocab] of the chunk's
+    last n positions (chunk_nll); progress(i, n, running ppl) after each chunk."""
     n, ctx = chunks.shape
     parts = []
     for i, chunk in enumerate(chunks):
@@ -130,4 +156,5 @@ def perplexity(llm, text: str, ctx: int = 512, chunks: int | None = None, bos: s
     ids = tok.encode(text)
     if bos_id is not None and bos == "auto":
         ids = [bos_id] + ids  # the tokenizer's own BOS, as llama.cpp's tokenize adds it
-    return evaluate(llm.logits, make_chunks(ids, ctx, chunks, bos_id), progress)
+    return evaluate(lambda c: scored_logits(llm, c), make_chunks(ids, ctx, chunks, bos_id),
+                    progress)

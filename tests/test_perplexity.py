@@ -2,6 +2,7 @@
 error, the `edgellm perplexity` command, and one short check on the real SmolLM2."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -9,9 +10,18 @@ import pytest
 import edgellm
 from edgellm.cli import main as edgellm_main
 from edgellm.errors import EdgeLLMError
-from edgellm.perplexity import (bos_for, chunk_nll, evaluate, make_chunks, perplexity,
-                                summarize)
+from edgellm.llm import LLM
+from edgellm.perplexity import (
+    bos_for,
+    chunk_nll,
+    evaluate,
+    make_chunks,
+    perplexity,
+    scored_logits,
+    summarize,
+)
 
+TINY_REF = Path(__file__).parent / "fixtures" / "tiny" / "llama" / "reference.npz"
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 3 +
         "A tiny random model still gives every token a probability. " * 6) * 4
 
@@ -47,8 +57,44 @@ def test_second_half_is_scored_against_the_next_token():
         p = np.exp(logits[t].astype(np.float64))
         want.append(-np.log(p[chunk[t + 1]] / p.sum()))
     np.testing.assert_allclose(nll, want, rtol=1e-10)
+    # logits of only the last positions (the scored half and after) give the same numbers
+    np.testing.assert_allclose(chunk_nll(logits[5:], chunk), want, rtol=1e-10)
     with pytest.raises(EdgeLLMError, match="10 positions"):
-        chunk_nll(logits[:5], chunk)
+        chunk_nll(logits[6:], chunk)
+
+
+def test_matches_transformers_reference(converted):
+    """The tiny llama fixture's transformers logits, scored by hand in numpy (one chunk of
+    20 of its 40 prompt ids: positions 10..18 predict ids 11..19), against edgellm's
+    perplexity of the same ids through the runtime's second-half path."""
+    ref = np.load(TINY_REF)
+    ids, logits = ref["input_ids"], ref["logits"].astype(np.float64)
+    logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        - logits.max(-1, keepdims=True)
+    nll = np.array([-logp[t, ids[t + 1]] for t in range(10, 19)])
+    ppl = np.exp(nll.mean())
+    stderr = ppl * np.sqrt(((nll ** 2).mean() - nll.mean() ** 2) / (nll.size - 1))
+    with LLM(converted("llama", "f32"), context=20, precise=True, chunk=4) as llm:
+        res = evaluate(lambda c: scored_logits(llm, c), make_chunks(ids, 20, 1))
+    assert (res.tokens, res.chunks, res.ctx) == (9, 1, 20)
+    assert res.ppl == pytest.approx(ppl, rel=1e-4)
+    assert res.ppl_stderr == pytest.approx(stderr, rel=1e-3)
+
+
+@pytest.mark.parametrize("quant, precise", [("q8_0", False), ("q4_0", False), ("f32", True)])
+def test_scored_logits_are_those_of_a_whole_forward(converted, quant, precise):
+    """The first half runs without the output head, in the same prefill pieces: the scored
+    logits are bit for bit those of llm.logits (int8 activations included)."""
+    ids = np.load(TINY_REF)["input_ids"][:32]
+    with LLM(converted("llama", quant), context=32, precise=precise, chunk=8) as llm:
+        full = llm.logits(ids)
+        part = scored_logits(llm, ids)
+        for ctx in (32, 30, 17):
+            tail = scored_logits(llm, ids[:ctx])
+            assert ctx - ctx // 2 <= tail.shape[0] <= ctx
+            np.testing.assert_array_equal(tail, llm.logits(ids[:ctx])[ctx - tail.shape[0]:])
+    assert part.shape[0] == 16  # positions 16..31: 16 is a multiple of the piece (8)
+    np.testing.assert_array_equal(part, full[16:])
 
 
 def test_stderr_is_llama_cpp_formula():
@@ -129,6 +175,7 @@ def test_real_smollm2_short(tmp_path):
     """SmolLM2-135M on 2 chunks of 128 tokens of Python's documentation: a sane perplexity,
     and the q8_0 model within 1% of the float model (precise path, same chunks)."""
     from pydoc_data.topics import topics
+
     from realmodel import smollm2_gguf_path
 
     from converter.gguf_source import open_gguf

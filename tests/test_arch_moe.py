@@ -6,7 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import TINY, reference
-from test_runtime import _dequantized_copy, decode_steps, greedy
+from reference_checks import (
+    check_f32_matches_transformers,
+    check_precise_is_exact,
+    decode_steps,
+    top1_agreement,
+)
 
 import edgellm
 import edgellm.arch.moe as moe_mod
@@ -14,7 +19,6 @@ from converter.hf_source import open_hf
 from converter.names import sanitize
 from converter.pack import convert
 from converter.source import Source, SourceTensor
-from edgellm import quant
 from edgellm.errors import SourceError
 from edgellm.format import PackedModel
 from edgellm.kernels.moe import route
@@ -24,36 +28,20 @@ NAMES = ["qwen3-moe", "mixtral"]
 
 @pytest.mark.parametrize("name", NAMES)
 def test_f32_matches_transformers(name, converted):
-    ref = reference(name)
-    with edgellm.load(converted(name, "f32")) as llm:
-        assert np.abs(llm.logits(ref["input_ids"]) - ref["logits"]).max() < 1e-3
-        assert np.abs(decode_steps(llm, ref["input_ids"]) - ref["logits"]).max() < 1e-3
-        assert greedy(llm, ref["input_ids"], len(ref["greedy_ids"])) == list(ref["greedy_ids"])
+    check_f32_matches_transformers(converted(name, "f32"), name)
 
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
 def test_precise_path_is_exact_on_quantized_weights(name, kind, converted, tmp_path):
-    ids = reference(name)["input_ids"]
-    path = converted(name, kind)
-    with edgellm.load(_dequantized_copy(path, tmp_path / "dq.edgellm")) as llm:
-        want = llm.logits(ids)
-    with edgellm.load(path, precise=True) as llm:
-        assert np.abs(llm.logits(ids) - want).max() < 1e-3
-        assert np.abs(decode_steps(llm, ids) - want).max() < 1e-3
+    check_precise_is_exact(converted(name, kind), name, tmp_path)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_default_path_top1_agreement(name, converted, record_property):
     """Reported, not a gate: a routing flip under int8 noise moves a whole expert."""
-    ref = reference(name)
-    top_ref = ref["logits"].argmax(-1)
-    agree = {}
-    for kind in quant.QUANTIZED:
-        with edgellm.load(converted(name, kind)) as llm:
-            agree[kind] = float((llm.logits(ref["input_ids"]).argmax(-1) == top_ref).mean())
+    agree = top1_agreement(converted, name)
     record_property("top1", agree)
-    print(name, agree)
     assert agree["q8_0"] >= 0.5
 
 

@@ -6,13 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import TINY, reference
-from test_runtime import _dequantized_copy, decode_steps, greedy
+from reference_checks import (
+    check_f32_matches_transformers,
+    check_precise_is_exact,
+    decode_steps,
+    top1_agreement,
+)
 
 import edgellm
 import edgellm.arch.phi3 as phi3_mod
 from converter.hf_source import open_hf
 from converter.pack import convert
-from edgellm import quant
 from edgellm.arch.phi3 import head_permutation
 from edgellm.errors import UnsupportedArchitectureError
 from edgellm.format import PackedModel
@@ -21,33 +25,17 @@ NAME = "phi3"
 
 
 def test_f32_matches_transformers(converted):
-    ref = reference(NAME)
-    with edgellm.load(converted(NAME, "f32")) as llm:
-        assert np.abs(llm.logits(ref["input_ids"]) - ref["logits"]).max() < 1e-3
-        assert np.abs(decode_steps(llm, ref["input_ids"]) - ref["logits"]).max() < 1e-3
-        assert greedy(llm, ref["input_ids"], len(ref["greedy_ids"])) == list(ref["greedy_ids"])
+    check_f32_matches_transformers(converted(NAME, "f32"), NAME)
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
 def test_precise_path_is_exact_on_quantized_weights(kind, converted, tmp_path):
-    ids = reference(NAME)["input_ids"]
-    path = converted(NAME, kind)
-    with edgellm.load(_dequantized_copy(path, tmp_path / "dq.edgellm")) as llm:
-        want = llm.logits(ids)
-    with edgellm.load(path, precise=True) as llm:
-        assert np.abs(llm.logits(ids) - want).max() < 1e-3
-        assert np.abs(decode_steps(llm, ids) - want).max() < 1e-3
+    check_precise_is_exact(converted(NAME, kind), NAME, tmp_path)
 
 
 def test_default_path_top1_agreement(converted, record_property):
-    ref = reference(NAME)
-    top_ref = ref["logits"].argmax(-1)
-    agree = {}
-    for kind in quant.QUANTIZED:
-        with edgellm.load(converted(NAME, kind)) as llm:
-            agree[kind] = float((llm.logits(ref["input_ids"]).argmax(-1) == top_ref).mean())
+    agree = top1_agreement(converted, NAME)
     record_property("top1", agree)
-    print(NAME, agree)
     assert agree["q8_0"] >= 0.8
 
 

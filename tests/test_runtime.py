@@ -3,73 +3,32 @@
 import numpy as np
 import pytest
 from conftest import LLAMA_FAMILY, reference
+from reference_checks import (
+    check_f32_matches_transformers,
+    check_precise_is_exact,
+    decode_steps,
+    top1_agreement,
+)
 
 import edgellm
-from edgellm import format as fmt
 from edgellm import quant
-
-
-def decode_steps(llm, ids):
-    llm.model.reset()
-    return np.stack([llm.model.forward([t], want="last").copy() for t in ids])
-
-
-def greedy(llm, prompt, n):
-    llm.model.reset()
-    last, out = llm.model.forward(prompt, want="last"), []
-    for _ in range(n):
-        out.append(int(last.argmax()))
-        last = llm.model.forward([out[-1]], want="last")
-    return out
 
 
 @pytest.mark.parametrize("name", LLAMA_FAMILY)
 def test_f32_matches_transformers(name, converted):
-    ref = reference(name)
-    with edgellm.load(converted(name, "f32")) as llm:
-        assert np.abs(llm.logits(ref["input_ids"]) - ref["logits"]).max() < 1e-3
-        assert np.abs(decode_steps(llm, ref["input_ids"]) - ref["logits"]).max() < 1e-3
-        assert greedy(llm, ref["input_ids"], len(ref["greedy_ids"])) == list(ref["greedy_ids"])
-
-
-def _dequantized_copy(src, dst):
-    """An f32 file holding the oracle's dequantization of every tensor of `src`."""
-    from converter.pack import convert
-    from converter.source import Source, SourceTensor
-
-    packed = fmt.PackedModel(src)
-
-    def tensors():
-        for name, info in packed.tensors.items():
-            t = packed.tensor(name)
-            yield SourceTensor(name, info.shape, "f32", t.dequantize)
-
-    convert(Source(str(src), packed.config, tensors), dst, "f32", progress=False)
-    return dst
+    check_f32_matches_transformers(converted(name, "f32"), name)
 
 
 @pytest.mark.parametrize("name", LLAMA_FAMILY)
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_precise_path_is_exact_on_quantized_weights(name, kind, converted, tmp_path):
-    ids = reference(name)["input_ids"]
-    path = converted(name, kind)
-    with edgellm.load(_dequantized_copy(path, tmp_path / "dq.edgellm")) as llm:
-        want = llm.logits(ids)
-    with edgellm.load(path, precise=True) as llm:
-        assert np.abs(llm.logits(ids) - want).max() < 1e-3
-        assert np.abs(decode_steps(llm, ids) - want).max() < 1e-3
+    check_precise_is_exact(converted(name, kind), name, tmp_path)
 
 
 @pytest.mark.parametrize("name", LLAMA_FAMILY)
 def test_default_path_top1_agreement(name, converted, record_property):
-    ref = reference(name)
-    top_ref = ref["logits"].argmax(-1)
-    agree = {}
-    for kind in quant.QUANTIZED:
-        with edgellm.load(converted(name, kind)) as llm:
-            agree[kind] = float((llm.logits(ref["input_ids"]).argmax(-1) == top_ref).mean())
+    agree = top1_agreement(converted, name)
     record_property("top1", agree)
-    print(name, agree)
     assert agree["q8_0"] >= 0.9
 
 

@@ -39,7 +39,8 @@ def test_prompt_forms(llm):
     c = llm.generate(msgs, max_tokens=8, temperature=0)
     d = llm.generate(llm.apply_chat_template(msgs), max_tokens=8, temperature=0)
     assert c == d
-    assert llm.apply_chat_template(msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert llm.apply_chat_template(msgs) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_seed_repeats_and_differs(llm):
@@ -105,7 +106,7 @@ def test_context_end_without_shift(converted):
 
 def test_three_turn_chat_prefills_only_new_tokens(llm):
     chat = llm.chat(system="be brief")
-    counts = []
+    counts, chat_text = [], ""  # chat_text: what the cache held after the previous turn
     for msg in ("hello", "and then?", "thanks"):
         before = len(llm.model.tokens)
         chat.ask(msg, max_tokens=6, temperature=0)

@@ -13,8 +13,8 @@ BLOCKS = st.sampled_from(quant.BLOCK_SIZES)
 finite = st.floats(-1e4, 1e4, allow_nan=False, width=32)
 
 
-def matrix(block, rows=st.integers(1, 4), nblocks=st.integers(1, 3)):
-    return st.tuples(rows, nblocks).flatmap(
+def matrix(block, max_rows=4, max_blocks=3):
+    return st.tuples(st.integers(1, max_rows), st.integers(1, max_blocks)).flatmap(
         lambda rn: arrays(np.float32, (rn[0], rn[1] * block), elements=finite))
 
 

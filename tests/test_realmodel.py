@@ -26,7 +26,7 @@ def greedy(llm, prompt, n):
     m = llm.model
     m.reset()
     logits = m.forward(prompt, want="last")
-    out, gaps = [], []
+    out = []
     for _ in range(n):
         out.append(int(logits.argmax()))
         logits = m.forward([out[-1]], want="last")

@@ -114,6 +114,15 @@ def _read_bf16(path: Path, name: str, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _tensor_names(path: Path) -> list[str]:
+    # safetensors' own messages mislead here (it reports an unreadable file as missing),
+    # and opening a FIFO would block in native code, out of reach of Ctrl-C.
+    if not path.is_file():
+        raise SourceError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read: {e.strerror or e}") from None
     try:
         with safe_open(path, framework="numpy") as f:
             return list(f.keys())

@@ -82,7 +82,7 @@ class LLM:
             p = self.packed
             if not p.tokenizer_json:
                 raise TokenizerError(f"{p.path}: the model file has no tokenizer (its source "
-                                     "had no tokenizer.json); pass token ids instead")
+                                     "had none); pass token ids instead")
             try:
                 self._tokenizer = native(
                     Tokenizer.from_json, p.tokenizer_json, p.tokenizer_config,

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fuzz.mutate import HOSTILE_TEMPLATES, Packed  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+PRECIOUS = b"precious: an older model the user keeps"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -291,6 +292,19 @@ def test_convert_unknown_architecture(tmp_path, capsys):
     assert not (tmp_path / "o.edgellm").exists()
 
 
+def test_convert_gguf_unknown_architecture(tmp_path, capsys):
+    from fuzz.mutate import gguf_meta, mixed_types, write_gguf
+
+    arch, meta, weights, tok = gguf_meta("llama")
+    meta = {k.replace(f"{arch}.", "gpt2."): v for k, v in meta.items()}
+    src = write_gguf(tmp_path / "gpt2.gguf", "gpt2", meta, weights, tok, mixed_types)
+    rc, _, err = run_cli(convert_main, [src, tmp_path / "o.edgellm", "-q"], capsys)
+    assert rc == 1
+    assert_error_line(err, "convert-model: error:", src, "architecture 'gpt2' is not supported",
+                      "supported: ", "llama", "qwen3", "gemma3")
+    assert os.listdir(tmp_path) == ["gpt2.gguf"]
+
+
 # --------------------------------------------------------------------- the format's new checks
 
 FORMAT_CASES = {
@@ -371,6 +385,22 @@ def test_template_errors_through_the_cli(converted, tmp_path, capsys):
         assert rc == 1, (template, err)
         assert_error_line(err, "edgellm: error:", path, words)
         assert "root:" not in out + err
+
+
+def test_template_errors_through_chat(converted, tmp_path):
+    """`edgellm chat` on a model whose template escapes the sandbox, fails or runs away."""
+    for template, words in (("{{ cycler.__init__.__globals__.os.popen('id').read() }}",
+                             "chat template"),
+                            ("{{ raise_exception('no system role') }}", "no system role"),
+                            ("{{ 'x' * 10**9 }}", "chat template")):
+        path = rewrite(converted("llama", "q8_0"), tmp_path / "t.edgellm",
+                       lambda h, t=template: h.__setitem__("chat_template", t))
+        r = subprocess.run([sys.executable, "-m", "edgellm", "chat", "-m", str(path), "-n",
+                            "2"], cwd=ROOT, input="hello\n", capture_output=True, text=True,
+                           timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        assert r.returncode == 1, (template, r.stderr)
+        assert_error_line(r.stderr, "edgellm: error:", path, words)
+        assert "uid=" not in r.stdout + r.stderr
 
 
 # ---------------------------------------------------------------------------- user input
@@ -462,6 +492,30 @@ def test_missing_tokenizer(tmp_path, capsys):
         one_line(e.value, out, "no tokenizer")
 
 
+def test_missing_tokenizer_in_gguf_and_chat(tmp_path, capsys):
+    """A GGUF without tokenizer metadata converts (with a warning) to a model that takes
+    token ids; generate and chat refuse text in one line."""
+    from fuzz.mutate import gguf_meta, mixed_types, write_gguf
+
+    arch, meta, weights, _ = gguf_meta("llama")
+    src = write_gguf(tmp_path / "notok.gguf", arch, meta, weights, None, mixed_types)
+    out = tmp_path / "m.edgellm"
+    rc, _, err = run_cli(convert_main, [src, out, "-q"], capsys)
+    assert rc == 0 and "warning" in err and "no tokenizer" in err
+    rc, _, err = run_cli(edgellm_main, ["generate", "-m", out, "-p", "hi"], capsys)
+    assert rc == 1
+    assert_error_line(err, "edgellm: error:", out, "has no tokenizer")
+    # Nor a chat template (GGUF keeps it with the tokenizer): chat says that first.
+    rc, _, err = run_cli(edgellm_main, ["generate", "-m", out, "-p", "hi", "--chat"], capsys)
+    assert rc == 1
+    assert_error_line(err, "edgellm: error:", out, "has no chat template")
+    r = subprocess.run([sys.executable, "-m", "edgellm", "chat", "-m", str(out)], cwd=ROOT,
+                       input="hello\n", capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 1, r.stderr
+    assert_error_line(r.stderr, "edgellm: error:", out, "has no chat template")
+
+
 def test_broken_tokenizer_is_refused_by_the_converter(tmp_path, capsys):
     src = shutil.copytree(TINY / "llama", tmp_path / "src")
     (src / "tokenizer.json").write_text('{"model": 5}')
@@ -495,24 +549,79 @@ def test_unreadable_model_paths(tmp_path, capsys):
         assert_error_line(err, "edgellm: error:", words)
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
-def test_permission_denied(llama_q8, tmp_path):
-    """A file the user may not read (as root, a child process drops to nobody)."""
+NO_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
+          "--inh-caps", "-dac_override,-dac_read_search"]
+
+
+@pytest.fixture(scope="module")
+def no_dac(tmp_path_factory):
+    """no_dac(argv) -> CompletedProcess of a `python -m` command run without the
+    capabilities that let root ignore file modes (so a chmod 000 file is unreadable, a
+    chmod 555 directory unwritable, as for any user). Skipped where that is impossible."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root and setpriv")
+    probe = tmp_path_factory.mktemp("dac") / "secret"
+    probe.write_text("x")
+    probe.chmod(0)
+    r = subprocess.run(NO_DAC + ["cat", str(probe)], capture_output=True)
+    if r.returncode == 0:
+        pytest.skip("cannot drop CAP_DAC_OVERRIDE here")
+
+    def run(argv, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(NO_DAC + [sys.executable, "-m", *map(str, argv)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)), **kw)
+    return run
+
+
+def test_permission_denied(llama_q8, no_dac, tmp_path):
+    """A model file the user may not read: info, generate and chat say so in one line."""
     path = tmp_path / "secret.edgellm"
     shutil.copy(llama_q8, path)
-    path.chmod(0o600)
-    tmp_path.chmod(0o755)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HOME="/tmp",
-               EDGELLM_HOME=str(tmp_path / "home"))
-    try:
-        subprocess.run([sys.executable, "-c", "import edgellm"], cwd=ROOT, check=True,
-                       capture_output=True, timeout=120, user=65534, env=env)
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("user nobody cannot run this Python")
-    r = subprocess.run([sys.executable, "-m", "edgellm", "info", str(path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120, user=65534, env=env)
+    path.chmod(0)
+    for argv in (["edgellm", "info", path], ["edgellm", "generate", "-m", path, "-p", "x"],
+                 ["edgellm", "chat", "-m", path]):
+        r = no_dac(argv, input="")
+        assert r.returncode == 1, (argv, r.stderr)
+        assert_error_line(r.stderr, "edgellm: error:", path, "cannot read: Permission denied")
+
+
+@pytest.mark.parametrize("unreadable", ["config.json", "model.safetensors", "tokenizer.json",
+                                        "gguf"])
+def test_unreadable_sources(unreadable, no_dac, tmp_path):
+    """convert-model on a source it may not read: one line naming the file, no OUT."""
+    if unreadable == "gguf":
+        from fuzz.mutate import GGUFBase
+
+        GGUFBase.make("llama", tmp_path)
+        src = bad = tmp_path / "llama.gguf"
+    else:
+        src = shutil.copytree(TINY / "llama", tmp_path / "src")
+        bad = src / unreadable
+    bad.chmod(0)
+    out = tmp_path / "o.edgellm"
+    r = no_dac(["converter", src, out, "-q"])
     assert r.returncode == 1, r.stderr
-    assert_error_line(r.stderr, path, "Permission denied")
+    assert_error_line(r.stderr, "convert-model: error:", bad, "Permission denied")
+    assert not out.exists()
+
+
+def test_unwritable_output_directory(no_dac, tmp_path):
+    """A directory the user may not write to (chmod 555): refused, an existing OUT kept."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    old = d / "old.edgellm"
+    old.write_bytes(PRECIOUS)
+    d.chmod(0o555)
+    try:
+        for out in (d / "new.edgellm", old):
+            r = no_dac(["converter", TINY / "llama", out, "-q"])
+            assert r.returncode == 1, r.stderr
+            assert_error_line(r.stderr, "convert-model: error:", out, "Permission denied")
+            assert sorted(os.listdir(d)) == ["old.edgellm"]
+            assert old.read_bytes() == PRECIOUS
+    finally:
+        d.chmod(0o755)
 
 
 def test_permission_denied_simulated(llama_q8, monkeypatch, capsys):
@@ -554,6 +663,24 @@ def test_output_is_a_directory_or_the_source(tmp_path, capsys):
     before = shard.read_bytes()
     rc, _, err = run_cli(convert_main, [tmp_path / "hf", shard, "-q"], capsys)
     assert rc == 1 and shard.read_bytes() == before
+
+
+def test_source_files_that_are_not_regular_files(tmp_path, capsys):
+    """A FIFO in place of a shard or a JSON file would block the reader forever (a shard's
+    open happens in native code, where even Ctrl-C cannot stop it): refused up front."""
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        src = shutil.copytree(TINY / "llama", tmp_path / name.replace(".", "-"))
+        (src / name).unlink()
+        os.mkfifo(src / name)
+        rc, _, err = run_cli(convert_main, [src, tmp_path / "o.edgellm", "-q"], capsys)
+        assert rc == 1, name
+        assert_error_line(err, "convert-model: error:", src / name, "not a regular file")
+    fifo = tmp_path / "m.gguf"
+    os.mkfifo(fifo)
+    rc, _, err = run_cli(convert_main, [fifo, tmp_path / "o.edgellm", "-q"], capsys)
+    assert rc == 1
+    assert_error_line(err, "convert-model: error:", fifo, "not a file")
+    assert not (tmp_path / "o.edgellm").exists()
 
 
 class _FullDisk:

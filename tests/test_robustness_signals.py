@@ -193,3 +193,73 @@ def test_ctrl_c_during_generation_exits_within_a_second(converted):
     err = err.decode()
     assert "edgellm: interrupted" in err and "Traceback" not in err, err
     assert took < 1.0, took
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_end_a_piped_chat(sig, converted):
+    """Ctrl-C only stops the answer in a terminal chat; SIGTERM, or any interrupt of a chat
+    reading a pipe, ends it: exit code 130 within a second, one line."""
+    model = converted("qwen2", "q8_0")
+    p = subprocess.Popen([sys.executable, "-m", "edgellm", "chat", "-m", str(model), "-n",
+                          "100000", "--temp", "0.8", "--seed", "1", "-t", "1"], cwd=ROOT,
+                         env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    p.stdin.write(b"Once upon a time\n")
+    p.stdin.flush()  # stdin stays open: the chat would wait for the next line
+    got = b""
+    deadline = time.monotonic() + 120
+    while len(got) < 200 and time.monotonic() < deadline:
+        ready, _, _ = select.select([p.stdout], [], [], 1.0)
+        if ready:
+            chunk = os.read(p.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            got += chunk
+    assert len(got) >= 200, p.stderr.read()
+    sent = time.monotonic()
+    p.send_signal(sig)
+    try:
+        p.wait(timeout=30)
+    finally:
+        p.kill()
+    took = time.monotonic() - sent
+    err = p.stderr.read().decode()
+    p.stdin.close()
+    assert p.returncode == 130, err
+    assert "edgellm: interrupted" in err and "Traceback" not in err, err
+    assert took < 1.0, took
+
+
+def test_ctrl_c_in_a_terminal_chat_stops_only_the_answer(converted):
+    """In a terminal, Ctrl-C stops the answer being written and the chat goes on."""
+    import pty
+
+    model = converted("qwen2", "q8_0")
+    leader, follower = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "edgellm", "chat", "-m", str(model), "-n",
+                          "100000", "--temp", "0.8", "--seed", "1", "-t", "1"], cwd=ROOT,
+                         env=ENV, stdin=follower, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    os.close(follower)
+    try:
+        os.write(leader, b"Once upon a time\n")
+        got = b""
+        deadline = time.monotonic() + 120
+        while len(got) < 200 and time.monotonic() < deadline:
+            ready, _, _ = select.select([p.stdout], [], [], 1.0)
+            if ready:
+                got += os.read(p.stdout.fileno(), 4096)
+        assert len(got) >= 200, p.stderr.read()
+        p.send_signal(signal.SIGINT)
+        while b"[stopped]" not in got and time.monotonic() < deadline:
+            ready, _, _ = select.select([p.stdout], [], [], 1.0)
+            if ready:
+                got += os.read(p.stdout.fileno(), 4096)
+        assert p.poll() is None and b"[stopped]" in got
+        os.write(leader, b"/exit\n")
+        out, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+        os.close(leader)
+    assert p.returncode == 0, err
+    assert b"Traceback" not in err, err

@@ -1,13 +1,16 @@
 """Chat with a model in the terminal; the KV cache is kept across turns.
 
-Ctrl-C stops the answer being written (not the program); Ctrl-D or /exit leaves;
-/reset starts over; /help lists the commands.
+In a terminal, Ctrl-C stops the answer being written (not the program); Ctrl-D or /exit
+leaves; /reset starts over; /help lists the commands. With stdin not a terminal, or on
+SIGTERM, an interrupt ends the program (exit code 130).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
+from ..errors import INTERRUPTS
 from .common import (
     add_model_arguments,
     add_sampling_arguments,
@@ -40,6 +43,8 @@ def run(args) -> int:
             except EOFError:
                 break
             except KeyboardInterrupt:
+                if not _stops_answer_only(interactive):
+                    raise
                 print(file=sys.stderr)
                 continue
             text = line.strip()
@@ -54,11 +59,17 @@ def run(args) -> int:
                 session.reset()
                 print("(conversation reset)", file=sys.stderr)
                 continue
-            _answer(session, text, args)
+            _answer(session, text, args, interactive)
     return 0
 
 
-def _answer(session, text: str, args) -> None:
+def _stops_answer_only(interactive: bool) -> bool:
+    """Whether the interrupt being handled only stops the answer: a Ctrl-C (SIGINT) typed
+    at a terminal. SIGTERM, or any interrupt of a piped session, ends the program."""
+    return interactive and (not INTERRUPTS or INTERRUPTS[-1] == signal.SIGINT)
+
+
+def _answer(session, text: str, args, interactive: bool) -> None:
     last = None
     try:
         for chunk in session.send(text, max_tokens=args.max_tokens, **sampling_kwargs(args)):
@@ -66,6 +77,8 @@ def _answer(session, text: str, args) -> None:
             sys.stdout.flush()
             last = chunk
     except KeyboardInterrupt:
+        if not _stops_answer_only(interactive):
+            raise
         sys.stdout.write(" [stopped]")
     sys.stdout.write("\n")
     sys.stdout.flush()

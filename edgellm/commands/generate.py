@@ -1,6 +1,11 @@
 """Generate text from a prompt, streamed to stdout.
 
 Without -m, uses the default model (downloaded and converted on first use).
+
+Context: when the prompt and the answer outgrow the context (--ctx), the context shifts, as
+llama.cpp's does: the first 4 tokens stay, the oldest half of the rest is dropped, and
+generation goes on. With --no-shift, a prompt that does not fit is an error (exit code 1)
+and generation stops when the context is full.
 """
 
 from __future__ import annotations

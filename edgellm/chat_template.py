@@ -8,17 +8,24 @@ and `strftime_now`, and renders it with `messages`, `tools`, `documents`,
 
 Templates ship with model files, so they are untrusted: the sandbox refuses Python internals
 (`''.__class__`), and rendering is bounded in output size, value sizes and time, so a
-template cannot eat the memory or the CPU (`{% for i in range(10**9) %}` fails).
+template cannot eat the memory or the CPU (`{% for i in range(10**9) %}` fails). Beyond the
+checks on what a template builds, one call can still ask a C function for gigabytes
+(`tojson(indent=10**8)`, `replace` with a long string, `expandtabs`): on Linux, rendering
+runs with RLIMIT_DATA at the process's private memory plus MAX_BYTES, so such a call fails
+with MemoryError (a TemplateError) instead of exhausting the machine. The limit is the
+process's: another thread allocating during a render shares the allowance.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import re
+import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +38,7 @@ from edgellm.errors import TemplateError
 
 MAX_CHARS = 1_000_000  # rendered output, and any string/list a template builds
 MAX_SECONDS = 10.0
+MAX_BYTES = 256 << 20  # memory a render may allocate (Linux: see memory_cap)
 MAX_POW_BITS = 4096
 # widths and precisions in "%10.3f" and "{:>10}" format strings
 _FORMAT_WIDTHS = re.compile(r"%[-#0 +]*\d*(?:\.\d*)?|\{[^{}]*?:[^{}]*\}")
@@ -172,6 +180,42 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return self._check_size(super().call_binop(context, operator, left, right))
 
 
+def _private_bytes() -> int:
+    """The process's private writable memory (VmData), as RLIMIT_DATA counts it."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("no VmData in /proc/self/status")
+
+
+@contextlib.contextmanager
+def memory_cap(extra_bytes: int) -> Iterator[None]:
+    """Within the block, allocations past the current private memory plus `extra_bytes`
+    fail with MemoryError (Linux: RLIMIT_DATA; elsewhere, no limit). Restored after."""
+    if not sys.platform.startswith("linux") or extra_bytes <= 0:
+        yield
+        return
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        cap = _private_bytes() + extra_bytes
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:  # already at least as tight
+        yield
+        return
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
 def _special_value(value: Any) -> Any:
     """tokenizer_config stores a token as a string or {"content": ...}; lists of either."""
     if isinstance(value, Mapping) and "content" in value:
@@ -190,20 +234,34 @@ class ChatTemplate:
     """
 
     def __init__(self, template: str, special_tokens: Mapping[str, Any] | None = None, *,
-                 max_chars: int = MAX_CHARS, max_seconds: float = MAX_SECONDS) -> None:
+                 max_chars: int = MAX_CHARS, max_seconds: float = MAX_SECONDS,
+                 max_bytes: int = MAX_BYTES) -> None:
         if not isinstance(template, str) or not template:
             raise TemplateError("chat template is missing or empty")
         self.source = template
         self.special_tokens = {k: _special_value(v) for k, v in (special_tokens or {}).items()}
         self._env = _Sandbox(max_chars, max_seconds)
+        self.max_bytes = max_bytes
+        # Compiling evaluates constant expressions (`'%*s'|format(10**9, 'x')`): bounded too.
+        self._env.deadline = time.monotonic() + max_seconds
         try:
-            self._template = self._env.from_string(template)
+            with memory_cap(max_bytes):
+                self._template = self._env.from_string(template)
+        except TemplateError:
+            raise
+        except MemoryError:
+            raise TemplateError(f"chat template needed more than {max_bytes >> 20} MB of "
+                                "memory to compile") from None
         except jinja2.TemplateSyntaxError as e:
             raise TemplateError(
                 f"chat template syntax error at line {e.lineno}: {_one_line(e.message)}"
             ) from None
+        except RecursionError:
+            raise TemplateError("chat template is nested too deeply to compile") from None
         except Exception as e:
             raise TemplateError(f"chat template does not compile: {_one_line(e)}") from None
+        finally:
+            self._env.deadline = math.inf
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                tools: Sequence[Mapping[str, Any]] | None = None,
@@ -219,14 +277,16 @@ class ChatTemplate:
         parts: list[str] = []
         size = 0
         try:
-            for chunk in self._template.generate(
-                messages=messages, tools=tools, documents=documents,
-                add_generation_prompt=add_generation_prompt, **variables,
-            ):
-                size += len(chunk)
-                if size > env.max_chars:
-                    raise TemplateError(f"chat template output exceeds {env.max_chars} characters")
-                parts.append(chunk)
+            with memory_cap(self.max_bytes):
+                for chunk in self._template.generate(
+                    messages=messages, tools=tools, documents=documents,
+                    add_generation_prompt=add_generation_prompt, **variables,
+                ):
+                    size += len(chunk)
+                    if size > env.max_chars:
+                        raise TemplateError(
+                            f"chat template output exceeds {env.max_chars} characters")
+                    parts.append(chunk)
         except TemplateError:
             raise
         except _Raised as e:
@@ -236,6 +296,9 @@ class ChatTemplate:
                                 "refused") from None
         except RecursionError:
             raise TemplateError("chat template recursed too deeply") from None
+        except MemoryError:
+            raise TemplateError(f"chat template needed more than {self.max_bytes >> 20} MB "
+                                "of memory") from None
         except Exception as e:
             raise TemplateError(
                 f"chat template failed to render: {type(e).__name__}: {_one_line(e)}"

@@ -38,6 +38,11 @@ class SamplingError(EdgeLLMError, ValueError):
     """A sampling parameter is out of range."""
 
 
+class NonFiniteLogitsError(SamplingError):
+    """The model's logits hold NaN or +inf, so no token can be sampled: the weights are
+    corrupt, usually (a SamplingError, as the sampler is where it shows)."""
+
+
 class ModelNotFoundError(EdgeLLMError):
     """A model name or path does not resolve to a model."""
 

@@ -9,7 +9,14 @@ import numpy as np
 
 from . import arch
 from .chat_template import ChatTemplate
-from .errors import ContextError, EdgeLLMError, SamplingError, TemplateError, TokenizerError
+from .errors import (
+    ContextError,
+    EdgeLLMError,
+    NonFiniteLogitsError,
+    SamplingError,
+    TemplateError,
+    TokenizerError,
+)
 from .format import PackedModel
 from .generate import Chunk, stream
 from .guard import native
@@ -161,8 +168,18 @@ class LLM:
         if not ids:
             raise ContextError("empty prompt")
         history = list(self.model.tokens) + list(ids)
-        return stream(self.model, self.tokenizer, ids, sampler, max_tokens, stop, shift,
-                      history)
+        return self._naming_the_file(stream(self.model, self.tokenizer, ids, sampler,
+                                            max_tokens, stop, shift, history))
+
+    def _naming_the_file(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
+        """`chunks`, with NaN or infinite logits (corrupt weights) blamed on the file."""
+        try:
+            yield from chunks
+        except NonFiniteLogitsError as e:
+            raise NonFiniteLogitsError(
+                f"{self.packed.path}: the model computed {str(e).replace('logits contain ', '')}"
+                " logits: its weights are probably corrupt (edgellm info --verify checks "
+                "them)") from None
 
     def stream(self, prompt, **kwargs) -> Iterator[Chunk]:
         """Stream the continuation of `prompt` (str, chat messages or ids) as Chunks with

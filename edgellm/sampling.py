@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgellm.errors import SamplingError
+from edgellm.errors import NonFiniteLogitsError, SamplingError
 
 _SAMPLE_SIZE = 4096  # strided sample for top-k thresholds; size of a "small" kept set
 _TOP_P_START = 256  # top-p fallback: first candidate-set size, grows x8
@@ -202,11 +202,11 @@ class Sampler:
         if p.temperature == 0:
             token = int(np.argmax(x))
             if not math.isfinite(x[token]):
-                raise SamplingError("logits contain NaN or +inf")
+                raise NonFiniteLogitsError("logits contain NaN or +inf")
             return token
         m = float(x.max())
         if not math.isfinite(m):
-            raise SamplingError("logits contain NaN or +inf")
+            raise NonFiniteLogitsError("logits contain NaN or +inf")
         n = x.size
         if 0 < p.top_k < n:
             return self._draw_among(x, _top_k_ids(x, p.top_k), m)

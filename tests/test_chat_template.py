@@ -1,6 +1,8 @@
 """Chat template rendering: matches transformers, and the sandbox holds."""
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -242,3 +244,56 @@ def test_time_cap():
     assert time.monotonic() - start < 3
     # the deadline is per render
     assert ChatTemplate("ok", max_seconds=0.3).render([]) == "ok"
+
+
+# One call that asks a C function for gigabytes: the checks on what a template builds come
+# after the call, so only the memory cap stops these (and constant folding at compile time).
+AMPLIFIERS = [
+    "{{ messages|tojson(indent=10**8) }}",
+    "{{ (range(100000)|list)|tojson(separators=('x' * 999999, ',')) }}",
+    "{{ ('x' * 999).replace('x', 'x' * 999999) }}",
+    "{{ 'x'.join(['y' * 999999] * 999) }}",
+    "{{ ('\\t' * 999999).expandtabs(999999) }}",
+    "{{ ('x' * 999999).translate({120: 'y' * 999999}) }}",
+    "{{ '{0:{1}}'.format(1, 999999999) }}",
+    "{{ '%*s'|format(999999999, 'x') }}",
+    "{{ ('x\\n' * 400000)|indent('y' * 999999) }}",
+    "{% set ns = namespace(x=['x' * 100000]) %}{% for i in range(40) %}"
+    "{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ '' ~ ns.x }}",
+]
+
+_AMPLIFY = """
+import json, resource, sys
+from edgellm.chat_template import ChatTemplate
+from edgellm.errors import TemplateError
+out = []
+for source in json.loads(sys.argv[1]):
+    try:
+        ChatTemplate(source).render([{"role": "user", "content": "hi"}])
+        out.append("rendered")
+    except TemplateError as e:
+        out.append(str(e))
+print(json.dumps({"results": out, "peak_mb": resource.getrusage(
+    resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA is Linux's")
+def test_memory_cap_on_single_calls():
+    """Each amplifier ends in a TemplateError, and the process's peak memory stays far
+    below what they ask for (the child runs under a 3 GB RLIMIT_DATA of its own, so a
+    regression fails this test instead of exhausting the machine)."""
+    import resource
+    import subprocess
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_DATA, (3 << 30, 3 << 30))
+
+    r = subprocess.run([sys.executable, "-c", _AMPLIFY, json.dumps(AMPLIFIERS)],
+                       capture_output=True, text=True, timeout=600, preexec_fn=limit,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    for source, message in zip(AMPLIFIERS, got["results"]):
+        assert "\n" not in message and "MB of memory" in message, (source, message)
+    assert got["peak_mb"] < 600, got["peak_mb"]

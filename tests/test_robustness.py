@@ -817,6 +817,32 @@ def test_corrupt_gguf_block_scales(tmp_path, capsys):
                       "NaN or infinite")
 
 
+def test_nan_weights_are_blamed_on_the_file(converted, tmp_path, capsys):
+    """Weights that make the logits NaN (corrupt data the format's checks cannot see, with
+    a checksum to match): the sampler's error names the file and suggests --verify."""
+    import zlib
+
+    from edgellm.errors import NonFiniteLogitsError
+
+    src = converted("llama", "f32")
+    b = Packed.parse(Path(src).read_bytes())
+    header = copy.deepcopy(b.header)
+    e = header["tensors"]["model.norm.weight"]
+    nan = np.full(e["shape"], np.nan, np.float32).tobytes()
+    data = b.data[:e["offset"]] + nan + b.data[e["offset"] + len(nan):]
+    e["crc32"] = f"{zlib.crc32(nan):08x}"
+    path = tmp_path / "nan.edgellm"
+    path.write_bytes(Packed(b.raw, header, b.hlen, data).join(header))
+    with edgellm.load(path) as llm:
+        with pytest.raises(NonFiniteLogitsError) as err:
+            llm.generate("hello", max_tokens=2, temperature=0)
+    one_line(err.value, path, "NaN", "edgellm info --verify")
+    rc, _, err = run_cli(edgellm_main, ["generate", "-m", path, "-p", "hello", "-n", "2"],
+                         capsys)
+    assert rc == 1
+    assert_error_line(err, "edgellm: error:", path, "probably corrupt")
+
+
 def test_untyped_exceptions_still_end_in_one_line(llama_q8, monkeypatch, capsys):
     """The last resort: an exception edgellm did not type (a bug) is one line, exit 1."""
     import edgellm.commands.info as info

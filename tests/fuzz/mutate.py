@@ -49,6 +49,8 @@ HOSTILE_TEMPLATES = [
     "{{ '{:>999999999}'.format(1) }}",
     "{% include '/etc/passwd' %}",
     "{% import 'os' as os %}",
+    "{{ messages|tojson(indent=10**8) }}",
+    "{{ ('x' * 999999).translate({120: 'y' * 999999}) }}",
 ]
 CONFIG_KEYS = ["hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
                "head_dim", "vocab_size", "num_hidden_layers", "max_position_embeddings",

@@ -159,7 +159,7 @@ def check(r: Run, stage: str, named: str, counts: collections.Counter) -> list[s
         elif len(lines) != 1 or ": error: " not in lines[0]:
             bad.append("multi-line message")
         elif named not in lines[0]:
-            counts[f"{stage}: message does not name the file"] += 1
+            counts[f"{stage}: message does not name the file: {reason(r, named)}"] += 1
     if r.rc == 0 and lines and stage != "load":
         bad.append("stderr noise")
     return bad

@@ -387,7 +387,18 @@ def test_template_errors_through_the_cli(converted, tmp_path, capsys):
         assert "root:" not in out + err
 
 
-def test_template_errors_through_chat(converted, tmp_path):
+def chat_cli(argv, stdin: str, capsys) -> tuple[int, str, str]:
+    """`edgellm chat ARGV` in-process, reading `stdin` (not a terminal)."""
+    import io
+
+    saved, sys.stdin = sys.stdin, io.StringIO(stdin)
+    try:
+        return run_cli(edgellm_main, ["chat", *argv], capsys)
+    finally:
+        sys.stdin = saved
+
+
+def test_template_errors_through_chat(converted, tmp_path, capsys):
     """`edgellm chat` on a model whose template escapes the sandbox, fails or runs away."""
     for template, words in (("{{ cycler.__init__.__globals__.os.popen('id').read() }}",
                              "chat template"),
@@ -395,12 +406,10 @@ def test_template_errors_through_chat(converted, tmp_path):
                             ("{{ 'x' * 10**9 }}", "chat template")):
         path = rewrite(converted("llama", "q8_0"), tmp_path / "t.edgellm",
                        lambda h, t=template: h.__setitem__("chat_template", t))
-        r = subprocess.run([sys.executable, "-m", "edgellm", "chat", "-m", str(path), "-n",
-                            "2"], cwd=ROOT, input="hello\n", capture_output=True, text=True,
-                           timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        assert r.returncode == 1, (template, r.stderr)
-        assert_error_line(r.stderr, "edgellm: error:", path, words)
-        assert "uid=" not in r.stdout + r.stderr
+        rc, out, err = chat_cli(["-m", path, "-n", "2"], "hello\n", capsys)
+        assert rc == 1, (template, err)
+        assert_error_line(err, "edgellm: error:", path, words)
+        assert "uid=" not in out + err
 
 
 # ---------------------------------------------------------------------------- user input
@@ -509,11 +518,9 @@ def test_missing_tokenizer_in_gguf_and_chat(tmp_path, capsys):
     rc, _, err = run_cli(edgellm_main, ["generate", "-m", out, "-p", "hi", "--chat"], capsys)
     assert rc == 1
     assert_error_line(err, "edgellm: error:", out, "has no chat template")
-    r = subprocess.run([sys.executable, "-m", "edgellm", "chat", "-m", str(out)], cwd=ROOT,
-                       input="hello\n", capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert r.returncode == 1, r.stderr
-    assert_error_line(r.stderr, "edgellm: error:", out, "has no chat template")
+    rc, _, err = chat_cli(["-m", out], "hello\n", capsys)
+    assert rc == 1
+    assert_error_line(err, "edgellm: error:", out, "has no chat template")
 
 
 def test_broken_tokenizer_is_refused_by_the_converter(tmp_path, capsys):

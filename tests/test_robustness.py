@@ -550,7 +550,10 @@ def test_unreadable_model_paths(tmp_path, capsys):
     for argv, words in ((["generate", "-m", tmp_path / "none.edgellm", "-p", "x"],
                          "no such file"),
                         (["info", tmp_path / "none.edgellm"], "No such file"),
-                        (["info", tmp_path], "not a regular file")):
+                        (["info", tmp_path], "not a regular file"),
+                        (["generate", "-m", "no-such-model", "-p", "x"],
+                         "unknown model 'no-such-model' (known: "),
+                        (["chat", "-m", "no-such-model"], "or give a file path")):
         rc, _, err = run_cli(edgellm_main, argv, capsys)
         assert rc == 1, argv
         assert_error_line(err, "edgellm: error:", words)

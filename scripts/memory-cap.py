@@ -2,19 +2,22 @@
 """Generate under a memory cap; compare with an uncapped run and with `edgellm info`.
 
     python scripts/memory-cap.py [MODEL] [--limit 512M[,320M...]] [--tokens 64] [--ctx N]
-        [--prompt-tokens N] [--threads T] [--repeat R] [--cold] [--no-uncapped]
+        [--prompt-tokens N] [--threads T] [--repeat R] [--cold] [--no-uncapped] [--shared]
 
 Each run is a fresh process in a child memory cgroup of its own (v1:
 memory.limit_in_bytes; v2: memory.max), with the limit or none, and reports the cgroup's
 peak (anonymous memory, shared memory and the page cache it brought in), the process's
-VmHWM, whether the OOM killer fired, and prefill and decode tokens/s. Page cache is charged
-to the cgroup that first reads a file, so before each run the model file is written back
-and dropped from the page cache (posix_fadvise DONTNEED), and so are Python's, the
-packages' and the kernel cache's files (not pages other processes have mapped): otherwise
-the figure is too good. --cold gives each run an empty kernel cache: the first run on a
-machine, which compiles every kernel. The runs go capped first, then uncapped, --repeat
-times. Last, `edgellm info MODEL --ctx N --json` is set against the uncapped peaks: for
-that, fill the context (--prompt-tokens + --tokens = --ctx).
+VmHWM (its peak resident set: what `edgellm info` predicts), whether the OOM killer fired,
+and prefill and decode tokens/s. Page cache is charged to the cgroup that first touches a
+page, so the runs use a private copy of Python, the packages a run imports and the model
+(see PrivateRuntime; --shared: the machine's own), and before each run the model, those
+files and the kernel cache are written back and dropped from the page cache
+(posix_fadvise DONTNEED): otherwise the figure is too good. A warm-up run first (not
+reported) compiles any kernel the cache lacks; --cold gives each run an empty kernel cache
+instead: the first run on a machine, which compiles every kernel. The capped and uncapped
+runs alternate, --repeat times (medians at the end). Last, `edgellm info MODEL --ctx N
+--json` is set against the uncapped peaks: for that, fill the context (--prompt-tokens +
+--tokens = --ctx).
 
 The weights are mapped from the file: clean pages that the kernel drops under the cap and
 reads again when needed. A run under a tight cap that ends without an OOM kill, and its
@@ -352,8 +355,8 @@ def main() -> int:
     private = None if args.shared else PrivateRuntime(warm["packages"], args.model)
     runs = []
     try:
-        for _ in range(args.repeat):
-            for limit in limits:
+        for rep in range(args.repeat):
+            for limit in (limits if rep % 2 == 0 else limits[::-1]):  # alternate the order
                 with tempfile.TemporaryDirectory(prefix="edgellm-cold-cache-") as tmp:
                     r = run_one(args, limit, tmp if args.cold else None, private)
                 r["run"] = f"limit {limit // 2**20}M" if limit else "uncapped"
@@ -392,6 +395,19 @@ def main() -> int:
             for what in ("peak", "vm_hwm"):
                 print(f"    vs uncapped {'cgroup peak' if what == 'peak' else 'VmHWM'} "
                       f"{r[what] / mib:.0f} MiB: {plan['total'] / r[what] - 1:+.1%}")
+    if args.repeat > 1:
+        import statistics
+
+        print("  medians:")
+        for limit in limits:
+            name = f"limit {limit // 2**20}M" if limit else "uncapped"
+            done = [r for r in runs if r["run"] == name and r["returncode"] == 0]
+            if done:
+                med = {k: statistics.median(r[k] for r in done)
+                       for k in ("peak", "vm_hwm", "prefill_tok_s", "decode_tok_s")}
+                print(f"  {name:12s} cgroup peak {med['peak'] / mib:4.0f} MiB, VmHWM "
+                      f"{med['vm_hwm'] / mib:4.0f} MiB; prefill {med['prefill_tok_s']:6.1f} "
+                      f"tok/s, decode {med['decode_tok_s']:6.1f} tok/s ({len(done)} runs)")
     ok = all(r["returncode"] == 0 and not r["oom_kill"] for r in runs)
     return 0 if ok else 1
 

@@ -140,7 +140,8 @@ def run(args) -> int:
               f"{c.get('num_attention_heads')}/{c.get('num_key_value_heads')}, "
               f"vocab {c.get('vocab_size')}")
         print("  tensors: " + ", ".join(f"{n} {t}" for t, n in info["tensors_by_type"].items()))
-        print(f"  memory at context {m['context']}: {_mb(m['total'])} = weights {_mb(m['weights'])}"
+        print(f"  memory at context {m['context']} (peak resident): {_mb(m['total'])} = weights "
+              f"{_mb(m['weights'])}"
               f" (mapped) + KV cache {_mb(m['kv_cache'])} + buffers {_mb(m['buffers'])} + "
               f"tokenizer {_mb(m['tokenizer'])} + runtime {_mb(m['baseline'])}")
         if "budget" in m:

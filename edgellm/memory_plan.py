@@ -118,7 +118,7 @@ def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
     total = 4 * (2 * D + 2 * qd + 2 * kvd + 2 * F + V)  # x, tmp, q, attn, k, v, gate, ffn
     per_thread = D + (1 + group) * Dh + (group + 2) * max(cap, group)
     total += 4 * threads * per_thread  # h, k and q heads, softmax weights and stats
-    total += sum(_act_bytes(threads, k) for k in (D, qd, F)) + 16
+    total += sum(_act_bytes(threads, k) for k in (D, qd, F)) + 64  # + the barrier's words
     return total + 4 * L * (2 * D + 3 * max(qd, kvd) + 2 * Dh) + 8 * L * 35
 
 

@@ -38,7 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout
 
 CALIB_CHARS = 120_000
 LLAMA_FTYPES = {"Q8_0": 7, "Q4_0": 2, "Q4_1": 3, "Q4_K_M": 15}
@@ -94,9 +95,14 @@ def rows(calib: str, sizes: dict[str, int]) -> list[tuple[str, list[str] | str, 
          "searched scales, no calibration"),
         ("q4_0_best, no calibration", ["--quant", "q4_0_best"], "searched, mixed types"),
         ("q4_0_best", ["--quant", "q4_0_best", *c], "searched + calibrated, mixed types"),
+        ("q4_0_best gptq", ["--quant", "q4_0_best", "--quantizer", "gptq", *c],
+         "GPTQ + calibrated, mixed types"),
         ("q4_1_best", ["--quant", "q4_1_best", *c], "searched + calibrated (Q4_1 grid)"),
         ("target Q4_0 size, q4_0/q8_0", ["--target-size", q40, "--target-types", "q4_0,q8_0",
                                          *c], "no larger than llama.cpp Q4_0, no q4_1"),
+        ("target Q4_0 size, q4_0/q8_0, gptq", ["--target-size", q40, "--target-types",
+                                               "q4_0,q8_0", "--quantizer", "gptq", *c],
+         "no larger than llama.cpp Q4_0, no q4_1, GPTQ"),
         ("target Q4_0 size", ["--target-size", q40, *c], "no larger than llama.cpp Q4_0"),
         ("target Q4_K_M size, q4_0/q8_0", ["--target-size", q4km, "--target-types",
                                            "q4_0,q8_0", *c],
@@ -143,10 +149,12 @@ def write_if_changed(path: Path, data: bytes) -> None:
 
 
 def run(cmd: list[str], log: Path, threads: int = 1) -> str:
-    """Run cmd with `threads` threads (Numba's, and those of calibration and of BLAS)."""
+    """Run cmd with `threads` threads (Numba's, and those of calibration and of BLAS), with
+    this checkout's edgellm and converter first on the path (not an installed copy)."""
     t0 = time.time()
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, NUMBA_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
-               OPENBLAS_NUM_THREADS=str(threads))
+               OPENBLAS_NUM_THREADS=str(threads), PYTHONPATH=path)
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()

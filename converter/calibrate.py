@@ -30,6 +30,7 @@ from edgellm.format import Tensor
 DEFAULT_TOKENS = 2048  # calibration tokens: 4 chunks of CONTEXT
 CONTEXT = 512
 MIN_TOKENS = 16
+MAX_MOMENT_K = 16384  # GPTQ's K x K input moments: 2 GiB of float64 at this width
 
 
 class FloatModel:
@@ -91,14 +92,21 @@ def calibration_chunks(tokenizer, text: str, ctx: int = 512, tokens: int = DEFAU
     return chunks, ids[n * width:]
 
 
-def collect(model: FloatModel, chunks: np.ndarray, progress=None) -> dict[str, np.ndarray]:
-    """{weight name: float32 [in_features] mean of x_j^2 over the chunks' tokens}."""
+def collect(model: FloatModel, chunks: np.ndarray, progress=None,
+            moments: dict | None = None) -> dict[str, np.ndarray]:
+    """{weight name: float32 [in_features] mean of x_j^2 over the chunks' tokens}; with a
+    `moments` dict, also fills it with {weight name: float64 [K, K] mean of x x^T} (the
+    input second moments GPTQ needs; for weights whose in_features <= MAX_MOMENT_K)."""
     stats: dict[str, list] = {}
-    with hooks(record=stats):
+    full: dict[str, list] | None = {} if moments is not None else None
+    with hooks(record=stats, full=full):
         for i, chunk in enumerate(chunks):
             model.llm.logits(chunk)
             if progress is not None:
                 progress(i + 1, len(chunks))
+    if moments is not None:
+        means = {id(e): e[0] / max(e[1], 1) for e in full.values()}  # shared ones once
+        moments.update({name: means[id(e)] for name, e in full.items()})
     return {name: (s / max(n, 1)).astype(np.float32) for name, (s, n) in stats.items()}
 
 
@@ -112,20 +120,37 @@ def _arch_modules() -> list:
 
 
 @contextlib.contextmanager
-def hooks(record: dict | None = None, replace: dict[str, Tensor] | None = None):
+def hooks(record: dict | None = None, replace: dict[str, Tensor] | None = None,
+          full: dict | None = None):
     """Within: the architectures' linear() calls add their input's per-column sum of squares
-    and row count to record[weight name] = [sums float64 [K], rows]; weights named in
+    and row count to record[weight name] = [sums float64 [K], rows] (and x^T x to
+    full[weight name] = [float64 [K, K], rows] where K <= MAX_MOMENT_K); weights named in
     `replace` (linear and embedding) run as the given Tensors instead."""
     from edgellm.kernels import linear as klinear
 
     real_linear, real_embedding = klinear.linear, klinear.embedding
     replace = replace or {}
+    last = [None, None]  # (input buffer address and shape, weight name) of the last sum
 
     def linear(w, x, out, **kwargs):
         if record is not None:
             entry = record.setdefault(w.name, [np.zeros(x.shape[1], np.float64), 0])
             entry[0] += np.einsum("tk,tk->k", x, x, dtype=np.float64)
             entry[1] += x.shape[0]
+        if full is not None and x.shape[1] <= MAX_MOMENT_K:
+            # q/k/v (and gate/up) read the same input buffer in consecutive calls: they
+            # share one moment matrix (the same list object) instead of three sums
+            where = (x.__array_interface__["data"][0], x.shape)
+            entry, prev = full.get(w.name), full.get(last[1])
+            if entry is None and where == last[0]:
+                full[w.name] = prev  # the input the last call summed
+            elif not (entry is prev and where == last[0]):
+                if entry is None:
+                    entry = full[w.name] = [np.zeros((x.shape[1], x.shape[1])), 0]
+                x64 = x.astype(np.float64)
+                entry[0] += x64.T @ x64
+                entry[1] += x.shape[0]
+                last[:] = [where, w.name]
         return real_linear(replace.get(w.name, w), x, out, **kwargs)
 
     def embedding(w, ids, out):

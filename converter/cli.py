@@ -55,11 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_quality_arguments(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("quality (converter/quantizers.py, calibrate.py, size_target.py)")
-    g.add_argument("--quantizer", choices=("ref", "search"), default=None,
+    g.add_argument("--quantizer", choices=("ref", "search", "gptq"), default=None,
                    help="ref: llama.cpp's reference rounding, bit for bit; search: per-block "
                         "scales (and minimums) that minimize the weighted squared error "
                         "(default: ref for the plain recipes, search for *_best, "
-                        "--calibrate and --target-*)")
+                        "--calibrate and --target-*); gptq (needs --calibrate): searched "
+                        "scales, codes rounded with GPTQ's error feedback (converter/gptq.py)")
     g.add_argument("--calibrate", metavar="TEXT", default=None,
                    help="text file run through the float model to weight each input "
                         "column's error by its mean squared activation (llama.cpp's imatrix)")
@@ -88,6 +89,8 @@ def _check_quality_arguments(ap: argparse.ArgumentParser, args) -> None:
                  "chooses every matrix's type)")
     if args.quantizer == "ref" and (args.calibrate or target or args.quant in SEARCHED):
         ap.error("--calibrate, --target-* and the *_best recipes need --quantizer search")
+    if args.quantizer == "gptq" and not args.calibrate:
+        ap.error("--quantizer gptq needs --calibrate TEXT")
     if args.calib_tokens < 16:
         ap.error(f"--calib-tokens must be at least 16, got {args.calib_tokens}")
     if args.eval_chunks < 0:
@@ -103,11 +106,12 @@ def _convert(source, args, recipe: str) -> None:
     from .recipes import SEARCHED
 
     target = args.target_size is not None or args.target_bpw is not None
-    search = args.quantizer == "search" or (args.quantizer is None and (
+    gptq = args.quantizer == "gptq"
+    search = args.quantizer in ("search", "gptq") or (args.quantizer is None and (
         recipe in SEARCHED or target or args.calibrate is not None))
     say = (lambda m: None) if args.quiet else _say
-    extra, weights, model, types, rest = {"quantizer": "search" if search else "ref"}, None, \
-        None, None, None
+    extra = {"quantizer": "gptq" if gptq else "search" if search else "ref"}
+    weights, moments, model, types, rest = None, None, None, None, None
     try:
         if args.calibrate is not None:
             from .calibrate import CONTEXT, FloatModel, calibration_chunks, collect
@@ -116,17 +120,18 @@ def _convert(source, args, recipe: str) -> None:
             say("convert-model: calibrating: converting the float model...")
             model = FloatModel(source, context=CONTEXT)
             chunks, rest = calibration_chunks(model.tokenizer, text, CONTEXT, args.calib_tokens)
+            moments = {} if gptq else None
             weights = collect(model, chunks, lambda i, n: say(
-                f"convert-model: calibrating: chunk {i}/{n}"))
+                f"convert-model: calibrating: chunk {i}/{n}"), moments=moments)
             extra["calibration_tokens"] = int(chunks.size)
-        quantize = searcher(weights) if search else None
+        quantize = searcher(weights, moments) if search else None
         if target:
             from . import size_target
 
             budget = args.target_size or f"{args.target_bpw} bits per weight"
             extra["target"] = budget
             tp = size_target.plan(
-                source, block_size=args.block_size, quantize=quantize or searcher(),
+                source, block_size=args.block_size, quantize=searcher(weights),
                 target_bytes=None if args.target_size is None else
                 size_target.parse_size(args.target_size),
                 target_bpw=args.target_bpw, candidates=args.target_types.split(","),

@@ -18,6 +18,8 @@ Instead of a recipe, --target-size 80MB / --target-bpw 4.5 (converter/size_targe
 each matrix q4_0, q4_1 or q8_0 by its measured sensitivity so that the file meets the budget.
 The plain recipes use llama.cpp's reference rounding (edgellm.quant), bit for bit, unless
 convert-model is given --quantizer search; the *_best recipes and --target-size always search.
+--quantizer gptq (with --calibrate) keeps the searched scales and rounds the codes with GPTQ's
+error feedback (converter/gptq.py), which minimizes each layer's output error instead.
 Vectors (norms, biases) and matrices whose columns do not split into blocks stay f32
 (a matrix that cannot be blocked is stored f16 where a 4-bit or 8-bit type was asked).
 """

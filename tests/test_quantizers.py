@@ -9,6 +9,7 @@ from conftest import TINY
 
 from converter import calibrate, size_target
 from converter.cli import main as convert_main
+from converter.gptq import gptq_quantize
 from converter.hf_source import open_hf
 from converter.pack import convert
 from converter.quantizers import importance, quantize, searcher, weighted_error
@@ -128,7 +129,55 @@ def test_search_flag_and_best_recipe(tmp_path):
                                           quantize(src[name].load(), "q4_0"))
 
 
+def output_error(x, data, ty, h):
+    """sum over rows of e H e^T, e = the row's quantization error."""
+    e = (quant.dequantize(data, ty, x.shape) - x).astype(np.float64)
+    return float(np.einsum("ik,kl,il->", e, h, e))
+
+
+@pytest.mark.parametrize("ty", TYPES)
+def test_gptq_lowers_the_output_error(ty):
+    """Correlated inputs: GPTQ's error feedback beats the searched rounding (weighted by
+    the same diagonal) on the output error it minimizes; same bytes layout."""
+    rng = np.random.default_rng(0)
+    K = 128
+    xs = rng.standard_normal((1000, K)) @ rng.standard_normal((K, K)) * 0.2 \
+        + rng.standard_normal((1000, K))
+    h = xs.T @ xs / len(xs)
+    x = weights(48, K)
+    x[:, 40] = 0.0  # a column of zeros
+    data = gptq_quantize(x, h, ty)
+    assert data.dtype == np.uint8 and data.shape == quant.quantize(x, ty).shape
+    searched = quantize(x, ty, col_weights=np.diag(h))
+    assert output_error(x, data, ty, h) < 0.9 * output_error(x, searched, ty, h)
+    assert (quant.dequantize(data, ty, x.shape)[7] == 0).all()  # the zero row stays zero
+
+
+def test_gptq_without_correlation_is_the_search():
+    x = weights()
+    np.testing.assert_array_equal(gptq_quantize(x, np.eye(x.shape[1]), "q4_0"),
+                                  quantize(x, "q4_0"))
+    h = np.eye(x.shape[1])
+    h[5, 5] = 0  # a column calibration never reached
+    assert gptq_quantize(x, h, "q4_1").shape == quant.quantize(x, "q4_1").shape
+    with pytest.raises(QuantizationError, match="second moment"):
+        gptq_quantize(x, np.eye(3), "q4_0", name="w")
+
+
+def test_gptq_cli(tmp_path):
+    text = tmp_path / "calib.txt"
+    text.write_text("Some calibration text, with words and more words in it. " * 30)
+    out = tmp_path / "g.edgellm"
+    assert convert_main([str(TINY / "llama"), str(out), "-q", "--quant", "q4_0_best",
+                         "--quantizer", "gptq", "--calibrate", str(text),
+                         "--calib-tokens", "64"]) == 0
+    with fmt.PackedModel(out) as p:
+        assert p.header["quantization"]["quantizer"] == "gptq"
+        assert p.tensor("model.layers.1.mlp.up_proj.weight").type == "q4_0"
+
+
 @pytest.mark.parametrize("args", [
+    ["--quantizer", "gptq", "--quant", "q4_0"],
     ["--quantizer", "ref", "--calibrate", "x.txt"],
     ["--quantizer", "ref", "--quant", "q4_0_best"],
     ["--quant", "q4_0", "--target-size", "1MB"],
@@ -147,7 +196,8 @@ def test_hooks_record_inputs_and_replace_weights():
     with calibrate.FloatModel(open_hf(TINY / "llama"), context=64) as model:
         chunks, rest = calibrate.calibration_chunks(model.tokenizer, text, 64, 128)
         assert chunks.shape == (2, 64) and len(rest) > 0
-        stats = calibrate.collect(model, chunks)
+        moments = {}
+        stats = calibrate.collect(model, chunks, moments=moments)
         names = {f"model.layers.{i}.{s}.weight" for i in range(3) for s in (
             "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")} | {"model.embed_tokens.weight"}
@@ -157,6 +207,15 @@ def test_hooks_record_inputs_and_replace_weights():
         # q/k/v read the same normed input
         np.testing.assert_array_equal(stats["model.layers.1.self_attn.q_proj.weight"],
                                       stats["model.layers.1.self_attn.v_proj.weight"])
+        # the second moments: one shared matrix for q/k/v, its diagonal the column stats
+        assert set(moments) == names
+        q, k = (moments[f"model.layers.1.self_attn.{s}_proj.weight"] for s in "qk")
+        assert q is k and q.shape == (64, 64)
+        assert moments["model.layers.1.mlp.gate_proj.weight"] is \
+            moments["model.layers.1.mlp.up_proj.weight"]
+        for name, m in moments.items():
+            np.testing.assert_allclose(np.diag(m), stats[name], rtol=1e-5, atol=1e-12)
+            assert np.allclose(m, m.T) and np.linalg.eigvalsh(m).min() > -1e-6
         base = model.logits(chunks[0])
         t = model.llm.packed.tensor("model.layers.1.mlp.down_proj.weight")
         zero = fmt.Tensor(t.name, "f32", t.shape, 32, np.zeros(t.shape, np.float32))

@@ -309,7 +309,7 @@ def _parse_entry(where: str, name: str, e, data_bytes: int) -> TensorInfo:
     if not isinstance(e, dict):
         raise FormatError(f"{where}: tensor {name}: entry is not an object")
     type_name = e.get("type")
-    if type_name not in quant.TYPES:
+    if not isinstance(type_name, str) or type_name not in quant.TYPES:
         raise FormatError(f"{where}: tensor {name}: unknown type {_short(type_name)}")
     shape = e.get("shape")
     if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_DIMS:

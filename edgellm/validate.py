@@ -331,7 +331,7 @@ def _check_rope_dict(where: str, name: str, params: Any) -> None:
         raise FormatError(f"{where}: config field {name!r} is {_short(params)}, "
                           "expected an object")
     for key, value in params.items():
-        if isinstance(value, dict):
+        if isinstance(value, dict) and key not in _ROPE_NUMBERS:
             if name == "rope_parameters":
                 _check_rope_dict(where, f"{name}.{key}", value)
                 continue

@@ -240,6 +240,10 @@ CONFIG_CASES = {
     "rope llama3 keys": (config(rope_parameters={"rope_type": "llama3", "rope_theta": 1e4}),
                          "RoPE parameters are invalid: KeyError"),
     "rope not object": (config(rope_scaling=[1, 2]), "'rope_scaling' is [1, 2]"),
+    "rope number as object": (config(rope_parameters={"rope_type": "default",
+                                                      "rope_theta": 1e4,
+                                                      "partial_rotary_factor": {}}),
+                              "'rope_parameters.partial_rotary_factor' is {}"),
     "layer_types": (config(layer_types=["full_attention"] * 5), "lists 5 layers"),
     "sliding window": (config(sliding_window=-4), "'sliding_window' is -4"),
     "no model_type": (config(model_type=KeyError), "config field 'model_type' is None"),
@@ -330,6 +334,9 @@ FORMAT_CASES = {
     "template not string": (lambda b, h: b.join({**h, "chat_template": 5}),
                             "header field 'chat_template' is int"),
     "config list": (lambda b, h: b.join({**h, "config": []}), "header field 'config' is list"),
+    "type not a string": (lambda b, h: b.join({**h, "tensors": {
+        **h["tensors"], "model.norm.weight": {**h["tensors"]["model.norm.weight"], "type": []}}}),
+        "unknown type []"),
 }
 
 

@@ -14,6 +14,7 @@ Callers validate shapes first (linear.py): these kernels do not check bounds.
 from numba import prange
 
 from .simd import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
+    GROUP,
     ftile_f16_1x1,
     ftile_f16_1x4,
     ftile_f32_1x1,
@@ -27,13 +28,16 @@ from .simd import (  # noqa: F401  (intrinsics, resolved by numba at compile tim
     kernel,
     tile_q4_0_1x1,
     tile_q4_0_1x4,
-    tile_q4_0_2x4,
+    tile_q4_0_8x1,
+    tile_q4_0_8x4,
     tile_q4_1_1x1,
     tile_q4_1_1x4,
-    tile_q4_1_2x4,
+    tile_q4_1_8x1,
+    tile_q4_1_8x4,
     tile_q8_0_1x1,
     tile_q8_0_1x4,
-    tile_q8_0_2x4,
+    tile_q8_0_8x1,
+    tile_q8_0_8x4,
 )
 
 ROWS = 16  # weight rows per chunk: 16 rows of 1536 q8_0 columns are 26 KB, within L1
@@ -46,15 +50,16 @@ def mm_rows_q8_0(w, block, xq, xd, xds, out, r0, r1, T):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q8_0 weights."""
     for c0 in range(r0, r1, ROWS):
         c1 = min(c0 + ROWS, r1)
+        g1 = c0 + (c1 - c0) // GROUP * GROUP  # rows c0..g1 in groups, the rest alone
         for t in range(0, T - 3, 4):
-            i = c0
-            while i + 2 <= c1:
-                tile_q8_0_2x4(w, block, i, xq, xd, xds, t, out)
-                i += 2
-            if i < c1:
+            for i in range(c0, g1, GROUP):
+                tile_q8_0_8x4(w, block, i, xq, xd, xds, t, out)
+            for i in range(g1, c1):
                 tile_q8_0_1x4(w, block, i, xq, xd, xds, t, out)
         for t in range(T - T % 4, T):
-            for i in range(c0, c1):
+            for i in range(c0, g1, GROUP):
+                tile_q8_0_8x1(w, block, i, xq, xd, xds, t, out)
+            for i in range(g1, c1):
                 tile_q8_0_1x1(w, block, i, xq, xd, xds, t, out)
 
 
@@ -63,15 +68,16 @@ def mm_rows_q4_0(w, block, xq, xd, xds, out, r0, r1, T):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q4_0 weights."""
     for c0 in range(r0, r1, ROWS):
         c1 = min(c0 + ROWS, r1)
+        g1 = c0 + (c1 - c0) // GROUP * GROUP  # rows c0..g1 in groups, the rest alone
         for t in range(0, T - 3, 4):
-            i = c0
-            while i + 2 <= c1:
-                tile_q4_0_2x4(w, block, i, xq, xd, xds, t, out)
-                i += 2
-            if i < c1:
+            for i in range(c0, g1, GROUP):
+                tile_q4_0_8x4(w, block, i, xq, xd, xds, t, out)
+            for i in range(g1, c1):
                 tile_q4_0_1x4(w, block, i, xq, xd, xds, t, out)
         for t in range(T - T % 4, T):
-            for i in range(c0, c1):
+            for i in range(c0, g1, GROUP):
+                tile_q4_0_8x1(w, block, i, xq, xd, xds, t, out)
+            for i in range(g1, c1):
                 tile_q4_0_1x1(w, block, i, xq, xd, xds, t, out)
 
 
@@ -80,15 +86,16 @@ def mm_rows_q4_1(w, block, xq, xd, xds, out, r0, r1, T):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q4_1 weights."""
     for c0 in range(r0, r1, ROWS):
         c1 = min(c0 + ROWS, r1)
+        g1 = c0 + (c1 - c0) // GROUP * GROUP  # rows c0..g1 in groups, the rest alone
         for t in range(0, T - 3, 4):
-            i = c0
-            while i + 2 <= c1:
-                tile_q4_1_2x4(w, block, i, xq, xd, xds, t, out)
-                i += 2
-            if i < c1:
+            for i in range(c0, g1, GROUP):
+                tile_q4_1_8x4(w, block, i, xq, xd, xds, t, out)
+            for i in range(g1, c1):
                 tile_q4_1_1x4(w, block, i, xq, xd, xds, t, out)
         for t in range(T - T % 4, T):
-            for i in range(c0, c1):
+            for i in range(c0, g1, GROUP):
+                tile_q4_1_8x1(w, block, i, xq, xd, xds, t, out)
+            for i in range(g1, c1):
                 tile_q4_1_1x1(w, block, i, xq, xd, xds, t, out)
 
 

@@ -17,6 +17,11 @@ Two SIMD paths, chosen once at import (`SIMD_PATH`):
               EDGELLM_PORTABLE=1.
 Float work (scales, float activations, f32/f16 weights) is generic vector IR on both paths.
 
+Row groups (B = 32): tile_<type>_8x<RT> reduces the 8 rows' int8 dot products of a block
+to one <8 x i32> (vphaddd), so scales, offsets and the multiply-add are done once per
+block for 8 rows as vectors; it prefetches the next group's bytes (8 rows side by side
+are 8 streams the hardware prefetcher follows badly). See _group_codegen.
+
 Activation side (int8 mode, blocks of 32): xq int8 [T, K], xd float32 [T, K/32] scales,
 xds float32 [T, K/32] = xd * (sum of the block's xq) (ggml's q8_1 "s"). With it the q4_0
 offset and the q4_1 minimum cost one multiply-add per block and row:
@@ -29,11 +34,12 @@ Caching (numba#1833): numba's cache key for a kernel covers only its own source 
 intrinsics or jitted functions it calls from other modules, nor the SIMD path. Kernels
 are therefore defined with `@kernel`, which caches them in a subdirectory of
 NUMBA_CACHE_DIR named by CACHE_TAG: KERNEL_VERSION, SIMD_PATH and a hash of this file,
-act_quant.py, matvec.py and matmul.py. Editing any of them or switching path never loads
-a stale kernel. A kernel elsewhere that calls these intrinsics or kernels (a fused decode
-step, say) should be defined with `@kernel` too, so that it is cached under the same tag;
-bump KERNEL_VERSION when a change the hash does not see must invalidate cached kernels
-(a global LLVM option, a helper module). Old tag directories are not deleted.
+act_quant.py, matvec.py, matmul.py and sync.py (the decode step's barrier). Editing any
+of them or switching path never loads a stale kernel. A kernel elsewhere that calls these
+intrinsics or kernels (a fused decode step, say) should be defined with `@kernel` too, so
+that it is cached under the same tag; bump KERNEL_VERSION when a change the hash does not
+see must invalidate cached kernels (a global LLVM option, a helper module). Old tag
+directories are not deleted.
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from numba.core import cgutils, config
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-KERNEL_VERSION = 1
+KERNEL_VERSION = 2
 OPTIONS = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
 BLOCK_BYTES = {"q8_0": (2, 1), "q4_0": (2, 2), "q4_1": (4, 2)}  # (header bytes, elems/byte)
 KINDS = ("q8_0", "q4_0", "q4_1")
@@ -97,7 +103,7 @@ VNNI = SIMD_PATH == "vnni"
 NATIVE_F16 = _native_f16()  # else f16 scales are converted in integer IR (_h2f)
 
 # The kernel sources the tag covers: this file and the kernel modules built on it.
-_SOURCES = ("simd.py", "act_quant.py", "matvec.py", "matmul.py")
+_SOURCES = ("simd.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py")
 
 
 def _sources_hash() -> str:
@@ -504,6 +510,147 @@ def _q8act_row_codegen(kind):
     return codegen
 
 
+GROUP = 8  # weight rows of a row-group tile (B = 32)
+PF_GROUPS = 1  # prefetch distance of the row-group tiles, in groups
+# the output lane of each row after _group_reduce: pairs of rows share a vector
+_PAIR_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _dot_acc(b, acc, u8, s8):
+    """acc + the <n/4 x i32> partial sums of unsigned u8 x signed s8 (32 lanes)."""
+    n = u8.type.count
+    if VNNI:
+        vi = _v(I32, n // 4)
+        fn = _llvm_fn(b, f"llvm.x86.avx512.vpdpbusd.{8 * n}", vi, [vi] * 3)
+        return b.call(fn, [acc, b.bitcast(u8, vi), b.bitcast(s8, vi)])
+    return b.add(acc, _pairsum(b, b.mul(b.zext(u8, _v(I32, n)), b.sext(s8, _v(I32, n)))))
+
+
+def _hadd(b, u, v):
+    """Horizontal pair sums of two <8 x i32> within 128-bit halves (x86 vphaddd)."""
+    lo = _pick(b, u, (0, 2, 8, 10, 4, 6, 12, 14), v)
+    hi = _pick(b, u, (1, 3, 9, 11, 5, 7, 13, 15), v)
+    return b.add(lo, hi)
+
+
+def _group_codegen(kind, RT):
+    """Tile codegen for GROUP weight rows x RT tokens, B = 32: one vector per block.
+
+    Per block the int8 dot products of all rows are reduced to one <8 x i32> (one lane a
+    row), so the per-block float work (scales, the q4 offset, the multiply-add) is done
+    once for the 8 rows as vectors, not once per row. q4: two rows share a 256-bit
+    vector ([row a's 16 nibble bytes | row b's]), low nibbles against the activation's
+    first 16 values broadcast to both halves and high nibbles against its last 16, so each
+    row's sum sits in 4 lanes; q8_0: one row per vector, on VNNI as (w + 128) . x (the
+    weights made unsigned by one xor per row, shared by the tokens) with each sum started
+    at -128 sum(x) (one vpdpbusd per token): exactly w . x in the integers.
+    """
+    hdr, per_byte = BLOCK_BYTES[kind]
+    BB = hdr + 32 // per_byte
+    R = GROUP
+    q4 = kind != "q8_0"
+    order = _PAIR_ORDER if q4 else tuple(range(R))
+    v8 = _v(F32, 8)
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
+        wrow = [w.row(b.add(i, _i64(r))) for r in range(R)]
+        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        zero_i = _c(_v(I32, 8), [0] * 8)
+        low16 = _c(_v(I8, 32), [15] * 32)
+        four = _c(_v(I8, 32), [4] * 32)
+        flip = _c(_v(I8, 32), [-128] * 32)
+
+        def gather16(ps, off):
+            v = ir.Constant(_v(I16, R), ir.Undefined)
+            for lane, r in enumerate(order):
+                v = b.insert_element(v, _load(b, ps[r], off, I16), _c(I32, lane))
+            return _h2f(b, v)
+
+        nxt = w.row(b.add(i, _i64(PF_GROUPS * R)))  # the rows a group or more ahead
+        pf = _llvm_fn(b, "llvm.prefetch.p0", ir.VoidType(), [BYTES, I32, I32, I32])
+
+        def body(bi, st):
+            ps = [b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True) for row in wrow]
+            # R rows side by side defeat the hardware's stream prefetch: fetch the next
+            # group's bytes linearly, as much per block as this block consumes (a hint:
+            # never faults, also past the end of the matrix)
+            ahead = b.gep(nxt, [b.mul(bi, _i64(R * BB))])
+            for c in range(0, R * BB, 64):
+                b.call(pf, [b.gep(ahead, [_i64(c)]), _c(I32, 0), _c(I32, 3), _c(I32, 1)])
+            xoff = b.mul(bi, _i64(32))
+            foff = b.mul(bi, _i64(4))
+            dots = [[] for _ in range(RT)]
+            if q4:
+                xs = []
+                for s in range(RT):
+                    xl = _load(b, xrow[s], xoff, _v(I8, 16))
+                    xh = _load(b, xrow[s], b.add(xoff, _i64(16)), _v(I8, 16))
+                    xs.append((_pick(b, xl, list(range(16)) * 2),
+                               _pick(b, xh, list(range(16)) * 2)))
+                for r in range(0, R, 2):
+                    raw = _pick(b, _load(b, ps[r], hdr, _v(I8, 16)), range(32),
+                                _load(b, ps[r + 1], hdr, _v(I8, 16)))
+                    lo = b.and_(raw, low16)
+                    hi = b.lshr(raw, four)
+                    for s in range(RT):
+                        dots[s].append(_dot_acc(b, _dot_acc(b, zero_i, lo, xs[s][0]), hi,
+                                                xs[s][1]))
+            elif VNNI:  # (w + 128) . x - 128 sum(x): the second term starts each sum
+                xs = [_load(b, xrow[s], xoff, _v(I8, 32)) for s in range(RT)]
+                bias = [b.sub(zero_i, _dot_acc(b, zero_i, flip, x)) for x in xs]
+                for r in range(R):
+                    wu = b.xor(_load(b, ps[r], hdr, _v(I8, 32)), flip)
+                    for s in range(RT):
+                        dots[s].append(_dot_acc(b, bias[s], wu, xs[s]))
+            else:
+                xs = [_load(b, xrow[s], xoff, _v(I8, 32)) for s in range(RT)]
+                for r in range(R):
+                    dot = _signed_dot(b, _load(b, ps[r], hdr, _v(I8, 32)))
+                    for s in range(RT):
+                        dots[s].append(dot(xs[s]))
+            dw = gather16(ps, 0)
+            mw = gather16(ps, 2) if kind == "q4_1" else None
+            new = []
+            for s in range(RT):
+                d = dots[s]
+                while len(d) > 2:
+                    d = [_hadd(b, d[k], d[k + 1]) for k in range(0, len(d), 2)]
+                if q4:
+                    tot = _hadd(b, d[0], d[1])  # lanes: rows in `order`
+                else:  # d[0] lanes: rows 0-3 low half, 0-3 high half: add the halves
+                    tot = b.add(_pick(b, d[0], (0, 1, 2, 3, 8, 9, 10, 11), d[1]),
+                                _pick(b, d[0], (4, 5, 6, 7, 12, 13, 14, 15), d[1]))
+                dx = _splat(b, _load(b, drow[s], foff, F32), 8)
+                f = b.fmul(b.sitofp(tot, v8), dx, flags=FAST)
+                if kind == "q4_0":
+                    ds = _load(b, srow[s], foff, F32)
+                    f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -8.0), flags=FAST), 8),
+                               flags=FAST)
+                acc = b.fadd(st[s], b.fmul(f, dw, flags=FAST), flags=FAST)
+                if kind == "q4_1":
+                    ds = _splat(b, _load(b, srow[s], foff, F32), 8)
+                    acc = b.fadd(acc, b.fmul(mw, ds, flags=FAST), flags=FAST)
+                new.append(acc)
+            return new
+
+        init = [_c(v8, [0.0] * 8)] * RT
+        states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=2 if RT == 1 else 1)
+        final = states[0]
+        for st in states[1:]:
+            final = [b.fadd(u, v, flags=FAST) for u, v in zip(final, st, strict=True)]
+        for s in range(RT):
+            for lane, r in enumerate(order):
+                _store(b, out, b.add(t, _i64(s)), b.add(i, _i64(r)),
+                       b.extract_element(final[s], _c(I32, lane)))
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
 def _pair16(b, h0, h1):
     """Two f16 bit patterns (i16) -> <2 x f32>."""
     v = b.insert_element(ir.Constant(_v(I16, 2), ir.Undefined), h0, _c(I32, 0))
@@ -753,7 +900,7 @@ def quant_row(typingctx, X, t, XQ, XD, XS, XDS):
 #   row_<type>(W, block, i, out, t)                           out[t] = row i (embedding)
 # Each writes out[t + s, i + r] for r < RW, s < RT and reads nothing else of out.
 
-TILES_INT8 = ((1, 1), (1, 4), (2, 4))
+TILES_INT8 = ((1, 1), (1, 4), (2, 4), (GROUP, 1), (GROUP, 4))
 TILES_FLOAT = ((1, 1), (1, 4))
 _WEIGHT_DTYPE = {"f32": types.float32, "f16": types.uint16}  # quantized: uint8
 
@@ -820,6 +967,18 @@ def _typed(name, codegen, arrays, ints):
     return intrinsic(typer)
 
 
+def _stacked(kind, B, RT):
+    """A GROUP x RT tile as GROUP / 2 tiles of 2 x RT (block sizes 64 and 128)."""
+    pair = _q8act_codegen(kind, B, 2, RT)
+
+    def codegen(ctx, b, sig, args):
+        for r in range(0, GROUP, 2):
+            pair(ctx, b, sig, [*args[:1], b.add(args[1], _i64(r)), *args[2:]])
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
 def _make_tile(kind, RW, RT):
     name = f"tile_{kind}_{RW}x{RT}"
     def make(B):
@@ -827,6 +986,8 @@ def _make_tile(kind, RW, RT):
         # 87 vs 97 us at 2560x960, hot cache), 64-column units for q4_1 (96 vs 100 us)
         if B == 32 and RW == RT == 1 and kind != "q4_1":
             return _q8act_row_codegen(kind)
+        if RW == GROUP:
+            return _group_codegen(kind, RT) if B == 32 else _stacked(kind, B, RT)
         return _q8act_codegen(kind, B, RW, RT)
 
     codegen = _by_block(make)

@@ -97,8 +97,10 @@ class FusedDecoder:
         self.logits = np.zeros((1, a.vocab_size), f32)
         self.h = np.zeros((nt, D), f32)
         self.acts = [_act(nt, n) for n in (D, qd, F)]
-        self.kq = np.zeros((nt, 2, Dh), f32)
-        self.scores = np.zeros((nt, int(model.cache.caps.max())), f32)
+        group = a.num_attention_heads // a.num_key_value_heads
+        self.kq = np.zeros((nt, 1 + group, Dh), f32)  # a worker's k head and q heads
+        # a worker's softmax weights for one KV group's query heads, then 2 rows of stats
+        self.scores = np.zeros((nt, group + 2, max(int(model.cache.caps.max()), group)), f32)
         self.state = np.zeros(2, np.int64)
 
     def step(self, token: int, precise: bool) -> np.ndarray:

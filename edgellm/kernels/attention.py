@@ -1,69 +1,78 @@
 """Causal grouped-query attention over a KV cache plus the current chunk."""
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
-from .. import numba_setup  # noqa: F401
+from .simd import kernel
 
-OPT = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
+NEG = np.float32(-1e30)  # the score of a key a query does not see (finite: fastmath)
 
 
-@njit(**OPT)
-def _head(q, t, h, kvh, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale,
-          softcap, scores, out):
-    """One query row: softmax(q.k * scale) @ v over the cache slots and chunk rows it sees."""
+@kernel
+def _score(qr, kr, scale, softcap):
+    acc = np.float32(0.0)
+    for i in range(kr.shape[0]):
+        acc += qr[i] * kr[i]
+    acc *= scale
+    if softcap > 0:
+        acc = softcap * np.tanh(acc / softcap)
+    return acc
+
+
+@kernel
+def _group(q, t, kvh, G, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale,
+           softcap, sc, out):
+    """Query row t, the G heads of KV head kvh: softmax(q.k * scale) @ v over the cache
+    slots and chunk rows each sees. Each key and value row is loaded once for the G heads.
+    sc [G, >= cap + t + 1] is scratch (scores, then weights)."""
     Dh = q.shape[2]
     cap = k_cache.shape[0]
     p = q_pos[t]
-    best = np.float32(-np.inf)
+    h0 = kvh * G
     for s in range(cap):
         kp = cache_pos[s]
-        ok = kp >= 0 and kp < p and (window == 0 or p - kp < window)
-        if ok:
-            acc = np.float32(0.0)
-            for i in range(Dh):
-                acc += q[t, h, i] * k_cache[s, kvh, i]
-            acc *= scale
-            if softcap > 0:
-                acc = softcap * np.tanh(acc / softcap)
-            scores[s] = acc
-            best = max(best, acc)
+        if kp >= 0 and kp < p and (window == 0 or p - kp < window):
+            kr = k_cache[s, kvh]
+            for g in range(G):
+                sc[g, s] = _score(q[t, h0 + g], kr, scale, softcap)
         else:
-            scores[s] = -np.inf
+            for g in range(G):
+                sc[g, s] = NEG
     for j in range(t + 1):
         kp = q_pos[j]
         if kp <= p and (window == 0 or p - kp < window):
-            acc = np.float32(0.0)
-            for i in range(Dh):
-                acc += q[t, h, i] * k_new[j, kvh, i]
-            acc *= scale
-            if softcap > 0:
-                acc = softcap * np.tanh(acc / softcap)
-            scores[cap + j] = acc
-            best = max(best, acc)
+            kr = k_new[j, kvh]
+            for g in range(G):
+                sc[g, cap + j] = _score(q[t, h0 + g], kr, scale, softcap)
         else:
-            scores[cap + j] = -np.inf
-    total = np.float32(0.0)
-    for s in range(cap + t + 1):
-        e = np.exp(scores[s] - best) if scores[s] != -np.inf else np.float32(0.0)
-        scores[s] = e
-        total += e
-    inv = np.float32(1.0) / total
-    for i in range(Dh):
-        out[t, h, i] = 0.0
-    for s in range(cap):
-        w = scores[s] * inv
-        if w != 0.0:
-            for i in range(Dh):
-                out[t, h, i] += w * v_cache[s, kvh, i]
-    for j in range(t + 1):
-        w = scores[cap + j] * inv
-        if w != 0.0:
-            for i in range(Dh):
-                out[t, h, i] += w * v_new[j, kvh, i]
+            for g in range(G):
+                sc[g, cap + j] = NEG
+    n = cap + t + 1
+    for g in range(G):
+        best = NEG
+        for s in range(n):
+            best = max(best, sc[g, s])
+        total = np.float32(0.0)
+        for s in range(n):
+            e = np.exp(sc[g, s] - best) if sc[g, s] > NEG else np.float32(0.0)
+            sc[g, s] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for s in range(n):
+            sc[g, s] *= inv
+        for i in range(Dh):
+            out[t, h0 + g, i] = 0.0
+    for s in range(n):
+        vr = v_cache[s, kvh] if s < cap else v_new[s - cap, kvh]
+        for g in range(G):
+            w = sc[g, s]
+            if w != 0.0:
+                o = out[t, h0 + g]
+                for i in range(Dh):
+                    o[i] += w * vr[i]
 
 
-@njit(**OPT, parallel=True)
+@kernel(parallel=True)
 def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale, softcap,
               out):
     """out[T,Hq,Dh] = causal attention of q[T,Hq,Dh].
@@ -75,11 +84,10 @@ def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale
     """
     T, Hq, _ = q.shape
     Hkv = k_new.shape[1]
-    group = Hq // Hkv
+    G = Hq // Hkv
     cap = k_cache.shape[0]
-    for th in prange(T * Hq):
-        t = th // Hq
-        h = th % Hq
-        scores = np.empty(cap + T, dtype=np.float32)
-        _head(q, t, h, h // group, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window,
-              np.float32(scale), np.float32(softcap), scores, out)
+    for tk in prange(T * Hkv):
+        t = tk // Hkv
+        sc = np.empty((G, cap + T), dtype=np.float32)
+        _group(q, t, tk % Hkv, G, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window,
+               np.float32(scale), np.float32(softcap), sc, out)

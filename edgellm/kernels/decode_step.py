@@ -7,7 +7,8 @@ output. Per layer, for worker `tid`:
 
   S1  h = rmsnorm(x); quantize h (int8 mode)            private copy: no barrier needed
   S2  rows of q, k, v (+ biases)                         -> shared q, k, v      | barrier
-  S3  its query heads: q/k norm, RoPE, attention over the cache plus this token;
+  S3  its query heads, one KV group at a time (each cached k, v row read once for the
+      group): q/k norm, RoPE, attention over the cache plus this token;
       the worker owning a KV head's first query head stores its k, v            | barrier
   S4  quantize attn (private); rows of o_proj: x[r] += o[r]                     | barrier
   S5  h = rmsnorm(x) (private); rows of gate and up: ffn[r] = silu(g[r]) u[r]   | barrier
@@ -114,39 +115,71 @@ def _head_prep(src, dst, norm_w, has_norm, eps, offset, cos, sin):
         dst[i + half] = b * cos[i] + a * sin[i]
 
 
+NEG = np.float32(-1e30)  # the score of a slot a query does not see (finite: fastmath)
+
+
 @kernel
-def _attend_head(qh, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, out):
-    """out[:] = softmax over the cache slots (positions < p in the window) and this token."""
-    cap, _, Dh = kc.shape
-    best = np.float32(0.0)
-    for i in range(Dh):
-        best += qh[i] * kh[i]
-    best *= scale
-    self_score = best
-    for s in range(cap):
+def _exp_shift(x, n, m):
+    """x[:n] = exp(x[:n] - m); returns their sum. libm's exp per element: a vector
+    polynomial exp (~1e-7 relative error) was faster, but it rounds differently and moved
+    tests/test_realmodel.py's greedy story off a reference near-tie."""
+    total = np.float32(0.0)
+    for s in range(n):
+        e = np.exp(x[s] - m) if x[s] > NEG else np.float32(0.0)
+        x[s] = e
+        total += e
+    return total
+
+
+@kernel
+def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, stats, out,
+                  hq0):
+    """Attention of query heads qg[:ng] (heads hq0.. of one KV group, kvh) over the cache
+    slots (positions < p in the window) and this token (key kh, value vh).
+
+    Each cached key and value row is loaded once for all ng heads. Scratch: scores
+    [>= ng, >= slots] (the softmax weights), stats [2, >= ng]. out [1, Hq * Dh] receives
+    the ng heads' rows.
+    """
+    n, Dh = kc.shape[0], kh.shape[0]
+    self_s, best = stats[0], stats[1]
+    for g in range(ng):
+        acc = np.float32(0.0)
+        for i in range(Dh):
+            acc += qg[g, i] * kh[i]
+        self_s[g] = acc * scale
+        best[g] = self_s[g]
+    for s in range(n):
         kp = cpos[s]
         if kp >= 0 and kp < p and (window == 0 or p - kp < window):
-            acc = np.float32(0.0)
-            for i in range(Dh):
-                acc += qh[i] * kc[s, kvh, i]
-            acc *= scale
-            scores[s] = acc
-            best = max(best, acc)
+            kr = kc[s, kvh]
+            for g in range(ng):
+                acc = np.float32(0.0)
+                for i in range(Dh):
+                    acc += qg[g, i] * kr[i]
+                acc *= scale
+                scores[g, s] = acc
+                best[g] = max(best[g], acc)
         else:
-            scores[s] = -np.inf
-    e_self = np.exp(self_score - best)
-    total = e_self
-    for i in range(Dh):
-        out[i] = e_self * vh[i]
-    for s in range(cap):
-        if scores[s] != -np.inf:
-            e = np.exp(scores[s] - best)
-            total += e
+            for g in range(ng):
+                scores[g, s] = NEG
+    for g in range(ng):
+        e_self = np.exp(self_s[g] - best[g])
+        total = e_self + _exp_shift(scores[g], n, best[g])
+        self_s[g] = e_self / total  # now the weight of this token
+        o = out[0, (hq0 + g) * Dh:(hq0 + g + 1) * Dh]
+        for i in range(Dh):
+            o[i] = self_s[g] * vh[i]
+        inv = np.float32(1.0) / total
+        for s in range(n):
+            scores[g, s] *= inv
+    for s in range(n):
+        vr = vc[s, kvh]
+        for g in range(ng):
+            w = scores[g, s]
+            o = out[0, (hq0 + g) * Dh:(hq0 + g + 1) * Dh]
             for i in range(Dh):
-                out[i] += e * vc[s, kvh, i]
-    inv = np.float32(1.0) / total
-    for i in range(Dh):
-        out[i] *= inv
+                o[i] += w * vr[i]
 
 
 @kernel
@@ -187,7 +220,7 @@ def _worker(tid, nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, 
     oq, od, osum, ods = xq_q[tid:tid + 1], xd_q[tid:tid + 1], xs_q[tid:tid + 1], xds_q[tid:tid + 1]
     fq, fd, fsum, fds = xq_f[tid:tid + 1], xd_f[tid:tid + 1], xs_f[tid:tid + 1], xds_f[tid:tid + 1]
     h0, h1 = _heads(Hq, tid, nt)
-    kbuf, qbuf = kq[tid, 0], kq[tid, 1]
+    kbuf, qbuf = kq[tid, 0], kq[tid, 1:]
     for layer in range(L):
         m = mats[layer]
         # S1-S2: rows of q, k, v
@@ -202,15 +235,19 @@ def _worker(tid, nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, 
         cap = caps[layer]
         n = nslots[layer]  # slots written so far; attention skips the empty rest
         kc, vc, cpos = k_cache[layer, :cap], v_cache[layer, :cap], cache_pos[layer, :cap]
-        for hq in range(h0, h1):
+        hq = h0
+        while hq < h1:  # the heads of one KV group at a time
             kvh = hq // group
+            ng = min(h1, (kvh + 1) * group) - hq
             _head_prep(k[0, kvh * Dh:(kvh + 1) * Dh], kbuf, qk_norms[layer, 1], has_qk_norm,
                        eps, offset, cos, sin)
-            _head_prep(q[0, hq * Dh:(hq + 1) * Dh], qbuf, qk_norms[layer, 0], has_qk_norm,
-                       eps, offset, cos, sin)
-            _attend_head(qbuf, kbuf, v[0, kvh * Dh:(kvh + 1) * Dh], kc[:n], vc[:n], cpos[:n],
-                         kvh, p, windows[layer], scale, scores[tid],
-                         attn[0, hq * Dh:(hq + 1) * Dh])
+            for g in range(ng):
+                _head_prep(q[0, (hq + g) * Dh:(hq + g + 1) * Dh], qbuf[g], qk_norms[layer, 0],
+                           has_qk_norm, eps, offset, cos, sin)
+            _attend_group(qbuf, ng, kbuf, v[0, kvh * Dh:(kvh + 1) * Dh], kc[:n], vc[:n],
+                          cpos[:n], kvh, p, windows[layer], scale, scores[tid, :group],
+                          scores[tid, group:], attn, hq)
+            hq += ng
         barrier(state, nt)
         for hq in range(h0, h1):  # the worker with a KV head's first query head stores it
             if hq % group == 0:

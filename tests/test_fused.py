@@ -1,12 +1,15 @@
 """The fused decode step (one compiled call per token) computes what the per-operation
 path computes."""
 
+import numba
 import numpy as np
 import pytest
 from conftest import LLAMA_FAMILY, reference
 
 import edgellm
 from edgellm import numba_setup
+from edgellm.kernels import sync
+from edgellm.kernels.sync import SPIN_TICKS, atomic_add, barrier, ticks
 
 
 def decode_all(llm, ids, fused):
@@ -63,3 +66,60 @@ def test_threading_layer_is_not_workqueue(converted):
     with edgellm.load(converted("llama", "q8_0"), threads=2) as llm:
         llm.logits([1, 2, 3])
         assert numba_setup.check_threading_layer() in ("omp", "tbb")
+
+
+def test_thread_choice_falls_back_to_serial_under_contention_and_returns():
+    """ThreadChoice: quiet parallel steps never probe serial; steps 5x slower than the best
+    (a busy machine) try serial at once and keep it while it is faster; once the machine is
+    quiet again a probe every PROBE steps finds parallel faster and switches back."""
+    from edgellm.arch.fused import ThreadChoice
+
+    c = ThreadChoice()
+    times = {True: 1.0, False: 1.8}
+
+    def run(n):
+        modes = []
+        for _ in range(n):
+            par = c.parallel()
+            c.record(par, times[par])
+            modes.append(par)
+        return modes
+
+    assert all(run(200))  # quiet: always parallel, no probe
+    times[True] = 5.0  # contention: the parallel step is 5x slower
+    modes = run(3)
+    assert modes[0] and not modes[1] and not modes[2]  # one slow step, then serial
+    modes = run(4 * ThreadChoice.PROBE)
+    assert 1 <= sum(modes) <= 5  # parallel only probed, about every PROBE steps
+    times[True] = 1.0  # quiet again
+    modes = run(2 * ThreadChoice.PROBE)
+    assert all(modes[-ThreadChoice.PROBE:])
+
+
+@numba.njit(parallel=True, cache=False)
+def _late_rounds(state, out, late_ticks, n):
+    """2 workers meet at n barriers; before each, one of them (in turn) arrives late."""
+    for tid in numba.prange(2):
+        for k in range(n):
+            if tid == k % 2:
+                t0 = ticks()
+                while ticks() - t0 < late_ticks:
+                    pass
+            out[tid, k] = atomic_add(state, 1, 0)  # the generation before the barrier
+            barrier(state, 2)
+
+
+@pytest.mark.skipif(numba_setup.THREADING_LAYER != "omp" or not sync._X86,
+                    reason="needs omp's workers and the x86 time-stamp counter")
+def test_barrier_sleeps_and_wakes():
+    """Waits longer than the spin budget go to sleep (futex) and are woken: every worker
+    sees each generation once, and no sleeper is left counted."""
+    prev = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        state, out = np.zeros(3, np.int64), np.zeros((2, 6), np.int64)
+        _late_rounds(state, out, 20 * SPIN_TICKS, 6)
+    finally:
+        numba.set_num_threads(prev)
+    assert state.tolist() == [0, 6, 0]
+    assert (out == np.arange(6)).all()

@@ -8,6 +8,8 @@ computes the same function.
 
 from __future__ import annotations
 
+import time
+
 import numba
 import numpy as np
 
@@ -101,7 +103,8 @@ class FusedDecoder:
         self.kq = np.zeros((nt, 1 + group, Dh), f32)  # a worker's k head and q heads
         # a worker's softmax weights for one KV group's query heads, then 2 rows of stats
         self.scores = np.zeros((nt, group + 2, max(int(model.cache.caps.max()), group)), f32)
-        self.state = np.zeros(2, np.int64)
+        self.state = np.zeros(3, np.int64)  # barrier: arrived, generation, sleepers
+        self.chooser = ThreadChoice()
 
     def step(self, token: int, precise: bool) -> np.ndarray:
         """Run one token at the cache's next position; logits [vocab] (an internal buffer)."""
@@ -117,8 +120,14 @@ class FusedDecoder:
                 cache.windows, slots, nslots, p, self.scale, self.x, self.q, self.k, self.v,
                 self.attn, self.gate, self.ffn, self.tmp, self.logits, self.h, self.acts[0],
                 self.acts[1], self.acts[2], self.kq, self.scores, self.state)
-        if self.nt > 1 and numba.get_num_threads() == self.nt:
+        if self.nt > 1 and numba.get_num_threads() == self.nt and self.chooser.parallel():
+            t0 = time.perf_counter()
             decode_parallel(self.nt, *args)
+            self.chooser.record(True, time.perf_counter() - t0)
+        elif self.nt > 1:
+            t0 = time.perf_counter()
+            decode_serial(*args)
+            self.chooser.record(False, time.perf_counter() - t0)
         else:
             decode_serial(*args)
         for layer in cache.layers:
@@ -126,6 +135,47 @@ class FusedDecoder:
         cache.next_pos += 1
         cache.n_tokens += 1
         return self.logits[0]
+
+
+class ThreadChoice:
+    """Parallel or serial decode step, from the wall time of recent steps.
+
+    The workers of a parallel step meet at ~150 barriers per token: when other processes
+    keep the cores busy, each barrier can wait for a descheduled partner, and the step
+    becomes many times slower than one thread's. Parallel runs while its step time stays
+    within SLOW x its best (which may drift up 0.5% per step, as the context grows); past
+    that, or while serial runs, the other mode is timed once every PROBE steps (at once
+    the first time; a probe's time replaces that mode's average), and the mode with the
+    lower moving average runs. On a quiet machine nothing is ever probed.
+    """
+
+    SLOW, PROBE, ALPHA = 1.5, 32, 0.3
+
+    def __init__(self):
+        self.best = float("inf")  # best parallel step time (drifting)
+        self.avg = {True: None, False: None}  # moving averages, parallel and serial
+        self.mode = True
+        self.since = 0  # steps since the other mode was timed
+
+    def parallel(self) -> bool:
+        """Run the next step in parallel?"""
+        self.since += 1
+        slow = self.avg[True] is not None and self.avg[True] > self.SLOW * self.best
+        due = self.since >= self.PROBE or self.avg[not self.mode] is None
+        if (slow or not self.mode) and due:
+            self.since = 0
+            return not self.mode
+        return self.mode
+
+    def record(self, parallel: bool, seconds: float) -> None:
+        if parallel:
+            self.best = min(self.best * 1.005, seconds)
+        old = self.avg[parallel]
+        probe = parallel != self.mode
+        self.avg[parallel] = (seconds if old is None or probe
+                              else old + self.ALPHA * (seconds - old))
+        par, ser = self.avg[True], self.avg[False]
+        self.mode = ser is None or par is None or par <= ser
 
 
 def _act(nt: int, K: int) -> tuple:

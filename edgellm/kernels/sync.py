@@ -1,9 +1,16 @@
-"""Spin barrier for kernels that run one parallel region per token (decode_step.py).
+"""Barrier for kernels that run one parallel region per token (decode_step.py).
 
 Threads of one `prange(n_threads)` region meet at `barrier(state, n_threads)` between
-stages. `state` is int64 [2]: the number of threads arrived, and a generation counter that
-the last thread to arrive bumps (a sense-reversing barrier). All accesses are sequentially
-consistent atomics, which also order the plain loads and stores around them.
+stages. `state` is int64 [3]: the number of threads arrived, a generation counter that
+the last thread to arrive bumps (a sense-reversing barrier), and the number of threads
+asleep in the kernel. All accesses are sequentially consistent atomics, which also order
+the plain loads and stores around them.
+
+Waiting: spin (with the CPU's pause hint) for up to SPIN_NS, then sleep on the generation
+word (Linux futex; elsewhere sched_yield in a loop). On a quiet machine every wait ends
+while spinning and no system call is made (the last thread wakes sleepers only when the
+sleeper count says there are some); on a shared machine a waiter whose partner was
+descheduled gives its core away instead of burning its time slice.
 
 Only safe when every iteration of the region runs on its own thread at the same time:
 numba's omp layer does that for prange(n) with n == numba.get_num_threads(); a work-stealing
@@ -13,16 +20,20 @@ layer (tbb) may run two iterations on one thread, so callers check the layer fir
 from __future__ import annotations
 
 import platform
+import sys
 
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-I64 = ir.IntType(64)
+I32, I64 = ir.IntType(32), ir.IntType(64)
 _ARCH = platform.machine().lower()
-SPINS = 4000  # pause-spins before each yield to the OS: a worker descheduled by another
-# process (a shared machine) would otherwise leave the others burning their time slices
+_X86 = _ARCH in ("x86_64", "amd64")
+_FUTEX = {("linux", "x86_64"): 202, ("linux", "amd64"): 202, ("linux", "aarch64"): 98,
+          ("linux", "arm64"): 98}.get((sys.platform, _ARCH), 0)  # SYS_futex, 0: none
+SPIN_TICKS = 150_000  # x86: spin this many time-stamp counter ticks (~40-75 us) ...
+SPINS = 2000  # ... elsewhere this many pause hints, before sleeping
 
 
 
@@ -81,6 +92,65 @@ def os_yield(typingctx):
     return sig, codegen
 
 
+@intrinsic
+def ticks(typingctx):
+    """x86: the time-stamp counter (rdtsc, constant rate); elsewhere 0."""
+    sig = types.int64()
+
+    def codegen(context, builder, signature, args):
+        if not _X86:
+            return ir.Constant(I64, 0)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(I64, []),
+                                            "llvm.readcyclecounter")
+        return builder.call(fn, [])
+
+    return sig, codegen
+
+
+@intrinsic
+def futex(typingctx, arr, index, op, value):
+    """syscall(SYS_futex, &low 32 bits of arr[index], op, value, NULL) (int64 array,
+    little-endian); returns the syscall's result. A no-op returning -1 where there is no
+    futex (the caller then yields)."""
+    if not (isinstance(arr, types.Array) and arr.dtype == types.int64):
+        return None
+    sig = types.int64(arr, types.intp, types.int64, types.int64)
+
+    def codegen(context, builder, signature, args):
+        if not _FUTEX:
+            return ir.Constant(I64, -1)
+        ptr = _slot(context, builder, signature.args[0], args[0], args[1])
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(I64, [I64], var_arg=True), "syscall")
+        word = builder.ptrtoint(ptr, I64)
+        null = ir.Constant(I64, 0)
+        return builder.call(fn, [ir.Constant(I64, _FUTEX), word, args[2],
+                                 builder.trunc(args[3], I32), null, null, null])
+
+    return sig, codegen
+
+
+FUTEX_WAIT, FUTEX_WAKE = 128, 129  # the _PRIVATE variants (threads of one process)
+
+
+@njit(cache=True, nogil=True)
+def _wait(state, gen):
+    """Wait until the generation state[1] differs from gen."""
+    spins = 0
+    t0 = ticks()
+    while atomic_add(state, 1, 0) == gen:
+        cpu_relax()
+        spins += 1
+        if (t0 != 0 and ticks() - t0 > SPIN_TICKS) or (t0 == 0 and spins > SPINS):
+            break
+    while atomic_add(state, 1, 0) == gen:  # still waiting: sleep
+        atomic_add(state, 2, 1)
+        if atomic_add(state, 1, 0) == gen:
+            if futex(state, 1, FUTEX_WAIT, gen & 0xFFFFFFFF) == -1 and not _FUTEX:
+                os_yield()
+        atomic_add(state, 2, -1)
+
+
 @njit(cache=True, nogil=True)
 def barrier(state, n_threads):
     """Wait until all n_threads threads have called barrier(state, n_threads)."""
@@ -90,11 +160,7 @@ def barrier(state, n_threads):
     if atomic_add(state, 0, 1) == n_threads - 1:
         atomic_add(state, 0, -n_threads)
         atomic_add(state, 1, 1)
+        if atomic_add(state, 2, 0) > 0:
+            futex(state, 1, FUTEX_WAKE, n_threads)
     else:
-        spins = 0
-        while atomic_add(state, 1, 0) == gen:
-            cpu_relax()
-            spins += 1
-            if spins == SPINS:
-                spins = 0
-                os_yield()
+        _wait(state, gen)

@@ -19,6 +19,11 @@
 # native: the run-time figures here say nothing about a Pi's speed, only that it computes.
 # DEBIAN_MIRROR overrides the mirror. Remove the root with `rm -rf` once no run is using it
 # (this script unmounts what it mounted on exit).
+#
+# Each CPU model's run logs its wall time and the CPU seconds it used: on a shared machine
+# the wall time mostly measures the other jobs. Measured (x86-64 host, 2 cores, busy): the
+# kernel tests (265) and the generation took ~15 min of CPU for one CPU model with its
+# kernel cache empty (the kernels compile under emulation), 5-8 min with part of it cached.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,7 +45,7 @@ while [ $# -gt 0 ]; do
     --cpus) CPUS=$2; shift ;;
     --setup-only) SETUP_ONLY=1 ;;
     --parallel) PARALLEL=1 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "test-arm64: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -69,8 +74,11 @@ MOUNTED=()
 cleanup() {
   local m
   for m in "${MOUNTED[@]}"; do umount -l "$m" 2>/dev/null || true; done
+  rm -f "${TIMES:-}"
 }
 trap cleanup EXIT
+trap 'exit 130' INT  # so that the EXIT trap unmounts on ^C and kill too
+trap 'exit 143' TERM
 mount_in() {  # mount_in ROOTDIR: /proc and a /dev/shm for the chroot
   local r=$1
   mkdir -p "$r/proc" "$r/dev/shm"
@@ -134,14 +142,23 @@ log "installed in $((SECONDS - START)) s ($(in_root "$ROOT" python3 -c \
 in_root "$ROOT" sh -c 'cd /tmp && convert-model /src/edgellm/tests/fixtures/tiny/llama \
   /tmp/tiny-q4_0.edgellm --quant q4_0 -q'
 
+TIMES=$(mktemp)
+cpu_seconds() {  # CPU_S = CPU seconds (user + system) used by this shell's finished children
+  times >"$TIMES"  # (in this shell: a pipe or $(...) is a subshell, without those children)
+  CPU_S=$(tail -1 "$TIMES" | awk '{ s = 0; for (i = 1; i <= NF; i++) { split($i, t, "m");
+    sub("s", "", t[2]); s += t[1] * 60 + t[2] }; printf "%d", s }')
+}
+
 run_cpu() {  # run_cpu CPU TESTS...: the tests (if any) and a generation on that core model
   local cpu=$1; shift
   local env=(QEMU_CPU="$cpu" NUMBA_CPU_NAME="$cpu" NUMBA_NUM_THREADS=2)
-  local start=$SECONDS out
+  local start=$SECONDS cpu0 out
+  cpu_seconds; cpu0=$CPU_S
   if [ $# -gt 0 ]; then
     log "$cpu: python -m pytest $*"
     in_root "$ROOT" "${env[@]}" sh -c "cd /src/edgellm && python -m pytest -q -p no:cacheprovider $*"
-    log "$cpu: tests passed in $((SECONDS - start)) s"
+    cpu_seconds
+    log "$cpu: tests passed in $((SECONDS - start)) s ($((CPU_S - cpu0)) s of CPU)"
   fi
   log "$cpu: edgellm generate (tiny llama fixture, q4_0, 2 threads: the fused parallel step)"
   out=$(in_root "$ROOT" "${env[@]}" sh -c 'cd /tmp && edgellm generate -m /tmp/tiny-q4_0.edgellm \
@@ -155,7 +172,9 @@ assert simd.SIMD_PATH == "portable", simd.SIMD_PATH
 print("simd path", simd.SIMD_PATH, "| numba cpu", numba.config.CPU_NAME, "| threading layer",
       numba_setup.THREADING_LAYER)'
   log "$cpu: generated $(printf %q "$out")"
-  log "$cpu: passed in $((SECONDS - start)) s"
+  cpu_seconds
+  log "$cpu: passed in $((SECONDS - start)) s ($((CPU_S - cpu0)) s of CPU; the" \
+    "machine's load average: $(cut -d' ' -f1-3 /proc/loadavg))"
 }
 
 TOTAL=$SECONDS
@@ -174,4 +193,5 @@ for cpu in $CPUS; do
   fi
 done
 for p in "${pids[@]}"; do wait "$p" || die "a CPU run failed (see above)"; done
-log "all passed ($MODE, $CPUS) in $((SECONDS - TOTAL)) s"
+cpu_seconds
+log "all passed ($MODE, $CPUS) in $((SECONDS - TOTAL)) s ($CPU_S s of CPU in all)"

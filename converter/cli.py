@@ -13,6 +13,8 @@ import signal
 import sys
 from pathlib import Path
 
+from edgellm.errors import INTERRUPTS, catch_signals, restore_signals
+
 
 def open_source(path: str):
     """A Source for a HF directory or a .gguf file."""
@@ -208,8 +210,8 @@ def _say(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     out = None
     before = None
-    handlers = _catch_signals()
-    interrupts = len(_INTERRUPTS)
+    handlers = catch_signals()
+    interrupts = len(INTERRUPTS)
     try:
         ap = build_parser()
         args = ap.parse_args(argv)
@@ -233,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         _say("convert-model: error: out of memory")
         return 1
     except Exception as e:
-        if len(_INTERRUPTS) > interrupts:  # an interrupt a library turned into an error
+        if len(INTERRUPTS) > interrupts:  # an interrupt a library turned into an error
             return _interrupted(out, before)
         from edgellm.errors import EdgeLLMError
 
@@ -252,33 +254,4 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"convert-model: error: a library failed on the source's data: {str(e)[:200]}")
         return 1
     finally:  # as the program (argv None) the work is done: a late Ctrl-C is ignored
-        for sig, handler in handlers.items():
-            if argv is None:
-                signal.signal(sig, signal.SIG_IGN)
-            elif handler is not None:
-                signal.signal(sig, handler)
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM (as edgellm.errors.Interrupted, which says why not the exact
-    KeyboardInterrupt; defined here too, as this module must not import edgellm early)."""
-
-
-_INTERRUPTS: list[int] = []  # a library may turn Interrupted into another error (numpy's
-                             # import into ImportError): main() still exits as interrupted
-
-
-def _interrupt(signum, frame):
-    _INTERRUPTS.append(signum)
-    raise Interrupted(f"signal {signum}")
-
-
-def _catch_signals() -> dict:
-    """SIGINT and SIGTERM raise Interrupted; returns the handlers they had."""
-    handlers = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            handlers[sig] = signal.signal(sig, _interrupt)
-        except ValueError:  # not the main thread: leave signals alone
-            pass
-    return handlers
+        restore_signals(handlers, argv is None)

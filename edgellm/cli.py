@@ -11,7 +11,14 @@ import os
 import signal
 import sys
 
-from .errors import INTERRUPTS, EdgeLLMError, Interrupted, is_panic, raise_interrupted
+from .errors import (
+    INTERRUPTS,
+    EdgeLLMError,
+    Interrupted,
+    catch_signals,
+    is_panic,
+    restore_signals,
+)
 
 COMMANDS = ("generate", "chat", "info", "list", "pull", "bench", "perplexity")
 
@@ -33,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    handlers = _catch_signals()
+    handlers = catch_signals()
     interrupts = len(INTERRUPTS)
     try:
         try:
@@ -70,28 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         error(f"edgellm: error: a library failed on the model's data: {str(e)[:200]}")
         return 1
     finally:
-        _restore_signals(handlers, argv is None)
-
-
-def _catch_signals() -> dict:
-    """SIGINT and SIGTERM raise errors.Interrupted; returns the handlers they had."""
-    handlers = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            handlers[sig] = signal.signal(sig, raise_interrupted)
-        except ValueError:  # not the main thread: leave signals alone
-            pass
-    return handlers
-
-
-def _restore_signals(handlers: dict, exiting: bool) -> None:
-    """Put the handlers back (called in-process); as the program (argv None), ignore the
-    signals instead: the work is done, and a Ctrl-C now would only garble the exit."""
-    for sig, handler in handlers.items():
-        if exiting:
-            signal.signal(sig, signal.SIG_IGN)
-        elif handler is not None:
-            signal.signal(sig, handler)
+        restore_signals(handlers, argv is None)
 
 
 def _exit_now(code: int) -> None:

@@ -67,6 +67,33 @@ def raise_interrupted(signum, frame) -> None:
     raise Interrupted(f"signal {signum}")
 
 
+def catch_signals() -> dict:
+    """SIGINT and SIGTERM raise Interrupted (the command lines' main()); returns the
+    handlers they had, for restore_signals."""
+    import signal
+
+    handlers = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            handlers[sig] = signal.signal(sig, raise_interrupted)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    return handlers
+
+
+def restore_signals(handlers: dict, exiting: bool) -> None:
+    """Put the handlers back (a main() called in-process); when the program is exiting,
+    ignore the signals instead: the work is done, and a Ctrl-C now would only garble the
+    exit."""
+    import signal
+
+    for sig, handler in handlers.items():
+        if exiting:
+            signal.signal(sig, signal.SIG_IGN)
+        elif handler is not None:
+            signal.signal(sig, handler)
+
+
 def is_panic(e: BaseException) -> bool:
     """Whether `e` is a Rust library's panic (pyo3's PanicException: a BaseException, so
     `except Exception` misses it). `tokenizers` panics on some malformed tokenizer.json."""

@@ -171,22 +171,27 @@ def test_sigint_without_an_existing_out(big_source, convert_seconds, tmp_path):
     assert "nothing written" in err and os.listdir(tmp_path) == []
 
 
-def test_ctrl_c_during_generation_exits_within_a_second(converted):
-    model = converted("qwen2", "q8_0")
-    p = subprocess.Popen([sys.executable, "-m", "edgellm", "generate", "-m", str(model), "-p",
-                          "Once upon a time", "-n", "100000", "--temp", "0.8", "--seed", "1",
-                          "-t", "1"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+def wait_until_streaming(p, n: int = 200, timeout: float = 120) -> None:
+    """Read p's stdout until n bytes have come (the command is generating)."""
     got = b""
-    deadline = time.monotonic() + 120
-    while len(got) < 200 and time.monotonic() < deadline:  # wait until it is streaming
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
         ready, _, _ = select.select([p.stdout], [], [], 1.0)
         if ready:
             chunk = os.read(p.stdout.fileno(), 4096)
             if not chunk:
                 break
             got += chunk
-    assert len(got) >= 200, p.stderr.read()
+    assert len(got) >= n, p.stderr.read()
+
+
+def test_ctrl_c_during_generation_exits_within_a_second(converted):
+    model = converted("qwen2", "q8_0")
+    p = subprocess.Popen([sys.executable, "-m", "edgellm", "generate", "-m", str(model), "-p",
+                          "Once upon a time", "-n", "100000", "--temp", "0.8", "--seed", "1",
+                          "-t", "1"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    wait_until_streaming(p)
     sent = time.monotonic()
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=30)
@@ -208,16 +213,7 @@ def test_signals_end_a_piped_chat(sig, converted):
                          stderr=subprocess.PIPE)
     p.stdin.write(b"Once upon a time\n")
     p.stdin.flush()  # stdin stays open: the chat would wait for the next line
-    got = b""
-    deadline = time.monotonic() + 120
-    while len(got) < 200 and time.monotonic() < deadline:
-        ready, _, _ = select.select([p.stdout], [], [], 1.0)
-        if ready:
-            chunk = os.read(p.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            got += chunk
-    assert len(got) >= 200, p.stderr.read()
+    wait_until_streaming(p)
     sent = time.monotonic()
     p.send_signal(sig)
     try:

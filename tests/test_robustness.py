@@ -492,15 +492,22 @@ def test_prompt_longer_than_the_context(converted, capsys):
     assert rc == 0 and out.strip(), err
 
 
-def test_missing_tokenizer(tmp_path, capsys):
-    src = shutil.copytree(TINY / "llama", tmp_path / "src")
-    (src / "tokenizer.json").unlink()
+def _convert_refusing_text(src, tmp_path, capsys):
+    """Convert a source without a tokenizer (a warning) and check that generate refuses
+    text in one line; returns the converted file."""
     out = tmp_path / "m.edgellm"
     rc, _, err = run_cli(convert_main, [src, out, "-q"], capsys)
     assert rc == 0 and "warning" in err and "no tokenizer" in err
     rc, _, err = run_cli(edgellm_main, ["generate", "-m", out, "-p", "hi"], capsys)
     assert rc == 1
     assert_error_line(err, "edgellm: error:", out, "has no tokenizer")
+    return out
+
+
+def test_missing_tokenizer(tmp_path, capsys):
+    src = shutil.copytree(TINY / "llama", tmp_path / "src")
+    (src / "tokenizer.json").unlink()
+    out = _convert_refusing_text(src, tmp_path, capsys)
     with edgellm.load(out) as llm:
         assert llm.logits([1, 2, 3]).shape == (3, 512)  # token ids still work
         with pytest.raises(TokenizerError) as e:
@@ -515,12 +522,7 @@ def test_missing_tokenizer_in_gguf_and_chat(tmp_path, capsys):
 
     arch, meta, weights, _ = gguf_meta("llama")
     src = write_gguf(tmp_path / "notok.gguf", arch, meta, weights, None, mixed_types)
-    out = tmp_path / "m.edgellm"
-    rc, _, err = run_cli(convert_main, [src, out, "-q"], capsys)
-    assert rc == 0 and "warning" in err and "no tokenizer" in err
-    rc, _, err = run_cli(edgellm_main, ["generate", "-m", out, "-p", "hi"], capsys)
-    assert rc == 1
-    assert_error_line(err, "edgellm: error:", out, "has no tokenizer")
+    out = _convert_refusing_text(src, tmp_path, capsys)
     # Nor a chat template (GGUF keeps it with the tokenizer): chat says that first.
     rc, _, err = run_cli(edgellm_main, ["generate", "-m", out, "-p", "hi", "--chat"], capsys)
     assert rc == 1

@@ -120,14 +120,14 @@ class FusedDecoder:
                 cache.windows, slots, nslots, p, self.scale, self.x, self.q, self.k, self.v,
                 self.attn, self.gate, self.ffn, self.tmp, self.logits, self.h, self.acts[0],
                 self.acts[1], self.acts[2], self.kq, self.scores, self.state)
-        if self.nt > 1 and numba.get_num_threads() == self.nt and self.chooser.parallel():
+        if self.nt > 1 and numba.get_num_threads() == self.nt:
+            parallel = self.chooser.parallel()
             t0 = time.perf_counter()
-            decode_parallel(self.nt, *args)
-            self.chooser.record(True, time.perf_counter() - t0)
-        elif self.nt > 1:
-            t0 = time.perf_counter()
-            decode_serial(*args)
-            self.chooser.record(False, time.perf_counter() - t0)
+            if parallel:
+                decode_parallel(self.nt, *args)
+            else:
+                decode_serial(*args)
+            self.chooser.record(parallel, time.perf_counter() - t0)
         else:
             decode_serial(*args)
         for layer in cache.layers:

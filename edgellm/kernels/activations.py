@@ -1,24 +1,23 @@
 """Gated MLP activations: SwiGLU and GELU-tanh gating."""
 
 import numpy as np
-from numba import njit
+from numba import prange
 
-from .. import numba_setup  # noqa: F401
+from .fastexp import exp32
+from .simd import kernel
 
-OPT = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
 
-
-@njit(**OPT)
+@kernel(parallel=True)
 def swiglu(gate, up, out):
-    """out[T,F] = silu(gate) * up."""
+    """out[T,F] = silu(gate) * up, rows in parallel (exp32: libm's exp, vectorized)."""
     T, F = gate.shape
-    for t in range(T):
+    for t in prange(T):
         for i in range(F):
             g = gate[t, i]
-            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
+            out[t, i] = g / (np.float32(1.0) + exp32(-g)) * up[t, i]
 
 
-@njit(**OPT)
+@kernel
 def geglu_tanh(gate, up, out):
     """out[T,F] = gelu_tanh(gate) * up (Gemma's gelu_pytorch_tanh)."""
     T, F = gate.shape

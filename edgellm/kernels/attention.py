@@ -3,6 +3,7 @@
 import numpy as np
 from numba import prange
 
+from .fastexp import exp32
 from .simd import kernel
 
 NEG = np.float32(-1e30)  # the score of a key a query does not see (finite: fastmath)
@@ -54,7 +55,7 @@ def _group(q, t, kvh, G, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, windo
             best = max(best, sc[g, s])
         total = np.float32(0.0)
         for s in range(n):
-            e = np.exp(sc[g, s] - best) if sc[g, s] > NEG else np.float32(0.0)
+            e = exp32(sc[g, s] - best) if sc[g, s] > NEG else np.float32(0.0)
             sc[g, s] = e
             total += e
         inv = np.float32(1.0) / total
@@ -87,7 +88,10 @@ def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale
     G = Hq // Hkv
     cap = k_cache.shape[0]
     for tk in prange(T * Hkv):
-        t = tk // Hkv
+        # rows in the order 0, T-1, 1, T-2, ..: a row's work grows with t, and prange hands
+        # each thread one contiguous run of items, so the runs get equal work this way
+        u = tk // Hkv
+        t = u // 2 if u % 2 == 0 else T - 1 - u // 2
         sc = np.empty((G, cap + T), dtype=np.float32)
         _group(q, t, tk % Hkv, G, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window,
                np.float32(scale), np.float32(softcap), sc, out)

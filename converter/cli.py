@@ -66,6 +66,10 @@ def _add_quality_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--calibrate", metavar="TEXT", default=None,
                    help="text file run through the float model to weight each input "
                         "column's error by its mean squared activation (llama.cpp's imatrix)")
+    g.add_argument("--no-fold-norms", dest="fold_norms", action="store_false",
+                   help="keep RMSNorm weights as they are; by default a norm whose every "
+                        "projection is stored as q8_0 is folded into them (exact in float, "
+                        "less int8 error: converter/norm_fold.py)")
     g.add_argument("--calib-tokens", type=int, default=2048, metavar="N",
                    help="tokens of TEXT used for calibration (default: 2048)")
     size = g.add_mutually_exclusive_group()
@@ -144,7 +148,8 @@ def _convert(source, args, recipe: str) -> None:
             types, recipe = tp.types, "target"
             say("convert-model: " + " ".join(tp.lines()))
         summary = convert(source, args.out, recipe, args.block_size, progress=not args.quiet,
-                          types=types, quantize=quantize, meta_extra=extra)
+                          types=types, quantize=quantize, meta_extra=extra,
+                          fold_norms=args.fold_norms)
         if not args.quiet:
             print("\n".join(summary.lines()))
         if target and model is not None and args.eval_chunks:

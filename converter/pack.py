@@ -27,6 +27,7 @@ from edgellm import quant
 from edgellm.errors import EdgeLLMError, FormatError, QuantizationError, SourceError
 from edgellm.validate import check_model
 
+from . import norm_fold
 from .names import sanitize
 from .recipes import choose_type
 from .source import Source, SourceTensor
@@ -179,18 +180,25 @@ def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None)
 def convert(source: Source, out: str | os.PathLike, recipe: str,
             block_size: int = quant.DEFAULT_BLOCK, progress: bool = True, *,
             types: dict[str, str] | None = None, quantize: Quantize | None = None,
-            meta_extra: dict | None = None) -> Summary:
+            meta_extra: dict | None = None, fold_norms: bool = True) -> Summary:
     """Write `source` to `out` under `recipe`; returns the conversion summary.
 
     types: storage type by tensor name, overriding the recipe (size_target.py);
     quantize: the block quantizer, quant.quantize's signature (default: quant.quantize);
-    meta_extra: more fields for the header's "quantization" entry.
+    meta_extra: more fields for the header's "quantization" entry;
+    fold_norms: fold RMSNorm weights into the q8_0 projections they feed (norm_fold.py),
+    unless `quantize` is calibrated (its `calibrated` attribute).
     """
     out = Path(out)
     _check_out(out, source)
     if block_size not in quant.BLOCK_SIZES:
         raise QuantizationError(f"block size {block_size} is not one of {quant.BLOCK_SIZES}")
     planned = _plan(source, recipe, block_size, types)
+    folded = 0
+    if fold_norms and not getattr(quantize, "calibrated", False):
+        planned, folded = norm_fold.fold_norms(planned, source.config, block_size)
+    if folded:
+        meta_extra = {**(meta_extra or {}), "norms_folded": folded}
     infos = fmt.plan_tensors([(name, ty, tuple(t.shape), block_size if quant.TYPES[ty].quantized
                                else quant.DEFAULT_BLOCK) for t, name, ty in planned])
     _check_model(source, infos)

@@ -253,4 +253,5 @@ def searcher(col_weights: dict[str, np.ndarray] | None = None,
             return gptq_quantize(values, h, type_name, block_size, name)
         return quantize(values, type_name, block_size, name, weights.get(name))
 
+    run.calibrated = bool(weights or moments)  # measured on the unfolded model: no folding
     return run

@@ -8,6 +8,7 @@ import pytest
 from conftest import TINY, TINY_NAMES
 
 from converter.hf_source import open_hf
+from converter.norm_fold import fold_norms
 from edgellm import format as fmt
 from edgellm import quant
 from edgellm.errors import FormatError
@@ -34,8 +35,14 @@ def test_f32_round_trip_is_bit_exact(name, converted):
 @pytest.mark.parametrize("name", TINY_NAMES)
 @pytest.mark.parametrize("kind", quant.QUANTIZED)
 def test_quantized_round_trip_equals_oracle(name, kind, converted):
-    src = {t.name: t for t in open_hf(TINY / name).tensors()}
+    source = open_hf(TINY / name)
     with fmt.PackedModel(converted(name, kind)) as packed:
+        # the oracle quantizes what the packer was to store: norms folded where it folds
+        planned = [(t, t.name, packed.tensors[t.name].type) for t in source.tensors()
+                   if t.name in packed.tensors]
+        planned, folded = fold_norms(planned, source.config, 32)
+        assert folded == packed.header["quantization"].get("norms_folded", 0)
+        src = {name: t for t, name, _ in planned}
         for tname, info in packed.tensors.items():
             t = packed.tensor(tname)
             if info.type == kind:

@@ -85,6 +85,7 @@ class Transformer:
         self.layers = [self.layer_weights(i) for i in range(args.num_hidden_layers)]
         self.int8_acts = not precise and args.hidden_size % 32 == 0
         self.rope = [self.layer_rope(i) for i in range(args.num_hidden_layers)]
+        self._rope_memo: dict = {}  # this chunk's positions and cos/sin tables by frequencies
         self.cache = KVCache([args.layer_window(i) for i in range(args.num_hidden_layers)],
                              self.context, args.num_key_value_heads, args.head_dim,
                              [inv for inv, _ in self.rope], n_keep=n_keep)
@@ -139,8 +140,7 @@ class Transformer:
         k = b.k[:T].reshape(T, Hkv, Dh)
         v = b.v[:T].reshape(T, Hkv, Dh)
         self.qk_norm(w, q, k)
-        inv_freq, scaling = self.rope[i]
-        cos, sin = rope_tables(positions, inv_freq, scaling)
+        cos, sin = self._rope_tables(i, positions)
         apply_rope(q, cos, sin)
         apply_rope(k, cos, sin)
         layer = self.cache.layers[i]
@@ -148,6 +148,19 @@ class Transformer:
         attention(q, k, v, positions, layer.k[:n], layer.v[:n], layer.pos[:n], layer.window,
                   self.attn_scale(), self.attn_softcap, b.attn[:T].reshape(T, Hq, Dh))
         layer.store(k, v, positions)
+
+    def _rope_tables(self, i: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Layer i's cos, sin [T, Dh/2] for this chunk's positions: computed once per chunk
+        for all the layers that share a frequency set (all but Gemma's local/global)."""
+        inv_freq, scaling = self.rope[i]
+        memo = self._rope_memo
+        if memo.get("positions") is not positions:
+            memo.clear()
+            memo["positions"] = positions
+        key = (inv_freq.tobytes(), float(scaling))
+        if key not in memo:
+            memo[key] = rope_tables(positions, inv_freq, scaling)
+        return memo[key]
 
     def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
         raise NotImplementedError

@@ -48,6 +48,7 @@ def fold_norms(planned: Planned, config: dict, block_size: int,
         return planned, 0
     by_name = {name: (t, ty) for t, name, ty in planned}
     new: dict[str, SourceTensor] = {}
+    folded = 0
     for i in range(int(config.get("num_hidden_layers") or 0)):
         for norm, projections in PAIRS:
             nname = f"model.layers.{i}.{norm}.weight"
@@ -62,7 +63,7 @@ def fold_norms(planned: Planned, config: dict, block_size: int,
             new[nname] = _ones(nt)
             for p in pnames:
                 new[p] = _scaled(by_name[p][0], nt.load)
-    folded = sum(1 for n in new if n.endswith("norm.weight"))
+            folded += 1
     return [(new.get(name, t), name, ty) for t, name, ty in planned], folded
 
 

@@ -85,7 +85,7 @@ class Transformer:
         self.layers = [self.layer_weights(i) for i in range(args.num_hidden_layers)]
         self.int8_acts = not precise and args.hidden_size % 32 == 0
         self.rope = [self.layer_rope(i) for i in range(args.num_hidden_layers)]
-        self._rope_memo: dict = {}  # this chunk's positions and cos/sin tables by frequencies
+        self._rope_memo: dict = {}  # this chunk's cos/sin tables by frequency set
         self.cache = KVCache([args.layer_window(i) for i in range(args.num_hidden_layers)],
                              self.context, args.num_key_value_heads, args.head_dim,
                              [inv for inv, _ in self.rope], n_keep=n_keep)
@@ -151,16 +151,13 @@ class Transformer:
 
     def _rope_tables(self, i: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's cos, sin [T, Dh/2] for this chunk's positions: computed once per chunk
-        for all the layers that share a frequency set (all but Gemma's local/global)."""
+        (_chunk empties the memo) for all the layers that share a frequency set (all but
+        Gemma's local/global)."""
         inv_freq, scaling = self.rope[i]
-        memo = self._rope_memo
-        if memo.get("positions") is not positions:
-            memo.clear()
-            memo["positions"] = positions
         key = (inv_freq.tobytes(), float(scaling))
-        if key not in memo:
-            memo[key] = rope_tables(positions, inv_freq, scaling)
-        return memo[key]
+        if key not in self._rope_memo:
+            self._rope_memo[key] = rope_tables(positions, inv_freq, scaling)
+        return self._rope_memo[key]
 
     def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
         raise NotImplementedError
@@ -169,6 +166,7 @@ class Transformer:
         T = tokens.shape[0]
         b = self.buffers
         positions = np.arange(self.cache.next_pos, self.cache.next_pos + T, dtype=np.int64)
+        self._rope_memo.clear()  # the tables are for these positions
         embedding(self.embed, tokens, b.x[:T])
         if self.embed_scale != 1.0:
             b.x[:T] *= np.float32(self.embed_scale)

@@ -9,25 +9,26 @@ NEG = np.float32(-1e30)  # the score of a key a query does not see (finite: fast
 
 
 @kernel
-def _scores(qr, kt, n, row):
-    """row[:n] = kt[:, :n]^T qr: one query head against n keys stored transposed
-    (kt [Dh, >= n]). Four dimensions per pass over the row: long vector loops over keys,
-    no horizontal sums."""
-    Dh = qr.shape[0]
-    for s in range(n):
-        row[s] = 0.0
-    i = 0
-    while i + 4 <= Dh:
-        q0, q1, q2, q3 = qr[i], qr[i + 1], qr[i + 2], qr[i + 3]
-        k0, k1, k2, k3 = kt[i], kt[i + 1], kt[i + 2], kt[i + 3]
-        for s in range(n):
-            row[s] += q0 * k0[s] + q1 * k1[s] + q2 * k2[s] + q3 * k3[s]
-        i += 4
-    while i < Dh:
-        qi, ki = qr[i], kt[i]
-        for s in range(n):
-            row[s] += qi * ki[s]
-        i += 1
+def _combine(coef, nc, rows, out):
+    """out[:] = sum over j < nc of coef[j] rows[j, :len(out)], four rows per pass over out:
+    long vector loops, no horizontal sums. Scores are q against keys stored transposed
+    (coef = q, rows = kt: out[s] = q . k_s); the output is the weights against the values
+    (coef = weights, rows = vals)."""
+    m = out.shape[0]
+    for s in range(m):
+        out[s] = 0.0
+    j = 0
+    while j + 4 <= nc:
+        c0, c1, c2, c3 = coef[j], coef[j + 1], coef[j + 2], coef[j + 3]
+        r0, r1, r2, r3 = rows[j], rows[j + 1], rows[j + 2], rows[j + 3]
+        for s in range(m):
+            out[s] += c0 * r0[s] + c1 * r1[s] + c2 * r2[s] + c3 * r3[s]
+        j += 4
+    while j < nc:
+        c, r = coef[j], rows[j]
+        for s in range(m):
+            out[s] += c * r[s]
+        j += 1
 
 
 @kernel
@@ -52,26 +53,6 @@ def _softmax_row(row, n, kpos, p, window, scale, softcap):
     inv = np.float32(1.0) / total
     for s in range(n):
         row[s] *= inv
-
-
-@kernel
-def _weighted_values(row, vals, n, o):
-    """o[:] = sum over s < n of row[s] vals[s] (vals [>= n, Dh]), four keys per pass."""
-    Dh = o.shape[0]
-    for i in range(Dh):
-        o[i] = 0.0
-    s = 0
-    while s + 4 <= n:
-        w0, w1, w2, w3 = row[s], row[s + 1], row[s + 2], row[s + 3]
-        v0, v1, v2, v3 = vals[s], vals[s + 1], vals[s + 2], vals[s + 3]
-        for i in range(Dh):
-            o[i] += w0 * v0[i] + w1 * v1[i] + w2 * v2[i] + w3 * v3[i]
-        s += 4
-    while s < n:
-        w, v = row[s], vals[s]
-        for i in range(Dh):
-            o[i] += w * v[i]
-        s += 1
 
 
 @kernel(parallel=True)
@@ -116,6 +97,6 @@ def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale
         row = np.empty(n, dtype=np.float32)
         for g in range(G):
             h = kvh * G + g
-            _scores(q[t, h], kt[kvh], n, row)
+            _combine(q[t, h], Dh, kt[kvh], row)  # scores against keys 0..n-1
             _softmax_row(row, n, kpos, q_pos[t], window, sc32, cap32)
-            _weighted_values(row, vals[kvh], n, out[t, h])
+            _combine(row, n, vals[kvh], out[t, h])

@@ -49,7 +49,10 @@ def sample_args():
 def int8_asm(kind: str) -> tuple[str, str]:
     w, xq, f = sample_args()
     mv = fresh_asm(getattr(matvec, f"mv_rows_{kind}"), w, 32, xq, f, f, f, 0, 4)
-    mm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, f, f, 0, 4, 1)
+    xs = np.zeros((1, 1), np.int32)
+    panel, scales = matmul.panel_scratch(32)
+    mm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, xs, f, f, 0, 4, 1,
+                   panel, scales)
     return mv, mm
 
 

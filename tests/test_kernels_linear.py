@@ -309,3 +309,45 @@ def test_cache_dir_choice(tmp_path, monkeypatch):
     assert numba_setup._default_cache_dir() == str(tmp_path / "user" / ".cache" / "edgellm"
                                                    / "numba-cache")
     assert numba_setup._pick_threading_layer() in ("omp", "tbb", None)
+
+
+def _packer(kind):
+    """A jitted call of panel.pack_<kind> (intrinsics are not first-class values)."""
+    from edgellm.kernels import panel
+
+    pack = getattr(panel, f"pack_{kind}")
+
+    @numba.njit(cache=False)
+    def run(w, block, i, pan, scales):
+        pack(w, block, i, pan, scales, 0)
+    return run
+
+
+@pytest.mark.parametrize("block", quant.BLOCK_SIZES)
+@pytest.mark.parametrize("kind", QTYPES)
+def test_panel_layout(kind, block):
+    """pack_<type> writes panel.py's layout: chunk c of a 32-column sub-block holds bytes
+    4c..4c+3 of the 8 rows side by side, unsigned; then each row's scale (and minimum)."""
+    from edgellm.kernels import matmul
+
+    N, K, i = 11, 256, 2  # rows i..i+7 of 11
+    w = make_weight(kind, N, K, block)
+    hdr = 4 if kind == "q4_1" else 2
+    blocks = w.data.reshape(N, K // block, -1)
+    if kind == "q8_0":
+        vals = blocks[:, :, hdr:].view(np.int8).astype(np.int64) + 128
+    else:
+        vals = quant._unpack_nibbles(blocks[:, :, hdr:]).astype(np.int64)
+    vals = vals.reshape(N, K)[i:i + 8]  # [8 rows, K] in column order
+    d = blocks[:, :, :2].copy().view("<f2")[i:i + 8, :, 0].astype(np.float32)
+
+    pan, scales = matmul.panel_scratch(K)
+    _packer(kind)(w.data, block, i, pan, scales)
+
+    want = vals.reshape(8, K // 32, 8, 4).transpose(1, 2, 0, 3).reshape(-1)  # [sb, c, r, k]
+    np.testing.assert_array_equal(pan[0].astype(np.int64), want)
+    sc = scales[0].reshape(K // 32, 2, 8)
+    np.testing.assert_array_equal(sc[:, 0], np.repeat(d.T, block // 32, axis=0))
+    if kind == "q4_1":
+        m = blocks[:, :, 2:4].copy().view("<f2")[i:i + 8, :, 0].astype(np.float32)
+        np.testing.assert_array_equal(sc[:, 1], np.repeat(m.T, block // 32, axis=0))

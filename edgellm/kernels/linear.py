@@ -231,7 +231,7 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
                              f"{list(x.shape)} (call quantize_act(x, act) first)")
         rows, par, mm = _INT8[kind]
         if T > 1:
-            mm(data, block, act.xq, act.xd, act.xds, out, T)
+            mm(data, block, act.xq, act.xd, act.xs, act.xds, out, T, _threads())
         elif _threads() == 1:
             rows(data, block, act.xq, act.xd, act.xds, out, 0, N)
         else:

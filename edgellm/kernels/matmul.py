@@ -1,18 +1,38 @@
 """Matrix-matrix kernels (prefill, T > 1): out[T, N] = x[T, K] @ W[N, K].T.
 
-Same weights, modes and conventions as matvec.py. Work is split over weight rows: a chunk
-of ROWS rows stays in L1 while it meets the tokens four at a time, so each weight block
-is unpacked once per 4 tokens (int8: two rows x 4 tokens per unpack and activation load;
-float: one row x 4 tokens). The last T % 4 tokens go one at a time.
-  mm_rows_<type>(w, block, xq, xd, xds, out, r0, r1, T)  int8, serial over rows r0..r1-1
-  mm_<type>(w, block, xq, xd, xds, out, T)               int8, parallel over rows
+Same weights, modes and conventions as matvec.py.
+int8 activations: each group of 8 weight rows is packed once into a panel (panel.py) that
+then meets all T tokens, four at a time (the last T % 4 one at a time): the packing is
+paid once per matrix product, and the tiles need no horizontal sums. Threads take
+contiguous ranges of row groups, each with its own panel. Rows past the last whole group
+(N % 8) use simd.py's one-row tiles.
+float activations: a chunk of ROWS rows stays in L1 while it meets the tokens four at a
+time (one row x 4 tokens per weight unpack).
+  mm_rows_<type>(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
+                                                         int8, serial over rows r0..r1-1
+  mm_<type>(w, block, xq, xd, xs, xds, out, T, threads)  int8, rows split between threads
+                                                         (numba.get_num_threads())
   mmp_rows_<type>(w, block, x, out, r0, r1), mmp_<type>(w, block, x, out)   float x
 The int8 kernels take T (ActQ8 buffers may hold more rows); the float ones use all of x.
 Callers validate shapes first (linear.py): these kernels do not check bounds.
 """
 
+import numpy as np
 from numba import prange
 
+from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
+    PANEL_BLOCK,
+    SCALES_BLOCK,
+    pack_q4_0,
+    pack_q4_1,
+    pack_q8_0,
+    ptile_q4_0_8x1,
+    ptile_q4_0_8x4,
+    ptile_q4_1_8x1,
+    ptile_q4_1_8x4,
+    ptile_q8_0_8x1,
+    ptile_q8_0_8x4,
+)
 from .simd import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     GROUP,
     ftile_f16_1x1,
@@ -28,96 +48,113 @@ from .simd import (  # noqa: F401  (intrinsics, resolved by numba at compile tim
     kernel,
     tile_q4_0_1x1,
     tile_q4_0_1x4,
-    tile_q4_0_8x1,
-    tile_q4_0_8x4,
     tile_q4_1_1x1,
     tile_q4_1_1x4,
-    tile_q4_1_8x1,
-    tile_q4_1_8x4,
     tile_q8_0_1x1,
     tile_q8_0_1x4,
-    tile_q8_0_8x1,
-    tile_q8_0_8x4,
 )
 
-ROWS = 16  # weight rows per chunk: 16 rows of 1536 q8_0 columns are 26 KB, within L1
+ROWS = 16  # float path: weight rows per chunk (16 rows of 1536 q8_0 columns: 26 KB, in L1)
 
 
 # --- int8 activations -------------------------------------------------------------------
 
 @kernel
-def mm_rows_q8_0(w, block, xq, xd, xds, out, r0, r1, T):
+def panel_scratch(K):
+    """A thread's panel and scales for one group of 8 rows of K columns (panel.py)."""
+    return (np.empty((1, K // 32 * PANEL_BLOCK), np.uint8),
+            np.empty((1, K // 32 * SCALES_BLOCK), np.float32))
+
+
+@kernel
+def thread_rows(n, nth, p):
+    """Rows [r0, r1) of thread p of nth: contiguous, whole groups of 8 but the last."""
+    groups = (n + GROUP - 1) // GROUP
+    return min(n, p * groups // nth * GROUP), min(n, (p + 1) * groups // nth * GROUP)
+
+
+@kernel
+def mm_rows_q8_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q8_0 weights."""
-    for c0 in range(r0, r1, ROWS):
-        c1 = min(c0 + ROWS, r1)
-        g1 = c0 + (c1 - c0) // GROUP * GROUP  # rows c0..g1 in groups, the rest alone
+    g1 = r0 + (r1 - r0) // GROUP * GROUP
+    for i in range(r0, g1, GROUP):
+        pack_q8_0(w, block, i, panel, scales, 0)
         for t in range(0, T - 3, 4):
-            for i in range(c0, g1, GROUP):
-                tile_q8_0_8x4(w, block, i, xq, xd, xds, t, out)
-            for i in range(g1, c1):
-                tile_q8_0_1x4(w, block, i, xq, xd, xds, t, out)
+            ptile_q8_0_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
         for t in range(T - T % 4, T):
-            for i in range(c0, g1, GROUP):
-                tile_q8_0_8x1(w, block, i, xq, xd, xds, t, out)
-            for i in range(g1, c1):
-                tile_q8_0_1x1(w, block, i, xq, xd, xds, t, out)
+            ptile_q8_0_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+    for t in range(0, T - 3, 4):
+        for i in range(g1, r1):
+            tile_q8_0_1x4(w, block, i, xq, xd, xds, t, out)
+    for t in range(T - T % 4, T):
+        for i in range(g1, r1):
+            tile_q8_0_1x1(w, block, i, xq, xd, xds, t, out)
 
 
 @kernel
-def mm_rows_q4_0(w, block, xq, xd, xds, out, r0, r1, T):
+def mm_rows_q4_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q4_0 weights."""
-    for c0 in range(r0, r1, ROWS):
-        c1 = min(c0 + ROWS, r1)
-        g1 = c0 + (c1 - c0) // GROUP * GROUP  # rows c0..g1 in groups, the rest alone
+    g1 = r0 + (r1 - r0) // GROUP * GROUP
+    for i in range(r0, g1, GROUP):
+        pack_q4_0(w, block, i, panel, scales, 0)
         for t in range(0, T - 3, 4):
-            for i in range(c0, g1, GROUP):
-                tile_q4_0_8x4(w, block, i, xq, xd, xds, t, out)
-            for i in range(g1, c1):
-                tile_q4_0_1x4(w, block, i, xq, xd, xds, t, out)
+            ptile_q4_0_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
         for t in range(T - T % 4, T):
-            for i in range(c0, g1, GROUP):
-                tile_q4_0_8x1(w, block, i, xq, xd, xds, t, out)
-            for i in range(g1, c1):
-                tile_q4_0_1x1(w, block, i, xq, xd, xds, t, out)
+            ptile_q4_0_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+    for t in range(0, T - 3, 4):
+        for i in range(g1, r1):
+            tile_q4_0_1x4(w, block, i, xq, xd, xds, t, out)
+    for t in range(T - T % 4, T):
+        for i in range(g1, r1):
+            tile_q4_0_1x1(w, block, i, xq, xd, xds, t, out)
 
 
 @kernel
-def mm_rows_q4_1(w, block, xq, xd, xds, out, r0, r1, T):
+def mm_rows_q4_1(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q4_1 weights."""
-    for c0 in range(r0, r1, ROWS):
-        c1 = min(c0 + ROWS, r1)
-        g1 = c0 + (c1 - c0) // GROUP * GROUP  # rows c0..g1 in groups, the rest alone
+    g1 = r0 + (r1 - r0) // GROUP * GROUP
+    for i in range(r0, g1, GROUP):
+        pack_q4_1(w, block, i, panel, scales, 0)
         for t in range(0, T - 3, 4):
-            for i in range(c0, g1, GROUP):
-                tile_q4_1_8x4(w, block, i, xq, xd, xds, t, out)
-            for i in range(g1, c1):
-                tile_q4_1_1x4(w, block, i, xq, xd, xds, t, out)
+            ptile_q4_1_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
         for t in range(T - T % 4, T):
-            for i in range(c0, g1, GROUP):
-                tile_q4_1_8x1(w, block, i, xq, xd, xds, t, out)
-            for i in range(g1, c1):
-                tile_q4_1_1x1(w, block, i, xq, xd, xds, t, out)
+            ptile_q4_1_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+    for t in range(0, T - 3, 4):
+        for i in range(g1, r1):
+            tile_q4_1_1x4(w, block, i, xq, xd, xds, t, out)
+    for t in range(T - T % 4, T):
+        for i in range(g1, r1):
+            tile_q4_1_1x1(w, block, i, xq, xd, xds, t, out)
 
 
 @kernel(parallel=True)
-def mm_q8_0(w, block, xq, xd, xds, out, T):
+def mm_q8_0(w, block, xq, xd, xs, xds, out, T, threads):
     n = w.shape[0]
-    for c in prange((n + ROWS - 1) // ROWS):
-        mm_rows_q8_0(w, block, xq, xd, xds, out, c * ROWS, min(n, c * ROWS + ROWS), T)
+    nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
+    for p in prange(nth):
+        r0, r1 = thread_rows(n, nth, p)
+        panel, scales = panel_scratch(xq.shape[1])
+        mm_rows_q8_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
 
 
 @kernel(parallel=True)
-def mm_q4_0(w, block, xq, xd, xds, out, T):
+def mm_q4_0(w, block, xq, xd, xs, xds, out, T, threads):
     n = w.shape[0]
-    for c in prange((n + ROWS - 1) // ROWS):
-        mm_rows_q4_0(w, block, xq, xd, xds, out, c * ROWS, min(n, c * ROWS + ROWS), T)
+    nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
+    for p in prange(nth):
+        r0, r1 = thread_rows(n, nth, p)
+        panel, scales = panel_scratch(xq.shape[1])
+        mm_rows_q4_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
 
 
 @kernel(parallel=True)
-def mm_q4_1(w, block, xq, xd, xds, out, T):
+def mm_q4_1(w, block, xq, xd, xs, xds, out, T, threads):
     n = w.shape[0]
-    for c in prange((n + ROWS - 1) // ROWS):
-        mm_rows_q4_1(w, block, xq, xd, xds, out, c * ROWS, min(n, c * ROWS + ROWS), T)
+    nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
+    for p in prange(nth):
+        r0, r1 = thread_rows(n, nth, p)
+        panel, scales = panel_scratch(xq.shape[1])
+        mm_rows_q4_1(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
 
 
 # --- float activations ------------------------------------------------------------------

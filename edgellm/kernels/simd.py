@@ -17,10 +17,11 @@ Two SIMD paths, chosen once at import (`SIMD_PATH`):
               EDGELLM_PORTABLE=1.
 Float work (scales, float activations, f32/f16 weights) is generic vector IR on both paths.
 
-Row groups (B = 32): tile_<type>_8x<RT> reduces the 8 rows' int8 dot products of a block
-to one <8 x i32> (vphaddd), so scales, offsets and the multiply-add are done once per
+Row groups (B = 32): tile_<type>_8x1 (decode) reduces the 8 rows' int8 dot products of a
+block to one <8 x i32> (vphaddd), so scales, offsets and the multiply-add are done once per
 block for 8 rows as vectors; it prefetches the next group's bytes (8 rows side by side
-are 8 streams the hardware prefetcher follows badly). See _group_codegen.
+are 8 streams the hardware prefetcher follows badly). See _group_codegen. Prefill packs
+row groups into panels instead (panel.py), where no horizontal sums are needed.
 
 Activation side (int8 mode, blocks of 32): xq int8 [T, K], xd float32 [T, K/32] scales,
 xds float32 [T, K/32] = xd * (sum of the block's xq) (ggml's q8_1 "s"). With it the q4_0
@@ -34,7 +35,7 @@ Caching (numba#1833): numba's cache key for a kernel covers only its own source 
 intrinsics or jitted functions it calls from other modules, nor the SIMD path. Kernels
 are therefore defined with `@kernel`, which caches them in a subdirectory of
 NUMBA_CACHE_DIR named by CACHE_TAG: KERNEL_VERSION, SIMD_PATH and a hash of this file,
-act_quant.py, matvec.py, matmul.py and sync.py (the decode step's barrier). Editing any
+panel.py, act_quant.py, matvec.py, matmul.py and sync.py (the decode step's barrier). Editing any
 of them or switching path never loads a stale kernel. A kernel elsewhere that calls these
 intrinsics or kernels (a fused decode step, say) should be defined with `@kernel` too, so
 that it is cached under the same tag; bump KERNEL_VERSION when a change the hash does not
@@ -103,7 +104,7 @@ VNNI = SIMD_PATH == "vnni"
 NATIVE_F16 = _native_f16()  # else f16 scales are converted in integer IR (_h2f)
 
 # The kernel sources the tag covers: this file and the kernel modules built on it.
-_SOURCES = ("simd.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py")
+_SOURCES = ("simd.py", "panel.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py")
 
 
 def _sources_hash() -> str:
@@ -900,7 +901,7 @@ def quant_row(typingctx, X, t, XQ, XD, XS, XDS):
 #   row_<type>(W, block, i, out, t)                           out[t] = row i (embedding)
 # Each writes out[t + s, i + r] for r < RW, s < RT and reads nothing else of out.
 
-TILES_INT8 = ((1, 1), (1, 4), (2, 4), (GROUP, 1), (GROUP, 4))
+TILES_INT8 = ((1, 1), (1, 4), (GROUP, 1))  # prefill's row groups: panel.py
 TILES_FLOAT = ((1, 1), (1, 4))
 _WEIGHT_DTYPE = {"f32": types.float32, "f16": types.uint16}  # quantized: uint8
 

@@ -61,6 +61,7 @@ from .simd import (
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
+CHAINS = 2  # independent vpdpbusd chains per token and block (integer sums: exact)
 
 
 def _store_vec(b, base, off, value):
@@ -160,9 +161,14 @@ def _ptile_codegen(kind, RT):
                     tot = _splat(b, b.mul(_load(b, irow[s], foff, I32), _c(I32, -128)), 8)
                 else:
                     tot = zero_i
+                part = [tot] + [zero_i] * (CHAINS - 1)
                 for c in range(8):
                     x4 = _splat(b, _load(b, xrow[s], b.add(xoff, _i64(4 * c)), I32), 8)
-                    tot = _dot_acc(b, tot, chunks[c], b.bitcast(x4, _v(I8, 32)))
+                    part[c % CHAINS] = _dot_acc(b, part[c % CHAINS], chunks[c],
+                                                b.bitcast(x4, _v(I8, 32)))
+                while len(part) > 1:
+                    part = [b.add(part[k], part[k + 1]) for k in range(0, len(part), 2)]
+                tot = part[0]
                 dx = _splat(b, _load(b, drow[s], foff, F32), 8)
                 f = b.fmul(b.sitofp(tot, v8), dx, flags=FAST)
                 if kind == "q4_0":

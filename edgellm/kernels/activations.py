@@ -3,17 +3,25 @@
 import numpy as np
 from numba import prange
 
+from .fastexp import exp32
 from .simd import kernel
+
+
+@kernel(exact=True)
+def swiglu_row(gate, up, out):
+    """out[:] = silu(gate) * up for 1-D rows: IEEE operations in their written order (no
+    fastmath), so the vectorized loop rounds exactly as a scalar one; exp32 is libm's exp."""
+    for i in range(gate.shape[0]):
+        g = gate[i]
+        out[i] = g / (np.float32(1.0) + exp32(-g)) * up[i]
 
 
 @kernel(parallel=True)
 def swiglu(gate, up, out):
     """out[T,F] = silu(gate) * up, rows in parallel."""
-    T, F = gate.shape
+    T = gate.shape[0]
     for t in prange(T):
-        for i in range(F):
-            g = gate[t, i]
-            out[t, i] = g / (np.float32(1.0) + np.exp(-g)) * up[t, i]
+        swiglu_row(gate[t], up[t], out[t])
 
 
 @kernel

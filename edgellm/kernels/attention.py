@@ -3,6 +3,7 @@
 import numpy as np
 from numba import prange
 
+from .fastexp import exp32
 from .simd import kernel
 
 NEG = np.float32(-1e30)  # the score of a key a query does not see (finite: fastmath)
@@ -47,7 +48,7 @@ def _softmax_row(row, n, kpos, p, window, scale, softcap):
         best = max(best, v)
     total = np.float32(0.0)
     for s in range(n):
-        e = np.exp(row[s] - best) if row[s] > NEG else np.float32(0.0)
+        e = exp32(row[s] - best) if row[s] > NEG else np.float32(0.0)
         row[s] = e
         total += e
     inv = np.float32(1.0) / total

@@ -26,6 +26,8 @@ import numpy as np
 from numba import prange
 
 from .act_quant import quantize_rows
+from .activations import swiglu_row
+from .fastexp import exp32
 from .matvec import (
     mv_rows_q4_0,
     mv_rows_q4_1,
@@ -120,13 +122,10 @@ NEG = np.float32(-1e30)  # the score of a slot a query does not see (finite: fas
 
 @kernel
 def _exp_shift(x, n, m):
-    """x[:n] = exp(x[:n] - m); returns their sum. libm's exp per element: with a vectorizable
-    exp (a polynomial, or glibc's algorithm rewritten: bit-exact, tried in 159a3c7) LLVM
-    vectorizes this loop and reorders its sum, which moved tests/test_realmodel.py's greedy
-    story off a near-tie."""
+    """x[:n] = exp(x[:n] - m); returns their sum (exp32: vectorized, the sum reordered)."""
     total = np.float32(0.0)
     for s in range(n):
-        e = np.exp(x[s] - m) if x[s] > NEG else np.float32(0.0)
+        e = exp32(x[s] - m) if x[s] > NEG else np.float32(0.0)
         x[s] = e
         total += e
     return total
@@ -165,7 +164,7 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, s
             for g in range(ng):
                 scores[g, s] = NEG
     for g in range(ng):
-        e_self = np.exp(self_s[g] - best[g])
+        e_self = exp32(self_s[g] - best[g])
         total = e_self + _exp_shift(scores[g], n, best[g])
         self_s[g] = e_self / total  # now the weight of this token
         o = out[0, (hq0 + g) * Dh:(hq0 + g + 1) * Dh]
@@ -269,9 +268,7 @@ def _worker(tid, nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, 
         r0, r1 = _split(m[GATE, 1], tid, nt)
         _mv(blob, m[GATE], ht, aq, ad, ads, gate, r0, r1, precise)
         _mv(blob, m[UP], ht, aq, ad, ads, ffn, r0, r1, precise)
-        for r in range(r0, r1):
-            g = gate[0, r]
-            ffn[0, r] = g / (np.float32(1.0) + np.exp(-g)) * ffn[0, r]
+        swiglu_row(gate[0, r0:r1], ffn[0, r0:r1], ffn[0, r0:r1])
         barrier(state, nt)
         # S6: rows of down_proj, residual
         if not precise:

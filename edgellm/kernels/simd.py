@@ -35,7 +35,8 @@ Caching (numba#1833): numba's cache key for a kernel covers only its own source 
 intrinsics or jitted functions it calls from other modules, nor the SIMD path. Kernels
 are therefore defined with `@kernel`, which caches them in a subdirectory of
 NUMBA_CACHE_DIR named by CACHE_TAG: KERNEL_VERSION, SIMD_PATH and a hash of this file,
-panel.py, act_quant.py, matvec.py, matmul.py and sync.py (the decode step's barrier). Editing any
+panel.py, act_quant.py, matvec.py, matmul.py, sync.py (the decode step's barrier),
+fastexp.py and activations.py (the decode step's exp and SwiGLU). Editing any
 of them or switching path never loads a stale kernel. A kernel elsewhere that calls these
 intrinsics or kernels (a fused decode step, say) should be defined with `@kernel` too, so
 that it is cached under the same tag; bump KERNEL_VERSION when a change the hash does not
@@ -104,7 +105,8 @@ VNNI = SIMD_PATH == "vnni"
 NATIVE_F16 = _native_f16()  # else f16 scales are converted in integer IR (_h2f)
 
 # The kernel sources the tag covers: this file and the kernel modules built on it.
-_SOURCES = ("simd.py", "panel.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py")
+_SOURCES = ("simd.py", "panel.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py",
+            "fastexp.py", "activations.py")
 
 
 def _sources_hash() -> str:

@@ -101,8 +101,8 @@ class FusedDecoder:
         self.acts = [_act(nt, n) for n in (D, qd, F)]
         group = a.num_attention_heads // a.num_key_value_heads
         self.kq = np.zeros((nt, 1 + group, Dh), f32)  # a worker's k head and q heads
-        # a worker's softmax weights for one KV group's query heads, then 2 rows of stats
-        self.scores = np.zeros((nt, group + 2, max(int(model.cache.caps.max()), group)), f32)
+        # a worker's softmax weights for one KV group's query heads, then a row of stats
+        self.scores = np.zeros((nt, group + 1, max(int(model.cache.caps.max()), group)), f32)
         self.state = np.zeros(3, np.int64)  # barrier: arrived, generation, sleepers
         self.chooser = ThreadChoice()
 

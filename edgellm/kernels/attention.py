@@ -3,14 +3,14 @@
 import numpy as np
 from numba import prange
 
-from .fastexp import exp32
+from .fastexp import MASKED, exp_shift
 from .simd import kernel
 
-NEG = np.float32(-1e30)  # the score of a key a query does not see (finite: fastmath)
+NEG = MASKED  # the score of a key a query does not see
 
 
 @kernel
-def _combine(coef, nc, rows, out):
+def combine(coef, nc, rows, out):
     """out[:] = sum over j < nc of coef[j] rows[j, :len(out)], four rows per pass over out:
     long vector loops, no horizontal sums. Scores are q against keys stored transposed
     (coef = q, rows = kt: out[s] = q . k_s); the output is the weights against the values
@@ -46,11 +46,10 @@ def _softmax_row(row, n, kpos, p, window, scale, softcap):
         v = v if seen else NEG
         row[s] = v
         best = max(best, v)
+    exp_shift(row, n, best)
     total = np.float32(0.0)
     for s in range(n):
-        e = exp32(row[s] - best) if row[s] > NEG else np.float32(0.0)
-        row[s] = e
-        total += e
+        total += row[s]
     inv = np.float32(1.0) / total
     for s in range(n):
         row[s] *= inv
@@ -98,6 +97,6 @@ def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale
         row = np.empty(n, dtype=np.float32)
         for g in range(G):
             h = kvh * G + g
-            _combine(q[t, h], Dh, kt[kvh], row)  # scores against keys 0..n-1
+            combine(q[t, h], Dh, kt[kvh], row)  # scores against keys 0..n-1
             _softmax_row(row, n, kpos, q_pos[t], window, sc32, cap32)
-            _combine(row, n, vals[kvh], out[t, h])
+            combine(row, n, vals[kvh], out[t, h])

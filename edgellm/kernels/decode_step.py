@@ -27,7 +27,8 @@ from numba import prange
 
 from .act_quant import quantize_rows
 from .activations import swiglu_row
-from .fastexp import exp32
+from .dots import LANES, dots16
+from .fastexp import MASKED, exp_shift
 from .matvec import (
     mv_rows_q4_0,
     mv_rows_q4_1,
@@ -117,18 +118,7 @@ def _head_prep(src, dst, norm_w, has_norm, eps, offset, cos, sin):
         dst[i + half] = b * cos[i] + a * sin[i]
 
 
-NEG = np.float32(-1e30)  # the score of a slot a query does not see (finite: fastmath)
-
-
-@kernel
-def _exp_shift(x, n, m):
-    """x[:n] = exp(x[:n] - m); returns their sum (exp32: vectorized, the sum reordered)."""
-    total = np.float32(0.0)
-    for s in range(n):
-        e = exp32(x[s] - m) if x[s] > NEG else np.float32(0.0)
-        x[s] = e
-        total += e
-    return total
+NEG = MASKED  # the score of a slot a query does not see
 
 
 @kernel
@@ -137,49 +127,65 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, s
     """Attention of query heads qg[:ng] (heads hq0.. of one KV group, kvh) over the cache
     slots (positions < p in the window) and this token (key kh, value vh).
 
-    Each cached key and value row is loaded once for all ng heads. Scratch: scores
-    [>= ng, >= slots] (the softmax weights), stats [2, >= ng]. out [1, Hq * Dh] receives
-    the ng heads' rows.
+    Scores 16 cached keys at a time per head (dots16: no horizontal sum per key); the
+    weighted values are summed four rows per pass and normalized at the end.
+    Scratch: scores [>= ng, >= slots], stats [1, >= ng]. out [1, Hq * Dh] receives the ng
+    heads' rows.
     """
     n, Dh = kc.shape[0], kh.shape[0]
-    self_s, best = stats[0], stats[1]
+    self_s = stats[0]
+    keys = kc[:, kvh]  # [n, Dh], rows strided
     for g in range(ng):
         acc = np.float32(0.0)
         for i in range(Dh):
             acc += qg[g, i] * kh[i]
         self_s[g] = acc * scale
-        best[g] = self_s[g]
-    for s in range(n):
-        kp = cpos[s]
-        if kp >= 0 and kp < p and (window == 0 or p - kp < window):
-            kr = kc[s, kvh]
+    s = 0
+    if Dh % LANES == 0:
+        while s + LANES <= n:
             for g in range(ng):
-                acc = np.float32(0.0)
-                for i in range(Dh):
-                    acc += qg[g, i] * kr[i]
-                acc *= scale
-                scores[g, s] = acc
-                best[g] = max(best[g], acc)
-        else:
+                dots16(keys, s, qg, g, scores, s, scale)
+            s += LANES
+    for t in range(s, n):
+        kr = keys[t]
+        for g in range(ng):
+            acc = np.float32(0.0)
+            for i in range(Dh):
+                acc += qg[g, i] * kr[i]
+            scores[g, t] = acc * scale
+    for t in range(n):  # slots this token does not see
+        kp = cpos[t]
+        if not (kp >= 0 and kp < p and (window == 0 or p - kp < window)):
             for g in range(ng):
-                scores[g, s] = NEG
+                scores[g, t] = NEG
     for g in range(ng):
-        e_self = exp32(self_s[g] - best[g])
-        total = e_self + _exp_shift(scores[g], n, best[g])
-        self_s[g] = e_self / total  # now the weight of this token
+        row = scores[g]
+        best = self_s[g]
+        for t in range(n):
+            best = max(best, row[t])
+        e_self = np.exp(self_s[g] - best)  # one per head: libm
+        exp_shift(row, n, best)
+        total = e_self
+        for t in range(n):
+            total += row[t]
+        inv = np.float32(1.0) / total
         o = out[0, (hq0 + g) * Dh:(hq0 + g + 1) * Dh]
         for i in range(Dh):
-            o[i] = self_s[g] * vh[i]
-        inv = np.float32(1.0) / total
-        for s in range(n):
-            scores[g, s] *= inv
-    for s in range(n):
-        vr = vc[s, kvh]
-        for g in range(ng):
-            w = scores[g, s]
-            o = out[0, (hq0 + g) * Dh:(hq0 + g + 1) * Dh]
+            o[i] = e_self * vh[i]
+        t = 0
+        while t + 4 <= n:  # four value rows per pass over o
+            w0, w1, w2, w3 = row[t], row[t + 1], row[t + 2], row[t + 3]
+            v0, v1, v2, v3 = vc[t, kvh], vc[t + 1, kvh], vc[t + 2, kvh], vc[t + 3, kvh]
             for i in range(Dh):
-                o[i] += w * vr[i]
+                o[i] += w0 * v0[i] + w1 * v1[i] + w2 * v2[i] + w3 * v3[i]
+            t += 4
+        while t < n:
+            w0, v0 = row[t], vc[t, kvh]
+            for i in range(Dh):
+                o[i] += w0 * v0[i]
+            t += 1
+        for i in range(Dh):
+            o[i] *= inv
 
 
 @kernel

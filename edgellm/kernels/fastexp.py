@@ -12,9 +12,11 @@ variant is. On glibc (x86-64 with FMA, and aarch64) every float32 input gives th
 bits as libm's expf, NaN payloads aside: tests/test_fastexp.py checks this, so swapping it
 in changes no result. Elsewhere it is within an ulp of the true value (~0.8 ns).
 
-It is compiled without fastmath (the rounding steps must stay as written); LLVM inlines
-it into fastmath kernels with its own instruction flags kept. Not to be numba-inlined
-(inline="always" would compile it under the caller's flags).
+exp32 is inlined by numba (inline="always") into its callers, which must be compiled
+without fastmath (the rounding steps must stay as written): `exp_shift` here and
+activations.swiglu_row. Inlined, it vectorizes with its caller's loop whatever numba's
+cache holds (a cached function is called, not inlined, by functions compiled later).
+Callers needing a sum of exps sum exp_shift's output in their own (fastmath) loop.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .. import numba_setup  # noqa: F401  (numba's environment: must come before kernels)
+from .simd import kernel
 
 N = 32
 # tab[i] = bits(2^(i/N)) - (i << 47): bits(2^(k/N)) = tab[k % N] + (k << 47) for |k| < 150 N
@@ -65,7 +67,7 @@ def _fmuladd(typingctx, a, x, c):
     return types.float64(types.float64, types.float64, types.float64), codegen
 
 
-@njit(fastmath=False, boundscheck=False, error_model="numpy", nogil=True, cache=True)
+@njit(fastmath=False, boundscheck=False, error_model="numpy", nogil=True, inline="always")
 def exp32(x):
     """exp(x) for a float32 x, as float32 (libm's bits on glibc)."""
     xd = np.float64(min(max(x, LO), HI))
@@ -75,3 +77,14 @@ def exp32(x):
     s = _as_f64(TAB[k & (N - 1)] + (k << 47))
     y = _fmuladd(_fmuladd(C0, r, C1), r * r, _fmuladd(C2, r, 1.0)) * s
     return x if x != x else np.float32(y)
+
+
+MASKED = np.float32(-1e30)  # a score a query does not see (finite: fastmath kernels)
+
+
+@kernel(exact=True)
+def exp_shift(x, n, m):
+    """x[:n] = exp(x[:n] - m), 0 where x is MASKED (a softmax's numerators)."""
+    for s in range(n):
+        v = x[s]
+        x[s] = exp32(v - m) if v > MASKED else np.float32(0.0)

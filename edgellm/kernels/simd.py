@@ -36,7 +36,7 @@ intrinsics or jitted functions it calls from other modules, nor the SIMD path. K
 are therefore defined with `@kernel`, which caches them in a subdirectory of
 NUMBA_CACHE_DIR named by CACHE_TAG: KERNEL_VERSION, SIMD_PATH and a hash of this file,
 panel.py, act_quant.py, matvec.py, matmul.py, sync.py (the decode step's barrier),
-fastexp.py and activations.py (the decode step's exp and SwiGLU). Editing any
+fastexp.py, activations.py, attention.py and dots.py (what the decode step calls). Editing any
 of them or switching path never loads a stale kernel. A kernel elsewhere that calls these
 intrinsics or kernels (a fused decode step, say) should be defined with `@kernel` too, so
 that it is cached under the same tag; bump KERNEL_VERSION when a change the hash does not
@@ -106,7 +106,7 @@ NATIVE_F16 = _native_f16()  # else f16 scales are converted in integer IR (_h2f)
 
 # The kernel sources the tag covers: this file and the kernel modules built on it.
 _SOURCES = ("simd.py", "panel.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py",
-            "fastexp.py", "activations.py")
+            "fastexp.py", "activations.py", "attention.py", "dots.py")
 
 
 def _sources_hash() -> str:

@@ -13,9 +13,10 @@ Per weight type and mode, two entry points with the same leading arguments:
 mv_*  int8 activations (xq, xd, xds from act_quant). q4_0 / q4_1: row groups (simd.py's
       GROUP rows per tile, the per-block float work done once for the group, the next
       group prefetched: the rows side by side are not one stream the hardware prefetches);
-      the last rows one at a time. q8_0: one row at a time, one sequential stream: it is
-      nearer memory-bound, and groups measured 10% slower on a busy machine's decode step
-      (against 10-45% faster for q4_0 / q4_1).
+      the last rows one at a time. q8_0: four rows at a time (simd.py's
+      _q8act_row_codegen: the activation side shared, one xor per row and block instead of
+      the sign trick, the next rows prefetched), the last ones alone; 8-row groups with
+      their per-block reduction had measured 10% slower here.
 mvp_* float32 activations, each weight block dequantized in registers ("precise");
       the only mode of f32/f16 weights
 embed_<type>(w, block, ids, out): out[t] = dequantized row ids[t] (embedding lookup)
@@ -42,6 +43,7 @@ from .simd import (  # noqa: F401  (intrinsics, resolved by numba at compile tim
     tile_q4_1_1x1,
     tile_q4_1_8x1,
     tile_q8_0_1x1,
+    tile_q8_0_4x1,
 )
 
 CHUNK = 16  # rows per parallel work item
@@ -51,9 +53,13 @@ CHUNK = 16  # rows per parallel work item
 
 @kernel
 def mv_rows_q8_0(w, block, xq, xd, xds, out, r0, r1):
-    """out[0, r0:r1] = W[r0:r1] @ x, q8_0 weights (one row at a time: see the docstring)."""
-    for i in range(r0, r1):
-        tile_q8_0_1x1(w, block, i, xq, xd, xds, 0, out)
+    """out[0, r0:r1] = W[r0:r1] @ x, q8_0 weights (four rows at a time: see the docstring)."""
+    i = r0
+    while i + 4 <= r1:
+        tile_q8_0_4x1(w, block, i, xq, xd, xds, 0, out)
+        i += 4
+    for j in range(i, r1):
+        tile_q8_0_1x1(w, block, j, xq, xd, xds, 0, out)
 
 
 @kernel

@@ -57,6 +57,7 @@ from .simd import (
     _splat,
     _store,
     _v,
+    scale_block,
 )
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
@@ -168,18 +169,8 @@ def _ptile_codegen(kind, RT):
                                                 b.bitcast(x4, _v(I8, 32)))
                 while len(part) > 1:
                     part = [b.add(part[k], part[k + 1]) for k in range(0, len(part), 2)]
-                tot = part[0]
-                dx = _splat(b, _load(b, drow[s], foff, F32), 8)
-                f = b.fmul(b.sitofp(tot, v8), dx, flags=FAST)
-                if kind == "q4_0":
-                    ds = _load(b, srows[s], foff, F32)
-                    f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -8.0), flags=FAST), 8),
-                               flags=FAST)
-                acc = b.fadd(st[s], b.fmul(f, dw, flags=FAST), flags=FAST)
-                if kind == "q4_1":
-                    ds = _splat(b, _load(b, srows[s], foff, F32), 8)
-                    acc = b.fadd(acc, b.fmul(mw, ds, flags=FAST), flags=FAST)
-                new.append(acc)
+                new.append(scale_block(b, kind, part[0], drow[s], srows[s], foff, dw, mw,
+                                       st[s]))
             return new
 
         init = [_c(v8, [0.0] * 8)] * RT

@@ -557,6 +557,24 @@ def _dot_acc(b, acc, u8, s8):
     return b.add(acc, _pairsum(b, b.mul(b.zext(u8, _v(I32, n)), b.sext(s8, _v(I32, n)))))
 
 
+def scale_block(b, kind, tot, drow, srow, foff, dw, mw, acc):
+    """acc + one block's <8 x i32> int8 dot products `tot` (a lane per weight row) as floats:
+    tot dx dw, minus 8 dw xds (q4_0) or plus mw xds (q4_1); dx and xds at byte offset foff
+    of the activation rows drow, srow; dw, mw <8 x f32>. The row-group and panel tiles' float
+    work per block, in this order in both."""
+    v8 = _v(F32, 8)
+    dx = _splat(b, _load(b, drow, foff, F32), 8)
+    f = b.fmul(b.sitofp(tot, v8), dx, flags=FAST)
+    if kind == "q4_0":
+        ds = _load(b, srow, foff, F32)
+        f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -8.0), flags=FAST), 8), flags=FAST)
+    acc = b.fadd(acc, b.fmul(f, dw, flags=FAST), flags=FAST)
+    if kind == "q4_1":
+        ds = _splat(b, _load(b, srow, foff, F32), 8)
+        acc = b.fadd(acc, b.fmul(mw, ds, flags=FAST), flags=FAST)
+    return acc
+
+
 def _hadd(b, u, v):
     """Horizontal pair sums of two <8 x i32> within 128-bit halves (x86 vphaddd)."""
     lo = _pick(b, u, (0, 2, 8, 10, 4, 6, 12, 14), v)
@@ -655,17 +673,7 @@ def _group_codegen(kind, RT):
                 else:  # d[0] lanes: rows 0-3 low half, 0-3 high half: add the halves
                     tot = b.add(_pick(b, d[0], (0, 1, 2, 3, 8, 9, 10, 11), d[1]),
                                 _pick(b, d[0], (4, 5, 6, 7, 12, 13, 14, 15), d[1]))
-                dx = _splat(b, _load(b, drow[s], foff, F32), 8)
-                f = b.fmul(b.sitofp(tot, v8), dx, flags=FAST)
-                if kind == "q4_0":
-                    ds = _load(b, srow[s], foff, F32)
-                    f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -8.0), flags=FAST), 8),
-                               flags=FAST)
-                acc = b.fadd(st[s], b.fmul(f, dw, flags=FAST), flags=FAST)
-                if kind == "q4_1":
-                    ds = _splat(b, _load(b, srow[s], foff, F32), 8)
-                    acc = b.fadd(acc, b.fmul(mw, ds, flags=FAST), flags=FAST)
-                new.append(acc)
+                new.append(scale_block(b, kind, tot, drow[s], srow[s], foff, dw, mw, st[s]))
             return new
 
         init = [_c(v8, [0.0] * 8)] * RT

@@ -37,7 +37,6 @@ from numba.extending import intrinsic
 from .simd import (
     BLOCK_BYTES,
     F32,
-    FAST,
     GROUP,
     I8,
     I16,
@@ -50,13 +49,12 @@ from .simd import (
     _h2f,
     _i64,
     _load,
-    _loop,
     _nibbles,
     _pick,
     _Rows,
     _splat,
-    _store,
     _v,
+    group_blocks,
     scale_block,
 )
 
@@ -173,15 +171,7 @@ def _ptile_codegen(kind, RT):
                                        st[s]))
             return new
 
-        init = [_c(v8, [0.0] * 8)] * RT
-        states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=2 if RT == 1 else 1)
-        final = states[0]
-        for st in states[1:]:
-            final = [b.fadd(u, v, flags=FAST) for u, v in zip(final, st, strict=True)]
-        for s in range(RT):
-            for r in range(GROUP):
-                _store(b, out, rows[s], b.add(i, _i64(r)),
-                       b.extract_element(final[s], _c(I32, r)))
+        group_blocks(b, b.sdiv(xq.cols, _i64(32)), RT, body, out, t, i, range(GROUP))
         return ctx.get_dummy_value()
 
     return codegen

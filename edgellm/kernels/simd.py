@@ -557,6 +557,20 @@ def _dot_acc(b, acc, u8, s8):
     return b.add(acc, _pairsum(b, b.mul(b.zext(u8, _v(I32, n)), b.sext(s8, _v(I32, n)))))
 
 
+def group_blocks(b, nblocks, RT, body, out, t, i, order):
+    """Run body(block, acc) over the blocks with RT <8 x f32> accumulators (two chains when
+    RT == 1), then store lane k of token s's sum to out[t + s, i + order[k]]."""
+    init = [_c(_v(F32, 8), [0.0] * 8)] * RT
+    states = _loop(b, nblocks, init, body, unroll=2 if RT == 1 else 1)
+    final = states[0]
+    for st in states[1:]:
+        final = [b.fadd(u, v, flags=FAST) for u, v in zip(final, st, strict=True)]
+    for s in range(RT):
+        for lane, r in enumerate(order):
+            _store(b, out, b.add(t, _i64(s)), b.add(i, _i64(r)),
+                   b.extract_element(final[s], _c(I32, lane)))
+
+
 def scale_block(b, kind, tot, drow, srow, foff, dw, mw, acc):
     """acc + one block's <8 x i32> int8 dot products `tot` (a lane per weight row) as floats:
     tot dx dw, minus 8 dw xds (q4_0) or plus mw xds (q4_1); dx and xds at byte offset foff
@@ -599,7 +613,6 @@ def _group_codegen(kind, RT):
     R = GROUP
     q4 = kind != "q8_0"
     order = _PAIR_ORDER if q4 else tuple(range(R))
-    v8 = _v(F32, 8)
 
     def codegen(ctx, b, sig, args):
         w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
@@ -676,15 +689,7 @@ def _group_codegen(kind, RT):
                 new.append(scale_block(b, kind, tot, drow[s], srow[s], foff, dw, mw, st[s]))
             return new
 
-        init = [_c(v8, [0.0] * 8)] * RT
-        states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=2 if RT == 1 else 1)
-        final = states[0]
-        for st in states[1:]:
-            final = [b.fadd(u, v, flags=FAST) for u, v in zip(final, st, strict=True)]
-        for s in range(RT):
-            for lane, r in enumerate(order):
-                _store(b, out, b.add(t, _i64(s)), b.add(i, _i64(r)),
-                       b.extract_element(final[s], _c(I32, lane)))
+        group_blocks(b, b.sdiv(xq.cols, _i64(32)), RT, body, out, t, i, order)
         return ctx.get_dummy_value()
 
     return codegen

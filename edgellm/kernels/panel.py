@@ -31,8 +31,6 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
-from numba.core.errors import TypingError
-from numba.extending import intrinsic
 
 from .simd import (
     BLOCK_BYTES,
@@ -53,6 +51,7 @@ from .simd import (
     _pick,
     _Rows,
     _splat,
+    _typed,
     _v,
     group_blocks,
     scale_block,
@@ -177,44 +176,18 @@ def _ptile_codegen(kind, RT):
     return codegen
 
 
-def _array_sig(name, args, dtypes):
-    """Signature for args: 2-D arrays of the given dtypes, or integers where dtype is None."""
-    sig = []
-    for k, (a, dt) in enumerate(zip(args, dtypes, strict=True)):
-        if dt is None:
-            if not isinstance(a, types.Integer):
-                raise TypingError(f"{name}: argument {k} must be an integer, got {a}")
-            sig.append(types.int64)
-        else:
-            if not (isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt):
-                raise TypingError(f"{name}: argument {k} must be a 2-D {dt} array, got {a}")
-            sig.append(a)
-    return types.none(*sig)
-
-
 def _make_pack(kind):
     name = f"pack_{kind}"
-    dtypes = (types.uint8, None, None, types.uint8, types.float32, None)
     codegen = _by_block(lambda B: _pack_codegen(kind, B))
-
-    def typer(typingctx, w, block, i, panel, scales, g):
-        return _array_sig(name, (w, block, i, panel, scales, g), dtypes), codegen
-
-    typer.__name__ = typer.__qualname__ = name
-    return name, intrinsic(typer)
+    return name, _typed(name, codegen, {0: types.uint8, 3: types.uint8, 4: types.float32},
+                        ints=(1, 2, 5))
 
 
 def _make_ptile(kind, RT):
     name = f"ptile_{kind}_{GROUP}x{RT}"
-    dtypes = (types.uint8, types.float32, None, types.int8, types.float32, types.int32,
-              types.float32, None, types.float32, None)
-    codegen = _ptile_codegen(kind, RT)
-
-    def typer(typingctx, panel, scales, g, xq, xd, xs, xds, t, out, i):
-        return _array_sig(name, (panel, scales, g, xq, xd, xs, xds, t, out, i), dtypes), codegen
-
-    typer.__name__ = typer.__qualname__ = name
-    return name, intrinsic(typer)
+    arrays = {0: types.uint8, 1: types.float32, 3: types.int8, 4: types.float32,
+              5: types.int32, 6: types.float32, 8: types.float32}
+    return name, _typed(name, _ptile_codegen(kind, RT), arrays, ints=(2, 7, 9))
 
 
 for _kind in KINDS:

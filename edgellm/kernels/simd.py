@@ -468,6 +468,17 @@ def _q8act_codegen(kind, B, RW, RT):
     return codegen
 
 
+def _prefetch_ahead(b, nxt, bi, nbytes):
+    """Hint the nbytes at nxt + bi * nbytes into the cache: rows read side by side are as
+    many streams, which the hardware prefetcher follows badly, so a tile fetches the rows
+    after it linearly, as much per block as it consumes (a hint: never faults, also past
+    the end of the matrix)."""
+    pf = _llvm_fn(b, "llvm.prefetch.p0", ir.VoidType(), [BYTES, I32, I32, I32])
+    ahead = b.gep(nxt, [b.mul(bi, _i64(nbytes))])
+    for c in range(0, nbytes, 64):
+        b.call(pf, [b.gep(ahead, [_i64(c)]), _c(I32, 0), _c(I32, 3), _c(I32, 1)])
+
+
 def _q8act_row_codegen(kind, RW=1):
     """Tile codegen for RW weight rows (RW > 1: q8_0 only) x one token, B = 32, on 256 bits
     per block.
@@ -495,16 +506,13 @@ def _q8act_row_codegen(kind, RW=1):
         init = [_c(v8, [0.0] * 8)] * RW + ([_c(F32, 0.0)] if q4 else [])
         zero_i = _c(_v(I32, 8), [0] * 8)
         flip = _c(_v(I8, 32), [-128] * 32)
-        nxt = w.row(b.add(i, _i64(PF_ROWS * RW)))  # rows ahead, as one linear stream
-        pf = _llvm_fn(b, "llvm.prefetch.p0", ir.VoidType(), [BYTES, I32, I32, I32])
+        nxt = w.row(b.add(i, _i64(PF_ROWS * RW)))  # the rows PF_ROWS tiles ahead
 
         def body(bi, st):
             x = _load(b, xrow, b.mul(bi, _i64(32)), _v(I8, 32))
             dx = _load(b, drow, b.mul(bi, _i64(4)), F32)
-            if RW > 1:  # RW rows side by side are RW streams: the prefetcher needs help
-                ahead = b.gep(nxt, [b.mul(bi, _i64(RW * BB))])
-                for c in range(0, RW * BB, 64):
-                    b.call(pf, [b.gep(ahead, [_i64(c)]), _c(I32, 0), _c(I32, 3), _c(I32, 1)])
+            if RW > 1:
+                _prefetch_ahead(b, nxt, bi, RW * BB)
             if flip_trick:
                 bias = b.sub(zero_i, _dot_acc(b, zero_i, flip, x))
             out = []
@@ -519,9 +527,8 @@ def _q8act_row_codegen(kind, RW=1):
                 scale = _splat(b, b.fmul(dw, dx, flags=FAST), 8)
                 out.append(b.fadd(st[r], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
                                   flags=FAST))
-            if q4:
-                p = b.gep(wrows[0], [b.mul(bi, _i64(BB))], inbounds=True)
-                fm = _f16(b, p, 0) if kind == "q4_0" else _f16(b, p, 2)
+            if q4:  # RW == 1: p and dw are the row's
+                fm = dw if kind == "q4_0" else _f16(b, p, 2)
                 ds = _load(b, srow, b.mul(bi, _i64(4)), F32)
                 out.append(b.fadd(st[RW], b.fmul(fm, ds, flags=FAST), flags=FAST))
             return out
@@ -632,17 +639,11 @@ def _group_codegen(kind, RT):
                 v = b.insert_element(v, _load(b, ps[r], off, I16), _c(I32, lane))
             return _h2f(b, v)
 
-        nxt = w.row(b.add(i, _i64(PF_GROUPS * R)))  # the rows a group or more ahead
-        pf = _llvm_fn(b, "llvm.prefetch.p0", ir.VoidType(), [BYTES, I32, I32, I32])
+        nxt = w.row(b.add(i, _i64(PF_GROUPS * R)))  # the rows PF_GROUPS groups ahead
 
         def body(bi, st):
             ps = [b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True) for row in wrow]
-            # R rows side by side defeat the hardware's stream prefetch: fetch the next
-            # group's bytes linearly, as much per block as this block consumes (a hint:
-            # never faults, also past the end of the matrix)
-            ahead = b.gep(nxt, [b.mul(bi, _i64(R * BB))])
-            for c in range(0, R * BB, 64):
-                b.call(pf, [b.gep(ahead, [_i64(c)]), _c(I32, 0), _c(I32, 3), _c(I32, 1)])
+            _prefetch_ahead(b, nxt, bi, R * BB)
             xoff = b.mul(bi, _i64(32))
             foff = b.mul(bi, _i64(4))
             dots = [[] for _ in range(RT)]
@@ -996,7 +997,10 @@ def _typed(name, codegen, arrays, ints):
 
     # numba's @intrinsic needs a fixed parameter list
     nargs = len(arrays) + len(ints)
-    if nargs == 8:
+    if nargs == 10:
+        def typer(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
+            return check((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9))
+    elif nargs == 8:
         def typer(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
             return check((a0, a1, a2, a3, a4, a5, a6, a7))
     elif nargs == 6:

@@ -75,16 +75,15 @@ class KVCache:
         caps = [min(w, context) if w else context for w in layer_windows]
         self.caps = np.array(caps, dtype=np.int64)
         self.windows = np.array(layer_windows, dtype=np.int64)
-        self.uniform = len(set(caps)) == 1
-        if self.uniform:  # one array for all layers: the fused decode step indexes it
-            shape = (len(caps), caps[0], n_kv, head_dim)
-            self.k, self.v = lazy_zeros(shape, np.float32), lazy_zeros(shape, np.float32)
-            self.pos = np.full(shape[:2], -1, dtype=np.int64)
-            parts = [(self.k[i], self.v[i], self.pos[i]) for i in range(len(caps))]
-        else:  # each layer as long as its window (Gemma's sliding layers)
-            parts = [(lazy_zeros((c, n_kv, head_dim), np.float32),
-                      lazy_zeros((c, n_kv, head_dim), np.float32), np.full(c, -1, np.int64))
-                     for c in caps]
+        # One array of slots for all layers, layer i's at starts[i]..starts[i] + caps[i]
+        # (sliding layers hold only their window): the fused decode step indexes it.
+        self.starts = np.concatenate([[0], np.cumsum(caps)[:-1]]).astype(np.int64)
+        total = int(sum(caps))
+        self.k_all = lazy_zeros((total, n_kv, head_dim), np.float32)
+        self.v_all = lazy_zeros((total, n_kv, head_dim), np.float32)
+        self.pos_all = np.full(total, -1, dtype=np.int64)
+        parts = [(self.k_all[s:s + c], self.v_all[s:s + c], self.pos_all[s:s + c])
+                 for s, c in zip(self.starts.tolist(), caps)]
         self.layers = [LayerCache(k, v, pos, w) for (k, v, pos), w in zip(parts, layer_windows)]
         self.next_pos = 0  # position of the next token
         self.n_tokens = 0  # tokens that full-attention layers hold

@@ -34,7 +34,8 @@ class LLM:
     """A packed model opened for inference (weights memory-mapped, used in place)."""
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
-                 context: int | None = None, precise: bool = False, chunk: int = 64):
+                 context: int | None = None, precise: bool = False, chunk: int = 64,
+                 fused: bool = True):
         import numba
 
         from .numba_setup import set_threads
@@ -47,7 +48,8 @@ class LLM:
         self.packed = PackedModel(path)
         try:
             check_model(self.packed)  # every shape against the config, before any kernel
-            self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk)
+            self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk,
+                                    fused=fused)
         except MemoryError:
             self.packed.close()
             raise EdgeLLMError(f"{self.packed.path}: not enough memory for the model's "
@@ -210,11 +212,13 @@ class LLM:
 
 
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,
-         precise: bool = False) -> LLM:
+         precise: bool = False, fused: bool = True) -> LLM:
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
-    activations for quantized weights (matches the float model; slower)."""
-    return LLM(path, threads=threads, context=context, precise=precise)
+    activations for quantized weights (matches the float model; slower); fused: decode
+    each token in one compiled parallel step where the weights allow it (False: one
+    kernel call per operation, the reference path; the CLI's default is EDGELLM_FUSED)."""
+    return LLM(path, threads=threads, context=context, precise=precise, fused=fused)
 
 
 __all__ = ["LLM", "load", "EdgeLLMError"]

@@ -8,8 +8,9 @@ from ..format import PackedModel
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
-          chunk: int = 64):
-    """The runnable model of a packed file."""
+          chunk: int = 64, fused: bool = True):
+    """The runnable model of a packed file; fused: decode through the fused step where the
+    model's weights allow it (arch/fused.py), else the per-operation path."""
     model_type = packed.architecture
     family = ARCH_ALIASES.get(model_type)
     if family is None:
@@ -25,4 +26,9 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
         from .phi3 import Phi3 as cls
     elif family == "moe":
         from .moe import MoE as cls
-    return cls(packed, args, precise=precise, context=context, chunk=chunk)
+    model = cls(packed, args, precise=precise, context=context, chunk=chunk)
+    if fused:
+        from .fused import FusedDecoder
+
+        model.fused = FusedDecoder.build(model)
+    return model

@@ -20,10 +20,8 @@ import numpy as np
 
 from ..config import ModelArgs, _round_bf16, rope_inv_freq
 from ..errors import UnsupportedArchitectureError
-from ..kernels.activations import geglu_tanh
-from ..kernels.linear import linear, quantize_act
-from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
-from .base import Buffers, LayerWeights, Transformer
+from .base import LayerWeights, Transformer
+from .steps import Add, Attend, Linear, Norm, dense_mlp
 
 GELU_TANH = (None, "gelu_pytorch_tanh", "gelu_tanh")
 SLIDING_THETA = 10000.0  # transformers 4 default of rope_local_base_freq
@@ -98,31 +96,11 @@ class Gemma3(Transformer):
     def attn_scale(self) -> float:
         return self._attn_scale
 
-    def qk_norm(self, w: LayerWeights, q: np.ndarray, k: np.ndarray) -> None:
-        rmsnorm_heads(q, w.q_norm, self.args.rms_norm_eps, self.norm_offset)
-        rmsnorm_heads(k, w.k_norm, self.args.rms_norm_eps, self.norm_offset)
-
-    def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        eps, off = self.args.rms_norm_eps, self.norm_offset
-        x, h = b.x[:T], b.h[:T]
-        rmsnorm(x, w.attn_norm, eps, off, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        q, k, v = b.q[:T], b.k[:T], b.v[:T]
-        linear(w.q, h, q, precise=self.precise, act=act)
-        linear(w.k, h, k, precise=self.precise, act=act)
-        linear(w.v, h, v, precise=self.precise, act=act)
-        for bias, out in ((w.q_bias, q), (w.k_bias, k), (w.v_bias, v)):
-            if bias is not None:
-                out += bias
-        self.attend(i, w, b, T, positions)
-        linear(w.o, b.attn[:T], h, precise=self.precise)
-        rmsnorm(h, w.post_attn_norm, eps, off, h)
-        add_inplace(x, h)
-        rmsnorm(x, w.ffn_norm, eps, off, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        linear(w.gate, h, b.gate[:T], precise=self.precise, act=act)
-        linear(w.up, h, b.up[:T], precise=self.precise, act=act)
-        geglu_tanh(b.gate[:T], b.up[:T], b.ffn[:T])
-        linear(w.down, b.ffn[:T], h, precise=self.precise)
-        rmsnorm(h, w.post_ffn_norm, eps, off, h)
-        add_inplace(x, h)
+    def steps(self, i: int, w: LayerWeights) -> list:
+        return [Norm("x", w.attn_norm, "h"),
+                Linear(w.q, "h", "q", w.q_bias), Linear(w.k, "h", "k", w.k_bias),
+                Linear(w.v, "h", "v", w.v_bias),
+                Attend(i, q_norm=w.q_norm, k_norm=w.k_norm),
+                Linear(w.o, "attn", "h"), Norm("h", w.post_attn_norm, "h"), Add("x", "h"),
+                Norm("x", w.ffn_norm, "h"), *dense_mlp(w, act="gelu_tanh"),
+                Norm("h", w.post_ffn_norm, "h"), Add("x", "h")]

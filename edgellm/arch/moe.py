@@ -27,11 +27,11 @@ from ..config import ModelArgs
 from ..errors import FormatError, UnsupportedArchitectureError
 from ..format import Tensor
 from ..kernels.activations import swiglu
-from ..kernels.linear import linear, quantize_act
+from ..kernels.linear import linear
 from ..kernels.moe import route, scatter_add
-from ..kernels.norms import add_inplace, rmsnorm
-from .base import Buffers, LayerWeights
+from .base import LayerWeights
 from .llama import Llama
+from .steps import Add, Experts, Norm, dense_mlp
 
 # model_type -> (router, expert gate, up, down) names under "model.layers.N.".
 TENSOR_NAMES = {
@@ -86,12 +86,9 @@ class MoE(Llama):
         self.n_experts, self.top_k, self.renorm = moe_settings(args)
         super().__init__(packed, args, **kw)
         sparse = [w for w in self.layers if w.experts is not None]
-        dense = [w for w in self.layers if w.experts is None]
         inner = sparse[0].experts[0][0].shape[0] if sparse else 1
         self.moe_buf = MoEBuffers(self.chunk, args.hidden_size, inner, self.n_experts,
                                   self.top_k)
-        F = dense[0].gate.shape[0] if dense else 1
-        self.dense_buf = [np.zeros((self.chunk, F), np.float32) for _ in range(3)]
         self.expert_bytes = sum(sum(w.expert_nbytes) for w in sparse)
         self.expert_bytes_read = 0
 
@@ -132,32 +129,9 @@ class MoE(Llama):
         w.expert_nbytes = [sum(t.data.nbytes for t in ex) for ex in w.experts]
         return w
 
-    def block(self, i: int, w: MoEWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        a: ModelArgs = self.args
-        x, h = b.x[:T], b.h[:T]
-        rmsnorm(x, w.attn_norm, a.rms_norm_eps, 0.0, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        q, k, v = b.q[:T], b.k[:T], b.v[:T]
-        linear(w.q, h, q, precise=self.precise, act=act)
-        linear(w.k, h, k, precise=self.precise, act=act)
-        linear(w.v, h, v, precise=self.precise, act=act)
-        for bias, out in ((w.q_bias, q), (w.k_bias, k), (w.v_bias, v)):
-            if bias is not None:
-                out += bias
-        self.attend(i, w, b, T, positions)
-        linear(w.o, b.attn[:T], h, precise=self.precise)
-        add_inplace(x, h)
-        rmsnorm(x, w.ffn_norm, a.rms_norm_eps, 0.0, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        if w.experts is None:
-            gate, up, ffn = (buf[:T] for buf in self.dense_buf)
-            linear(w.gate, h, gate, precise=self.precise, act=act)
-            linear(w.up, h, up, precise=self.precise, act=act)
-            swiglu(gate, up, ffn)
-            linear(w.down, ffn, h, precise=self.precise)
-            add_inplace(x, h)
-        else:
-            self.sparse_mlp(w, h, act, x)
+    def steps(self, i: int, w: MoEWeights) -> list:
+        mlp = dense_mlp(w) + [Add("x", "h")] if w.experts is None else [Experts(w, "h", "x")]
+        return self.attention_steps(i, w) + [Norm("x", w.ffn_norm, "h")] + mlp
 
     def sparse_mlp(self, w: MoEWeights, h: np.ndarray, act, out: np.ndarray) -> None:
         """out[T, D] += the routed experts' outputs for the normed rows h[T, D]."""

@@ -6,8 +6,8 @@
     y = h + down_proj(silu(gate) * up)
 
 partial_rotary_factor < 1 rotates only the first `rot` dims of each q/k head (rotate-half
-within them). We store q and k with their head dims permuted the same way (which leaves
-every q.k product unchanged) so that the shared full-width RoPE kernel, with zero
+within them). Attention reads q and k with their head dims permuted the same way (which
+leaves every q.k product unchanged) so that the shared full-width RoPE kernel, with zero
 frequencies on the pass-through dims, does exactly that; the KV cache's context shift
 then re-ropes keys correctly too. A sliding_window in the config applies to every layer,
 as transformers' Phi3 does. longrope ("su") scaling (the 128k models) is not supported.
@@ -22,10 +22,8 @@ import numpy as np
 from ..config import ModelArgs, rope_inv_freq
 from ..errors import FormatError, UnsupportedArchitectureError
 from ..format import Tensor
-from ..kernels.activations import swiglu
-from ..kernels.linear import linear, quantize_act
-from ..kernels.norms import add_inplace, rmsnorm
-from .base import Buffers, LayerWeights, Transformer
+from .base import LayerWeights, Transformer
+from .steps import Act, Add, Attend, Linear, Norm
 
 
 @dataclass
@@ -69,19 +67,12 @@ class Phi3(Transformer):
                 f"{packed.path}: phi3 activation {args.hidden_act!r} is not supported (silu)")
         self.rot = rotary_dims(args)
         super().__init__(packed, args, **kw)
-        Hq, Hkv, Dh = args.num_attention_heads, args.num_key_value_heads, args.head_dim
-        qd, kvd = Hq * Dh, Hkv * Dh
-        # Columns of the fused output that become q, k, v (q and k head dims permuted).
-        perm = head_permutation(Dh, self.rot)
-        self.q_cols = (np.arange(Hq)[:, None] * Dh + perm).reshape(-1)
-        self.k_cols = qd + (np.arange(Hkv)[:, None] * Dh + perm).reshape(-1)
-        self.v_cols = slice(qd + kvd, qd + 2 * kvd)
-        self.permuted = self.rot != Dh
-        F = self.layers[0].gate_up.shape[0] // 2
-        self.inner = F
-        self.qkv_buf = np.zeros((self.chunk, qd + 2 * kvd), np.float32)
-        self.gate_up_buf = np.zeros((self.chunk, 2 * F), np.float32)
-        self.ffn_buf = np.zeros((self.chunk, F), np.float32)
+        # q and k head dims read permuted (see the module docstring)
+        self.perm = (head_permutation(args.head_dim, self.rot) if self.rot != args.head_dim
+                     else None)
+
+    def ffn_width(self) -> int:
+        return self.layers[0].gate_up.shape[0] // 2
 
     def layer_weights(self, i: int) -> Phi3Weights:
         a = self.args
@@ -112,28 +103,14 @@ class Phi3(Transformer):
         pad = np.zeros((self.args.head_dim - self.rot) // 2)  # pass-through dims: angle 0
         return np.concatenate([inv, pad]), scaling
 
-    def block(self, i: int, w: Phi3Weights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        eps = self.args.rms_norm_eps
-        x, h = b.x[:T], b.h[:T]
-        rmsnorm(x, w.attn_norm, eps, 0.0, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        qkv = self.qkv_buf[:T]
-        linear(w.qkv, h, qkv, precise=self.precise, act=act)
-        if self.permuted:
-            np.take(qkv, self.q_cols, axis=1, out=b.q[:T], mode="clip")
-            np.take(qkv, self.k_cols, axis=1, out=b.k[:T], mode="clip")
-        else:
-            b.q[:T] = qkv[:, :self.q_cols.size]
-            b.k[:T] = qkv[:, self.q_cols.size:self.v_cols.start]
-        b.v[:T] = qkv[:, self.v_cols]
-        self.attend(i, w, b, T, positions)
-        linear(w.o, b.attn[:T], h, precise=self.precise)
-        add_inplace(x, h)
-        rmsnorm(x, w.ffn_norm, eps, 0.0, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        gu = self.gate_up_buf[:T]
-        linear(w.gate_up, h, gu, precise=self.precise, act=act)
-        F = self.inner
-        swiglu(gu[:, :F], gu[:, F:], self.ffn_buf[:T])
-        linear(w.down, self.ffn_buf[:T], h, precise=self.precise)
-        add_inplace(x, h)
+    def steps(self, i: int, w: Phi3Weights) -> list:
+        a = self.args
+        qd, kvd = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
+        F = self.ffn_width()
+        return [Norm("x", w.attn_norm, "h"),
+                Linear(w.qkv, "h", ("q", "k", "v"), widths=(qd, kvd, kvd)),
+                Attend(i, perm=self.perm),
+                Linear(w.o, "attn", "h"), Add("x", "h"),
+                Norm("x", w.ffn_norm, "h"),
+                Linear(w.gate_up, "h", ("gate", "up"), widths=(F, F)),
+                Act("silu", "gate", "up", "ffn"), Linear(w.down, "ffn", "h"), Add("x", "h")]

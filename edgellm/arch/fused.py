@@ -302,10 +302,10 @@ class Program:
 
     def compile(self) -> None:
         m, D = self.model, self.model.args.hidden_size
-        x = self.write("x", D, D)
+        self.write("x", D, D)
         self.synced()  # Python wrote the embedding row before the step
         if m.embed_scale != 1.0:
-            self.emit(ds.SCALE, buf=x, n=D, factor=self.const(m.embed_scale))
+            self.emit(ds.SCALE, buf=self.update("x", D), n=D, factor=self.const(m.embed_scale))
         for steps in m.layer_steps:
             for s in steps:
                 self.step(s)

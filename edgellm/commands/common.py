@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import SamplingError
@@ -89,6 +90,12 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def fused_default() -> bool:
+    """The CLI's one environment choice of the decode path: EDGELLM_FUSED=0 decodes through
+    the per-operation path (load(fused=False)); anything else, or unset, the fused step."""
+    return os.environ.get("EDGELLM_FUSED", "1").strip() != "0"
+
+
 def open_model(args) -> LLM:
     """Resolve -m (pulling the default model on first use) and load it, saying when the
     kernels are being compiled (the first run on a machine)."""
@@ -96,6 +103,7 @@ def open_model(args) -> LLM:
 
     path = resolve(args.model, say=say)
     with compile_notice(say):
-        llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise)
+        llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise,
+                  fused=fused_default())
         llm.model.warmup()
     return llm

@@ -37,6 +37,34 @@ def test_fused_equals_per_operation_path(name, kind, threads, converted):
         assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
 
 
+@pytest.mark.parametrize("name", ["gemma3", "phi3", "qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("kind", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_architecture_decodes_through_the_fused_step(name, kind, threads, converted):
+    """Gemma 3 (sliding and global caches, two RoPE bases, sandwich norms), Phi-3 (fused
+    projections, partial RoPE) and the MoE models (routed experts) reach the fused step,
+    and it computes what their per-operation path computes."""
+    ids = reference(name)["input_ids"]
+    with edgellm.load(converted(name, kind), precise=True, threads=threads) as llm:
+        assert llm.model.fused is not None
+        a, b = decode_all(llm, ids, True), decode_all(llm, ids, False)
+        assert np.abs(a - b).max() < 1e-4
+    with edgellm.load(converted(name, kind), threads=threads) as llm:
+        a, b = decode_all(llm, ids, True), decode_all(llm, ids, False)
+        assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
+
+
+def test_fused_is_an_option_of_load(converted, monkeypatch):
+    from edgellm.commands.common import fused_default
+
+    with edgellm.load(converted("gemma3", "q8_0"), fused=False) as llm:
+        assert llm.model.fused is None
+    monkeypatch.setenv("EDGELLM_FUSED", "0")
+    assert not fused_default()
+    monkeypatch.delenv("EDGELLM_FUSED")
+    assert fused_default()
+
+
 def test_fused_follows_the_reference_at_q8_0(converted):
     ref = reference("qwen2")
     with edgellm.load(converted("qwen2", "q8_0"), precise=True) as llm:
@@ -72,7 +100,7 @@ def test_thread_choice_falls_back_to_serial_under_contention_and_returns():
     """ThreadChoice: quiet parallel steps never probe serial; steps 5x slower than the best
     (a busy machine) try serial at once and keep it while it is faster; once the machine is
     quiet again a probe every PROBE steps finds parallel faster and switches back."""
-    from edgellm.arch.fused import ThreadChoice
+    from edgellm.kernels.schedule import ThreadChoice
 
     c = ThreadChoice()
     times = {True: 1.0, False: 1.8}

@@ -1,10 +1,11 @@
-"""Architectures by family; `build` resolves config["model_type"] through config.ARCH_ALIASES."""
+"""Architectures by model_type: each one module with a SPEC (spec.py), found by registry.py."""
 
 from __future__ import annotations
 
-from ..config import ARCH_ALIASES, SUPPORTED, ModelArgs
+from ..config import ModelArgs
 from ..errors import UnsupportedArchitectureError
 from ..format import PackedModel
+from .registry import spec_for, supported
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
@@ -12,21 +13,13 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
     """The runnable model of a packed file; fused: decode through the fused step where the
     model's weights allow it (arch/fused.py), else the per-operation path."""
     model_type = packed.architecture
-    family = ARCH_ALIASES.get(model_type)
-    if family is None:
+    spec = spec_for(model_type)
+    if spec is None:
         raise UnsupportedArchitectureError(
             f"{packed.path}: architecture {model_type!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED)})")
+            f"(supported: {', '.join(supported())})")
     args = ModelArgs.from_dict(packed.config)
-    if family == "llama":
-        from .llama import Llama as cls
-    elif family == "gemma3":
-        from .gemma3 import Gemma3 as cls
-    elif family == "phi3":
-        from .phi3 import Phi3 as cls
-    elif family == "moe":
-        from .moe import MoE as cls
-    model = cls(packed, args, precise=precise, context=context, chunk=chunk)
+    model = spec.model(packed, args, precise=precise, context=context, chunk=chunk)
     if fused:
         from .fused import FusedDecoder
 

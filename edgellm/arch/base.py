@@ -15,6 +15,7 @@ from ..kernels.linear import ActQ8, embedding, linear, quantize_act
 from ..kernels.norms import rmsnorm, rmsnorm_heads
 from ..kernels.rope import apply_rope, rope_tables
 from ..kv_cache import KVCache
+from .spec import MAT
 from .steps import Attend, StepRunner
 
 
@@ -22,12 +23,12 @@ from .steps import Attend, StepRunner
 class LayerWeights:
     """One layer's tensors (None where the architecture has no such tensor)."""
 
-    attn_norm: np.ndarray
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    o: Tensor
-    ffn_norm: np.ndarray
+    attn_norm: np.ndarray | None = None
+    q: Tensor | None = None
+    k: Tensor | None = None
+    v: Tensor | None = None
+    o: Tensor | None = None
+    ffn_norm: np.ndarray | None = None
     gate: Tensor | None = None
     up: Tensor | None = None
     down: Tensor | None = None
@@ -118,8 +119,20 @@ class Transformer:
             raise FormatError(f"{self.packed.path}: tensor {name} must be an f32 vector")
         return t.data
 
+    weights_class = LayerWeights
+
     def layer_weights(self, i: int) -> LayerWeights:
-        raise NotImplementedError
+        """Layer i's tensors as the architecture's spec names them (spec.py)."""
+        from .registry import spec_for
+
+        p = f"model.layers.{i}."
+        fields = {}
+        for t in spec_for(self.args.model_type).layer(self.args, i):
+            if t.field is None:
+                continue
+            fields[t.field] = (self.matrix(p + t.name) if t.role == MAT
+                               else self.vector(p + t.name, optional=not t.required))
+        return self.weights_class(**fields)
 
     def steps(self, i: int, w: LayerWeights) -> list:
         """Layer i's block as a list of steps (arch/steps.py)."""

@@ -21,6 +21,8 @@ import numpy as np
 from ..config import ModelArgs, _round_bf16, rope_inv_freq
 from ..errors import UnsupportedArchitectureError
 from .base import LayerWeights, Transformer
+from .llama import ATTENTION, DENSE_MLP
+from .spec import REQ, VEC, ArchSpec, TensorSpec
 from .steps import Add, Attend, Linear, Norm, dense_mlp
 
 GELU_TANH = (None, "gelu_pytorch_tanh", "gelu_tanh")
@@ -49,6 +51,18 @@ def layer_rope_params(args: ModelArgs, layer_type: str) -> dict:
     return args.rope()
 
 
+# q/k norms required; sandwich norms (llama.cpp's ffn_norm is the pre-feed-forward norm)
+TENSORS = tuple(TensorSpec(t.name, t.role, t.shape, REQ, t.field, t.gguf)
+                if t.field in ("q_norm", "k_norm") else t for t in ATTENTION) + (
+    TensorSpec("post_attention_layernorm.weight", VEC, ("hidden",), REQ, "post_attn_norm",
+               "post_attention_norm.weight"),
+    TensorSpec("pre_feedforward_layernorm.weight", VEC, ("hidden",), REQ, "ffn_norm",
+               "ffn_norm.weight"),
+    TensorSpec("post_feedforward_layernorm.weight", VEC, ("hidden",), REQ, "post_ffn_norm",
+               "post_ffw_norm.weight"),
+) + DENSE_MLP
+
+
 class Gemma3(Transformer):
     """Gemma 3 over packed weights (see the module docstring for the block)."""
 
@@ -65,27 +79,6 @@ class Gemma3(Transformer):
         self.logit_softcap = float(args.final_logit_softcapping or 0.0)
         scalar = args.query_pre_attn_scalar or args.head_dim
         self._attn_scale = float(scalar) ** -0.5
-
-    def layer_weights(self, i: int) -> LayerWeights:
-        p = f"model.layers.{i}."
-        return LayerWeights(
-            attn_norm=self.vector(p + "input_layernorm.weight"),
-            q=self.matrix(p + "self_attn.q_proj.weight"),
-            k=self.matrix(p + "self_attn.k_proj.weight"),
-            v=self.matrix(p + "self_attn.v_proj.weight"),
-            o=self.matrix(p + "self_attn.o_proj.weight"),
-            q_bias=self.vector(p + "self_attn.q_proj.bias", optional=True),
-            k_bias=self.vector(p + "self_attn.k_proj.bias", optional=True),
-            v_bias=self.vector(p + "self_attn.v_proj.bias", optional=True),
-            q_norm=self.vector(p + "self_attn.q_norm.weight"),
-            k_norm=self.vector(p + "self_attn.k_norm.weight"),
-            post_attn_norm=self.vector(p + "post_attention_layernorm.weight"),
-            ffn_norm=self.vector(p + "pre_feedforward_layernorm.weight"),
-            post_ffn_norm=self.vector(p + "post_feedforward_layernorm.weight"),
-            gate=self.matrix(p + "mlp.gate_proj.weight"),
-            up=self.matrix(p + "mlp.up_proj.weight"),
-            down=self.matrix(p + "mlp.down_proj.weight"),
-        )
 
     def layer_rope(self, i: int) -> tuple[np.ndarray, float]:
         params = layer_rope_params(self.args, self.args.layer_types[i])
@@ -104,3 +97,7 @@ class Gemma3(Transformer):
                 Linear(w.o, "attn", "h"), Norm("h", w.post_attn_norm, "h"), Add("x", "h"),
                 Norm("x", w.ffn_norm, "h"), *dense_mlp(w, act="gelu_tanh"),
                 Norm("h", w.post_ffn_norm, "h"), Add("x", "h")]
+
+
+SPEC = ArchSpec(model_types=("gemma3_text",), family="gemma3", model=Gemma3, tensors=TENSORS,
+                gguf={"gemma3": ("gemma3_text", "Gemma3ForCausalLM")})

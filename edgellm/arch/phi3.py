@@ -23,6 +23,7 @@ from ..config import ModelArgs, rope_inv_freq
 from ..errors import FormatError, UnsupportedArchitectureError
 from ..format import Tensor
 from .base import LayerWeights, Transformer
+from .spec import MAT, VEC, ArchSpec, TensorSpec
 from .steps import Act, Add, Attend, Linear, Norm
 
 
@@ -53,8 +54,30 @@ def head_permutation(head_dim: int, rot: int) -> np.ndarray:
                            np.arange(r, rot), np.arange(rot + p, head_dim)])
 
 
+TENSORS = tuple(TensorSpec(n, r, s, True, f, None) for f, n, r, s in (
+    ("attn_norm", "input_layernorm.weight", VEC, ("hidden",)),
+    ("qkv", "self_attn.qkv_proj.weight", MAT, ("qkv", "hidden")),
+    ("o", "self_attn.o_proj.weight", MAT, ("hidden", "q")),
+    ("ffn_norm", "post_attention_layernorm.weight", VEC, ("hidden",)),
+    ("gate_up", "mlp.gate_up_proj.weight", MAT, ("gate_up", "hidden")),
+    ("down", "mlp.down_proj.weight", MAT, ("hidden", "inter")),
+))
+
+
+def check_config(where: str, a: ModelArgs) -> None:
+    """The rotary dims as rotary_dims computes them, with the file named."""
+    factor = a.rope().get("partial_rotary_factor", a.partial_rotary_factor)
+    rot = int(a.head_dim * float(1.0 if factor is None else factor))
+    if rot <= 0 or rot > a.head_dim or rot % 2:
+        raise FormatError(f"{where}: config partial_rotary_factor {_short(factor)} gives "
+                          f"{rot} rotary dims of head_dim {a.head_dim} (need an even "
+                          "number > 0)")
+
+
 class Phi3(Transformer):
     """Phi-3 over packed weights (see the module docstring)."""
+
+    weights_class = Phi3Weights
 
     def __init__(self, packed, args: ModelArgs, **kw):
         kind = args.rope().get("rope_type", "default")
@@ -76,16 +99,7 @@ class Phi3(Transformer):
 
     def layer_weights(self, i: int) -> Phi3Weights:
         a = self.args
-        p = f"model.layers.{i}."
-        w = Phi3Weights(
-            attn_norm=self.vector(p + "input_layernorm.weight"),
-            q=None, k=None, v=None,
-            o=self.matrix(p + "self_attn.o_proj.weight"),
-            ffn_norm=self.vector(p + "post_attention_layernorm.weight"),
-            qkv=self.matrix(p + "self_attn.qkv_proj.weight"),
-            gate_up=self.matrix(p + "mlp.gate_up_proj.weight"),
-            down=self.matrix(p + "mlp.down_proj.weight"),
-        )
+        w = super().layer_weights(i)
         rows = (a.num_attention_heads + 2 * a.num_key_value_heads) * a.head_dim
         if w.qkv.shape[0] != rows:
             raise FormatError(f"{self.packed.path}: {w.qkv.name} has {w.qkv.shape[0]} rows, "
@@ -114,3 +128,12 @@ class Phi3(Transformer):
                 Norm("x", w.ffn_norm, "h"),
                 Linear(w.gate_up, "h", ("gate", "up"), widths=(F, F)),
                 Act("silu", "gate", "up", "ffn"), Linear(w.down, "ffn", "h"), Add("x", "h")]
+
+
+def _short(value) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+SPEC = ArchSpec(model_types=("phi3",), family="phi3", model=Phi3, tensors=TENSORS,
+                check=check_config)

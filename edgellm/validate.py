@@ -141,8 +141,8 @@ def check_shapes(packed, args: ModelArgs) -> None:
 def check_table(where: str, table: Mapping[str, tuple[str, tuple[int, ...]]],
                 args: ModelArgs) -> None:
     """check_shapes on a plain {name: (type, shape)} table (the converter's plan)."""
-    spec = spec_for(args.model_type)
-    if spec is None:
+    arch = spec_for(args.model_type)
+    if arch is None:
         raise UnsupportedArchitectureError(f"{where}: architecture {_short(args.model_type)} "
                                            f"is not supported (supported: "
                                            f"{', '.join(supported())})")
@@ -161,7 +161,7 @@ def check_table(where: str, table: Mapping[str, tuple[str, tuple[int, ...]]],
                 raise FormatError(f"{where}: tensor {name}: the config has "
                                   f"num_hidden_layers {args.num_hidden_layers}")
             raise FormatError(f"{where}: tensor {name} is not part of a {args.model_type} "
-                              f"model ({spec.family} family) with this config")
+                              f"model ({arch.family} family) with this config")
         role, want_dims = spec
         for d, n in zip(want_dims, shape, strict=False):
             if dims.get(d, 0) is None:  # a free dimension: the first tensor using it sets it

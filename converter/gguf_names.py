@@ -1,8 +1,9 @@
 """GGUF names -> Hugging Face names: tensor table, Q/K row order, config.json from metadata.
 
 Everything here is llama.cpp convention written down as data: how `convert_hf_to_gguf.py`
-renames tensors (each architecture's spec carries its GGUF names: edgellm/arch/), which architectures it stores with permuted Q/K rows, and which metadata
-keys carry the hyperparameters. `gguf_source` applies it to a file.
+renames tensors (each architecture's tensor table in edgellm/arch/ carries its GGUF names),
+which architectures it stores with permuted Q/K rows, and which metadata keys carry the
+hyperparameters. `gguf_source` applies it to a file.
 """
 
 from __future__ import annotations

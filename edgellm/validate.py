@@ -11,8 +11,9 @@ the runtime will index is checked here first:
 
 Each architecture's tensors are data in its own module (arch/spec.py's `TensorSpec`: a
 name under "model.layers.N.", its role (an f32 vector, or a matrix of a type the linear
-kernels run) and its shape in named dimensions (`DIM_NAMES`)), found by model_type. Every error is a FormatError naming the file
-and the field or tensor. The converter runs the same checks on what it is about to write.
+kernels run) and its shape in named dimensions (`DIM_NAMES`)), found by model_type.
+Every error is a FormatError naming the file and the field or tensor. The converter runs
+the same checks on what it is about to write.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ..kernels.linear import embedding
 from ..kernels.schedule import StepScheduler
 from .steps import Act, Add, Attend, Experts, Linear, Norm
 
-QUANTIZED = ("q8_0", "q4_0", "q4_1")
+QUANTIZED = tuple(k for k in ds.KINDS if k != "f32")  # int8-activation matrix types
 PAD = 16  # floats: regions start on 64-byte lines (workers write neighbouring rows)
 SLOTS = ds.SLOTS
 
@@ -224,7 +224,7 @@ class Program:
                           dst=dst, bias=bias, float_acts=float_acts)
                 row0 += rows
         elif isinstance(s, Attend):
-            Hq, Hkv, Dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+            Hq, Dh = a.num_attention_heads, a.head_dim
             q, k, v = self.read(s.q), self.read(s.k), self.read(s.v)
             dst = self.write(s.dst, Hq * Dh, -1)
             perm = -1 if s.perm is None else self.int_block(s.perm)
@@ -288,7 +288,6 @@ class Program:
 
     def head(self) -> None:
         m, a = self.model, self.model.args
-        D = a.hidden_size
         self.step(Norm("x", m.final_norm, "h"))
         self.step(Linear(m.head, "h", "logits"))
         V = a.vocab_size
@@ -298,7 +297,6 @@ class Program:
         if m.logit_softcap:
             self.emit(ds.SOFTCAP, buf=self.update("logits", V), n=V,
                       cap=self.const(m.logit_softcap))
-        assert D == m.final_norm.shape[0]
 
     def compile(self) -> None:
         m, D = self.model, self.model.args.hidden_size

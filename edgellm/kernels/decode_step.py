@@ -434,9 +434,9 @@ def decode_parallel(nt, model, bufs, kv, p, precise):
 
     model = (prog, mats, consts, params, ints, blob): the program and its tables;
     bufs = (mem, shared, private, xq, xd, xs, xds, kq, scores, state): the arena, the int8
-    act slots (flat: nt * SLOTS slots of ints[I_KMAX] values), attention scratch and the barrier; kv = (k, v, pos, layers,
-    cos, sin): the cache [slots, Hkv, Dh] of every layer, the layer table and this
-    position's RoPE rows [sets, Dh/2]; p: the position.
+    act slots (flat: nt * SLOTS slots of ints[I_KMAX] values), attention scratch and the
+    barrier; kv = (k, v, pos, layers, cos, sin): the cache [slots, Hkv, Dh] of every layer,
+    the layer table and this position's RoPE rows [sets, Dh/2]; p: the position.
     """
     for tid in prange(nt):
         _worker(tid, nt, model, bufs, kv, p, precise)

@@ -54,6 +54,25 @@ def test_every_architecture_decodes_through_the_fused_step(name, kind, threads, 
         assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
 
 
+@pytest.mark.parametrize("name", ["gemma3", "phi3", "qwen3-moe", "olmo2"])
+def test_fused_step_matches_layer_by_layer(name, converted):
+    """The model cut after each layer in turn (steps and weights of layers < n, then the
+    head): the fused program compiled from those steps equals the per-operation path, so
+    a difference would show at the first layer whose steps it compiles wrongly."""
+    from edgellm.arch.fused import FusedDecoder
+
+    ids = reference(name)["input_ids"][:12]
+    with edgellm.load(converted(name, "q8_0"), precise=True, threads=2) as llm:
+        m = llm.model
+        layers, steps = m.layers, m.layer_steps
+        for n in range(1, len(layers) + 1):
+            m.layers, m._layer_steps = layers[:n], steps[:n]
+            m.fused = FusedDecoder.build(m)
+            assert m.fused is not None
+            a, b = decode_all(llm, ids, True), decode_all(llm, ids, False)
+            assert np.abs(a - b).max() < 1e-4, n
+
+
 def test_fused_is_an_option_of_load(converted, monkeypatch):
     from edgellm.commands.common import fused_default
 

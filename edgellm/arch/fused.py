@@ -47,6 +47,7 @@ class Program:
         self.params: list[np.ndarray] = []
         self.params_size = 0
         self.param_index: dict[int, int] = {}
+        self.keep: list[np.ndarray] = []
         self.ints: list[np.ndarray] = [np.zeros(PAD, np.int64)]  # I_ZERO, I_KMAX, ...
         self.ints_size = PAD
         self.regions: dict[tuple, int] = {}  # (space, name, width) -> offset
@@ -71,6 +72,7 @@ class Program:
             return -1
         key = id(vec)
         if key not in self.param_index:
+            self.keep.append(vec)  # alive while the program is built: ids stay unique
             v = np.ascontiguousarray(vec, np.float32).reshape(-1)
             self.param_index[key] = self.params_size
             self.params.append(v)

@@ -166,7 +166,8 @@ def _temp_path(out: Path) -> Path:
 
 
 def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None) -> dict:
-    return {
+    embedding = {"embedding": source.embedding} if source.embedding else {}
+    return {**embedding,
         "architecture": source.config.get("model_type", ""),
         "config": source.config,
         "tokenizer": {"json": source.tokenizer_json, "config": source.tokenizer_config},

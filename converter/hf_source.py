@@ -14,6 +14,7 @@ from edgellm.guard import native
 from edgellm.tokenizer import Tokenizer
 
 from . import sentence_transformers
+from .names import sanitize
 from .source import Source, SourceTensor
 
 _DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
@@ -149,6 +150,11 @@ def open_hf(path: str | Path) -> Source:
 
     def tensors() -> Iterator[SourceTensor]:
         for name, shard in names.items():
+            try:  # skip what the packer drops (BERT's int64 position_ids buffer)
+                if sanitize(name, config) is None:
+                    continue
+            except SourceError:
+                pass  # the packer reports it, naming the file
             try:
                 yield _lazy_tensor(shard, name)
             except SourceError:

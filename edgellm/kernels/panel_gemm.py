@@ -1,5 +1,5 @@
-"""Float GEMM over dequantized weight panels (the encoders' prefill): out[T, N] = x[T, K] @ W[N, K].T
-for every stored type, with float activations.
+"""Float GEMM over dequantized weight panels (the encoders' prefill):
+out[T, N] = x[T, K] @ W[N, K].T for every stored type, with float activations.
 
 Each group of 16 weight rows is dequantized once (matvec.embed_<type>: the embedding
 kernels) and transposed into a panel P [K, 16]; then every token meets it as an outer

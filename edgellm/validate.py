@@ -38,6 +38,7 @@ DIM_NAMES = {
     "inter": "intermediate_size", "gate_up": "2*intermediate_size",
     "experts": "number of experts", "expert_inter": "expert intermediate size",
     "dense_inter": "width of the first dense MLP",
+    "positions": "max_position_embeddings", "types": "type_vocab_size",  # encoders
 }
 
 # Config fields: name -> (kind, lowest, highest, null allowed). Bounds are far beyond any
@@ -60,6 +61,8 @@ CONFIG_FIELDS = {
     "moe_intermediate_size": (_INT, 0, 1 << 20, True),
     "decoder_sparse_step": (_INT, 0, 1 << 10, True),
     "rms_norm_eps": (_NUM, 0.0, 1.0, False),
+    "type_vocab_size": (_INT, 1, 1 << 16, True),  # encoders
+    "layer_norm_eps": (_NUM, 0.0, 1.0, True),
     "rope_theta": (_NUM, 1e-6, 1e12, False),
     "partial_rotary_factor": (_NUM, 1e-6, 1.0, True),
     "query_pre_attn_scalar": (_NUM, 1e-6, 1e12, True),
@@ -147,6 +150,8 @@ def check_table(where: str, table: Mapping[str, tuple[str, tuple[int, ...]]],
         raise UnsupportedArchitectureError(f"{where}: architecture {_short(args.model_type)} "
                                            f"is not supported (supported: "
                                            f"{', '.join(supported())})")
+    if arch.expected is not None and arch.check is not None:  # a whole-model table (encoders)
+        arch.check(where, args)
     dims = _dims(args)
     expected = {}
     for name, role, shape, required in expected_tensors(args):
@@ -184,6 +189,9 @@ def check_table(where: str, table: Mapping[str, tuple[str, tuple[int, ...]]],
 def expected_tensors(args: ModelArgs) -> Iterator[tuple[str, str, tuple[str, ...], bool]]:
     """(name, role, shape in named dims, required) of every tensor args' model may have."""
     spec = spec_for(args.model_type)
+    if spec.expected is not None:  # the architecture lists all its tensors itself
+        yield from spec.expected(args)
+        return
     for t in GLOBAL:
         yield t.name, t.role, t.shape, t.required
     n_experts = (spec.dims(args) if spec.dims else {}).get("experts", 0)

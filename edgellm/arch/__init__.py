@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..config import ModelArgs
 from ..errors import UnsupportedArchitectureError
 from ..format import PackedModel
+from .base import Transformer
 from .registry import spec_for, supported
 
 
@@ -20,7 +21,7 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
             f"(supported: {', '.join(supported())})")
     args = ModelArgs.from_dict(packed.config)
     model = spec.model(packed, args, precise=precise, context=context, chunk=chunk)
-    if fused:
+    if fused and isinstance(model, Transformer):  # decoders: one compiled step per token
         from .fused import FusedDecoder
 
         model.fused = FusedDecoder.build(model)

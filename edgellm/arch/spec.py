@@ -15,7 +15,7 @@ the GGUF name map (converter/gguf_names.py):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 VEC, MAT = "vector", "matrix"
@@ -56,6 +56,9 @@ class ArchSpec:
     # the tensors of layer i of a model with these args (default: `tensors`)
     layer_tensors: Callable[[ArchSpec, object, int], Sequence[TensorSpec]] = _all_layers
     dims: Callable[[object], dict] | None = None  # named dimensions beyond validate's own
+    # every tensor of the model, (name, role, shape, required), where the architecture
+    # does not have GLOBAL + model.layers.N (encoders)
+    expected: Callable[[object], Iterable[tuple]] | None = None
     check: Callable[[str, object], None] | None = None  # config checks of this family
     gguf: dict[str, tuple[str, str]] = field(default_factory=dict)  # GGUF arch -> (model_type,
     #                                                                HF architectures entry)

@@ -1,9 +1,10 @@
 """Sampling: logits [vocab] -> next token id.
 
-One `Sampler` per generation. Each call runs, in this order (llama.cpp's chain order for the
+One `Sampler` per generation. Each call runs, in this order (after a constraint's token mask,
+if one is given: forbidden ids -> -inf, which every step below keeps at -inf) (llama.cpp's chain order for the
 processors, transformers' order for the filters):
 
-1. logit_bias       logits[id] += bias
+1. logit_bias       logits[id] += bias (-inf forbids the id)
 2. repetition       over the distinct ids in the last `repetition_context` ids of `history`
                     (prompt + generated; None = all of it): logit > 0 -> logit / r,
                     logit <= 0 -> logit * r  (transformers / llama.cpp)
@@ -32,7 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgellm.errors import NonFiniteLogitsError, SamplingError
+from edgellm.errors import ConstraintError, NonFiniteLogitsError, SamplingError
+from edgellm.kernels.token_mask import masked_logits
 
 _SAMPLE_SIZE = 4096  # strided sample for top-k thresholds; size of a "small" kept set
 _TOP_P_START = 256  # top-p fallback: first candidate-set size, grows x8
@@ -84,7 +86,8 @@ class SamplingParams:
         for key, value in self.logit_bias.items():
             if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
                 raise SamplingError(f"logit_bias keys must be token ids, got {key!r}")
-            _finite(f"logit_bias[{key}]", value)
+            if value != -math.inf:  # -inf bans the id (OpenAI's -100 only discourages it)
+                _finite(f"logit_bias[{key}]", value)
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int) or self.seed < 0):
             raise SamplingError(f"seed must be an int >= 0 or None, got {self.seed!r}")
@@ -126,6 +129,15 @@ def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
     return np.argpartition(x, n - k)[n - k:]
 
 
+def _check_max(m: float) -> None:
+    """The largest processed logit must be finite: -inf means every id is forbidden."""
+    if m == -math.inf:
+        raise ConstraintError("every token is forbidden: the constraint and logit_bias "
+                              "(-inf) leave none to sample")
+    if not math.isfinite(m):
+        raise NonFiniteLogitsError("logits contain NaN or +inf")
+
+
 class Sampler:
     """Samples token ids for one generation with fixed `SamplingParams`.
 
@@ -158,19 +170,24 @@ class Sampler:
             self._counts[self._seen[: self._n_seen]] = 0
         self._n_seen = 0
 
-    def process(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
-        """Steps 1-3: logits [V] -> processed logits [V]. Returns `logits` itself if no
-        processor is on, else an internal buffer valid until the next call."""
+    def process(self, logits: np.ndarray, history: Sequence[int] = (),
+                mask: np.ndarray | None = None) -> np.ndarray:
+        """Steps 1-3: logits [V] -> processed logits [V]. mask: int32 [ceil(V / 32)] token
+        bitmask (bit 0 -> -inf). Returns `logits` itself if no mask and no processor is on,
+        else an internal buffer valid until the next call."""
         logits = np.asarray(logits)
         if logits.shape != (self.vocab_size,):
             raise SamplingError(f"logits must have shape ({self.vocab_size},), "
                                 f"got {logits.shape}")
         p = self.params
         repeat = p.repetition_penalty != 1 and len(history) > 0
-        if not (self._bias.size or repeat or (self._penalize and self._n_seen)):
+        if mask is None and not (self._bias.size or repeat or (self._penalize and self._n_seen)):
             return logits
         x = self._x
-        np.copyto(x, logits)
+        if mask is not None:
+            masked_logits(logits.astype(np.float32, copy=False), mask, x)
+        else:
+            np.copyto(x, logits)
         if self._bias.size:
             x[self._bias_ids] += self._bias
         if repeat:
@@ -185,9 +202,11 @@ class Sampler:
             x[ids] -= p.frequency_penalty * c + p.presence_penalty
         return x
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
-        """logits [V] (float), history = ids so far (prompt + generated) -> next id."""
-        token = self._choose(self.process(logits, history))
+    def sample(self, logits: np.ndarray, history: Sequence[int] = (),
+               mask: np.ndarray | None = None) -> int:
+        """logits [V] (float), history = ids so far (prompt + generated), mask = allowed ids
+        (int32 bitmask [ceil(V / 32)], or None for all) -> next id."""
+        token = self._choose(self.process(logits, history, mask))
         if self._penalize:
             if self._counts[token] == 0:
                 if self._n_seen == self._seen.size:
@@ -201,12 +220,10 @@ class Sampler:
         p = self.params
         if p.temperature == 0:
             token = int(np.argmax(x))
-            if not math.isfinite(x[token]):
-                raise NonFiniteLogitsError("logits contain NaN or +inf")
+            _check_max(float(x[token]))
             return token
         m = float(x.max())
-        if not math.isfinite(m):
-            raise NonFiniteLogitsError("logits contain NaN or +inf")
+        _check_max(m)
         n = x.size
         if 0 < p.top_k < n:
             return self._draw_among(x, _top_k_ids(x, p.top_k), m)

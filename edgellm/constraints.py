@@ -21,6 +21,7 @@ so do our Numba kernels (nogil), so the mask is ready when the model's forward e
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,6 +34,10 @@ from .errors import ConstraintError
 # JSON whitespace between tokens: JSON's own set, at most a few characters at a time, so a
 # sampled run of blanks cannot fill max_tokens (llguidance's default is unbounded).
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"
+# Computing the mask in a worker thread while the forward runs pays off only when the mask
+# costs more than handing work to a thread (a GIL round trip, ~50-1000 us on a busy machine):
+# at large vocabularies. benchmarks/constrained_decode.py measures both ways.
+OVERLAP_MIN_VOCAB = 65536
 _KINDS = ("response_format", "json_schema", "regex", "grammar", "choices")
 
 
@@ -177,9 +182,12 @@ class ConstraintEngine:
             return ids[0]
         return None
 
-    def compile(self, spec: ConstraintSpec, overlap: bool = True) -> Constraint:
+    def compile(self, spec: ConstraintSpec, overlap: bool | None = None) -> Constraint:
         """A fresh Constraint for `spec`; ConstraintError naming the problem if the engine
-        refuses it (unsupported keyword, grammar line and column)."""
+        refuses it (unsupported keyword, grammar line and column). overlap: compute masks
+        in a worker thread during the forward (default: at vocabularies >= 65536)."""
+        if overlap is None:
+            overlap = self.vocab_size >= OVERLAP_MIN_VOCAB
         llg = _llg()
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(
             spec.grammar, self.tokenizer)
@@ -192,14 +200,17 @@ class ConstraintEngine:
 
 
 def _describe(kind: str, message: str) -> str:
-    """One line: which constraint, and llguidance's first line ("at 2(4): unknown name: "b""
-    for grammars, where 2(4) is line 2, column 4; 'Unimplemented keys: ["if"]' for
-    schemas)."""
-    text = _first_line(message)
-    if text.startswith("at ") and "(" in text.split(":")[0]:
-        where, _, rest = text.partition(": ")
-        line, _, col = where[3:].rstrip(")").partition("(")
-        text = f"line {line}, column {col}: {rest}"
+    """One line: which constraint, and llguidance's message without its source excerpts
+    ("at 2(4): unknown name" for grammars, where 2(4) is line 2, column 4, becomes
+    "line 2, column 4: unknown name"; 'Unimplemented keys: ["if"]' for schemas)."""
+    lines = [ln.strip() for ln in str(message).splitlines()]
+    lines = [ln for ln in lines if ln and not re.match(r"^(\d+ \|.*|\^+)$", ln)]
+    text = " ".join(lines) or "invalid"
+    m = re.match(r"at (\d+)\((\d+)\): ", text)
+    if m:
+        where = "" if kind in ("regex", "choices") else \
+            f"line {m.group(1)}, column {m.group(2)}: "
+        text = where + text[m.end():]
     what = {"json": "response_format", "json_schema": "json_schema", "tools": "tool schema"}
     return f"{what.get(kind, kind)} is not supported: {text}"
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import ContextError
+from .kernels.token_mask import mask_logits
 from .sampling import Sampler
 
 if TYPE_CHECKING:
@@ -109,7 +110,8 @@ def generate_step(model, prompt: np.ndarray, sampler: Sampler, history: list[int
     logits = model.forward(prompt, want="last", shift=shift)
     while True:
         constraint.wait()
-        token = sampler.sample(logits, history, constraint.mask)
+        mask_logits(logits, constraint.mask)  # the model's buffer, ours until the next forward
+        token = sampler.sample(logits, history)
         constraint.advance(token)
         history.append(token)
         yield token

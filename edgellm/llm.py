@@ -154,18 +154,32 @@ class LLM:
             self.packed.generation_config, **{k: v for k, v in sampling.items() if v is not None})
         return Sampler(params, self.args.vocab_size)
 
+    @property
+    def constraint_engine(self):
+        """The constraint engine for this model's tokenizer (built on first use)."""
+        if self._engine is None:
+            from .constraints import ConstraintEngine
+
+            self._engine = ConstraintEngine(self.packed.tokenizer_json or "",
+                                            self.args.vocab_size, self.tokenizer.eos_ids)
+        return self._engine
+
     def constraint(self, spec=None, **kwargs):
         """A Constraint for a ConstraintSpec or for response_format=, json_schema=, regex=,
         grammar=, choices= (None if none is given); ConstraintError if it is invalid."""
-        from .constraints import ConstraintEngine, spec_from
+        from .constraints import spec_from
 
         spec = spec if spec is not None else spec_from(**kwargs)
-        if spec is None:
-            return None
-        if self._engine is None:
-            self._engine = ConstraintEngine(self.packed.tokenizer_json or "",
-                                            self.args.vocab_size, self.tokenizer.eos_ids)
-        return self._engine.compile(spec)
+        return None if spec is None else self.constraint_engine.compile(spec)
+
+    def create_chat_completion(self, messages, **kwargs):
+        """OpenAI's chat.completion dict for chat `messages` (chat.completion.chunk dicts
+        with stream=True). kwargs: tools, tool_choice, response_format, stream, max_tokens,
+        stop, enable_thinking, chat_template_kwargs, max_reasoning_tokens and sampling (see
+        edgellm/chat_completion.py)."""
+        from .chat_completion import create_chat_completion
+
+        return create_chat_completion(self, messages, **kwargs)
 
     def stream_ids(self, ids: Sequence[int], max_tokens: int | None = None,
                    stop: Sequence[str] | str = (), shift: bool = True, keep_cache: bool = False,

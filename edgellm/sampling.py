@@ -1,10 +1,9 @@
 """Sampling: logits [vocab] -> next token id.
 
-One `Sampler` per generation. Each call runs, in this order (after a constraint's token mask,
-if one is given: forbidden ids -> -inf, which every step below keeps at -inf) (llama.cpp's chain order for the
+One `Sampler` per generation. Each call runs, in this order (llama.cpp's chain order for the
 processors, transformers' order for the filters):
 
-1. logit_bias       logits[id] += bias (-inf forbids the id)
+1. logit_bias       logits[id] += bias (-inf bans the id)
 2. repetition       over the distinct ids in the last `repetition_context` ids of `history`
                     (prompt + generated; None = all of it): logit > 0 -> logit / r,
                     logit <= 0 -> logit * r  (transformers / llama.cpp)
@@ -16,6 +15,9 @@ processors, transformers' order for the filters):
                     (mass renormalized over what top-k kept, as in transformers)
 7. min-p            keep tokens with p >= min_p * p_max
 then draw from the kept tokens in proportion to their probabilities.
+
+A constraint's token mask is applied before (generate.py): forbidden ids come in as -inf and
+every step keeps them there; if no id is left, sample raises ConstraintError.
 
 Cost: no sort of the vocabulary, O(V) numpy passes at most. Top-k takes a threshold from
 a strided sample of the logits, then `argpartition` over the few ids above it. Top-p (and
@@ -34,7 +36,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from edgellm.errors import ConstraintError, NonFiniteLogitsError, SamplingError
-from edgellm.kernels.token_mask import masked_logits
 
 _SAMPLE_SIZE = 4096  # strided sample for top-k thresholds; size of a "small" kept set
 _TOP_P_START = 256  # top-p fallback: first candidate-set size, grows x8
@@ -130,7 +131,7 @@ def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def _check_max(m: float) -> None:
-    """The largest processed logit must be finite: -inf means every id is forbidden."""
+    """The largest processed logit must be finite; -inf means every id is forbidden."""
     if m == -math.inf:
         raise ConstraintError("every token is forbidden: the constraint and logit_bias "
                               "(-inf) leave none to sample")
@@ -170,24 +171,19 @@ class Sampler:
             self._counts[self._seen[: self._n_seen]] = 0
         self._n_seen = 0
 
-    def process(self, logits: np.ndarray, history: Sequence[int] = (),
-                mask: np.ndarray | None = None) -> np.ndarray:
-        """Steps 1-3: logits [V] -> processed logits [V]. mask: int32 [ceil(V / 32)] token
-        bitmask (bit 0 -> -inf). Returns `logits` itself if no mask and no processor is on,
-        else an internal buffer valid until the next call."""
+    def process(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """Steps 1-3: logits [V] -> processed logits [V]. Returns `logits` itself if no
+        processor is on, else an internal buffer valid until the next call."""
         logits = np.asarray(logits)
         if logits.shape != (self.vocab_size,):
             raise SamplingError(f"logits must have shape ({self.vocab_size},), "
                                 f"got {logits.shape}")
         p = self.params
         repeat = p.repetition_penalty != 1 and len(history) > 0
-        if mask is None and not (self._bias.size or repeat or (self._penalize and self._n_seen)):
+        if not (self._bias.size or repeat or (self._penalize and self._n_seen)):
             return logits
         x = self._x
-        if mask is not None:
-            masked_logits(logits.astype(np.float32, copy=False), mask, x)
-        else:
-            np.copyto(x, logits)
+        np.copyto(x, logits)
         if self._bias.size:
             x[self._bias_ids] += self._bias
         if repeat:
@@ -202,11 +198,9 @@ class Sampler:
             x[ids] -= p.frequency_penalty * c + p.presence_penalty
         return x
 
-    def sample(self, logits: np.ndarray, history: Sequence[int] = (),
-               mask: np.ndarray | None = None) -> int:
-        """logits [V] (float), history = ids so far (prompt + generated), mask = allowed ids
-        (int32 bitmask [ceil(V / 32)], or None for all) -> next id."""
-        token = self._choose(self.process(logits, history, mask))
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        """logits [V] (float), history = ids so far (prompt + generated) -> next id."""
+        token = self._choose(self.process(logits, history))
         if self._penalize:
             if self._counts[token] == 0:
                 if self._n_seen == self._seen.size:

@@ -1,8 +1,9 @@
 """Token masks: a constraint's allowed tokens as a bitmask applied to logits.
 
 The bitmask is llguidance's layout: int32 [ceil(V / 32)], bit j of word w allows token
-32 * w + j. `masked_logits` copies logits [V] into out [V] with every token whose bit is 0
-set to -inf, and returns the largest value kept (-inf when the mask allows nothing).
+32 * w + j. `mask_logits` sets, in place, every logit whose bit is 0 to -inf. Words with
+every bit set (most of them inside a JSON string) are only read, never written, so the
+cost is a pass over the V / 32 words plus the forbidden lanes.
 """
 
 import numpy as np
@@ -13,35 +14,34 @@ from .. import numba_setup  # noqa: F401
 OPT = dict(fastmath=False, boundscheck=False, error_model="numpy", nogil=True, cache=True)
 
 
-def masked_logits(logits: np.ndarray, mask: np.ndarray, out: np.ndarray) -> float:
-    """out[i] = logits[i] if mask allows i else -inf; returns max(out). Shapes checked here,
-    so the kernel never reads or writes outside its arrays."""
-    if logits.ndim != 1 or out.shape != logits.shape or out.dtype != np.float32:
-        raise ValueError(f"logits {logits.shape} and out {out.shape} (float32) must be [V]")
+def mask_logits(logits: np.ndarray, mask: np.ndarray) -> None:
+    """logits float32 [V] (in place): -inf where mask int32 [ceil(V / 32)] has a 0 bit.
+    Shapes and types are checked here, so the kernel stays inside its arrays."""
+    if logits.ndim != 1 or logits.dtype != np.float32 or not logits.flags.writeable:
+        raise ValueError(f"logits must be a writeable float32 [V], got {logits.dtype} "
+                         f"{logits.shape}")
     if mask.ndim != 1 or mask.dtype != np.int32 or mask.shape[0] * 32 < logits.shape[0]:
         raise ValueError(f"mask must be int32 [>= {(logits.shape[0] + 31) // 32}], "
                          f"got {mask.dtype} {mask.shape}")
-    return float(_masked_logits(logits, mask, out))
+    _mask_logits(logits, mask)
 
 
 @njit(**OPT)
-def _masked_logits(logits, mask, out):
+def _mask_logits(logits, mask):
     n = logits.shape[0]
-    best = -np.inf
-    for w in range((n + 31) // 32):
+    full = n // 32
+    ninf = np.float32(-np.inf)
+    for w in range(full):
         bits = np.uint32(mask[w])
-        base = w * 32
-        top = min(32, n - base)
-        if bits == 0:
-            for j in range(top):
-                out[base + j] = -np.inf
+        if bits == np.uint32(0xFFFFFFFF):
             continue
-        for j in range(top):
-            if (bits >> np.uint32(j)) & np.uint32(1):
-                v = logits[base + j]
-                out[base + j] = v
-                if v > best:
-                    best = v
-            else:
-                out[base + j] = -np.inf
-    return best
+        base = w * 32
+        for j in range(32):  # a select per lane: LLVM vectorizes it
+            logits[base + j] = logits[base + j] if (bits >> np.uint32(j)) & np.uint32(1) \
+                else ninf
+    base = full * 32
+    if base < n:
+        bits = np.uint32(mask[full])
+        for j in range(n - base):
+            logits[base + j] = logits[base + j] if (bits >> np.uint32(j)) & np.uint32(1) \
+                else ninf

@@ -3,7 +3,7 @@
     llm.create_chat_completion(messages, tools=None, tool_choice=None, response_format=None,
                                stream=False, max_tokens=None, stop=(), enable_thinking=None,
                                chat_template_kwargs=None, max_reasoning_tokens=None,
-                               **sampling)
+                               parallel_tool_calls=True, **sampling)
 
 returns {"id", "object": "chat.completion", "created", "model", "choices": [{"index": 0,
 "message": {"role": "assistant", "content", "tool_calls"?, "reasoning_content"?},
@@ -46,7 +46,8 @@ class _Plan:
 
 
 def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
-          enable_thinking, chat_template_kwargs, max_reasoning_tokens, sampling) -> _Plan:
+          enable_thinking, chat_template_kwargs, max_reasoning_tokens, sampling,
+          parallel_tool_calls: bool = True) -> _Plan:
     from .constraints import ConstraintSpec, spec_from
 
     if not isinstance(messages, Sequence) or not all(isinstance(m, Mapping) for m in messages):
@@ -69,7 +70,8 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
         if spec is not None and mode == "required":
             raise ConstraintError("response_format and tool_choice 'required' cannot both "
                                   "constrain the answer")
-        grammar = tool_calls.grammar(callable_tools, fmt, mode, llm.constraint_engine.token_id)
+        grammar = tool_calls.grammar(callable_tools, fmt, mode, llm.constraint_engine.token_id,
+                                     parallel=bool(parallel_tool_calls))
         if grammar is not None and spec is None:
             from .constraints import lark_grammar
 
@@ -92,8 +94,9 @@ def _events(llm, plan: _Plan) -> Iterator[tuple[str, str]]:
     """("reasoning" | "content", text) pieces, then ("finish", reason) and ("usage", n)."""
     splitter = reasoning.ReasoningSplitter(inside=plan.inside)
     ids = list(plan.ids)
-    # With a constraint, a thinking model thinks freely first: open the block for it.
-    free_first = plan.thinking and plan.constraint is not None
+    # With a constraint, a thinking model thinks freely first: open the block for it (a
+    # lazy tool grammar, tool_choice "auto", leaves the model free anyway).
+    free_first = plan.thinking and plan.constraint is not None and plan.tool_mode != "auto"
     if free_first and not plan.inside:
         ids += llm.tokenizer.encode(reasoning.OPEN + "\n")
         splitter.inside = True
@@ -122,6 +125,9 @@ def _events(llm, plan: _Plan) -> Iterator[tuple[str, str]]:
                 yield piece
             if chunk.finish_reason is not None:
                 finish = chunk.finish_reason
+                if finish == "stop" and splitter.inside and free_first and constraint is None \
+                        and not plan.stop:
+                    switch, last = "close", None  # EOS while thinking: the answer is due
                 break
             if splitter.inside and plan.max_reasoning_tokens is not None \
                     and reasoning_tokens >= plan.max_reasoning_tokens:
@@ -136,7 +142,7 @@ def _events(llm, plan: _Plan) -> Iterator[tuple[str, str]]:
             break
         # the last sampled token is not in the cache yet: run it, then what we write
         tail = "\n" + reasoning.CLOSE + "\n\n" if switch == "close" else "\n\n"
-        ids = [last] + llm.tokenizer.encode(tail)
+        ids = ([last] if last is not None else []) + llm.tokenizer.encode(tail)
         splitter.inside = False
         constraint = plan.constraint
         keep = True
@@ -222,8 +228,10 @@ def create_chat_completion(llm, messages, tools=None, tool_choice=None, response
                            stream: bool = False, max_tokens: int | None = None, stop=(),
                            enable_thinking: bool | None = None,
                            chat_template_kwargs: Mapping | None = None,
-                           max_reasoning_tokens: int | None = None, **sampling):
+                           max_reasoning_tokens: int | None = None,
+                           parallel_tool_calls: bool = True, **sampling):
     """See the module docstring."""
     plan = _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
-                 enable_thinking, chat_template_kwargs, max_reasoning_tokens, sampling)
+                 enable_thinking, chat_template_kwargs, max_reasoning_tokens, sampling,
+                 parallel_tool_calls)
     return _chunks(llm, plan) if stream else _completion(llm, plan)

@@ -37,18 +37,25 @@ class ReasoningSplitter:
         self.inside = inside
         self.seen_content = False
         self._held = ""
+        self._skip_newlines = inside  # the newlines that follow a tag belong to neither
 
     def feed(self, text: str) -> list[tuple[str, str]]:
         """Pieces [(kind, text)] of `text`, kind "reasoning" or "content"."""
         buf, out = self._held + text, []
         self._held = ""
         while buf:
+            if self._skip_newlines:
+                buf = buf.lstrip("\n")
+                if not buf:
+                    break
+                self._skip_newlines = False
             if self.inside:
                 i = buf.find(CLOSE)
                 if i >= 0:
                     out.append(("reasoning", buf[:i]))
-                    buf = buf[i + len(CLOSE):].lstrip("\n")
+                    buf = buf[i + len(CLOSE):]
                     self.inside = False
+                    self._skip_newlines = True
                     continue
                 hold = _partial_suffix(buf, CLOSE)
                 out.append(("reasoning", buf[:len(buf) - hold]))
@@ -57,8 +64,9 @@ class ReasoningSplitter:
             if not self.seen_content:
                 stripped = buf.lstrip()
                 if stripped.startswith(OPEN):
-                    buf = stripped[len(OPEN):].lstrip("\n")
+                    buf = stripped[len(OPEN):]
                     self.inside = True
+                    self._skip_newlines = True
                     continue
                 if OPEN.startswith(stripped):  # maybe the start of <think>: wait
                     self._held = buf

@@ -29,6 +29,7 @@ from typing import Any
 from .errors import ConstraintError
 
 FORMATS = ("hermes", "llama3", "mistral", "generic")
+CALL_WHITESPACE = r"[ \n]{0,2}"  # calls are written compactly: `{"name": "f", "arguments": ...}`
 GENERIC_INSTRUCTIONS = (
     "You can call these tools (JSON Schema of each function's parameters):\n{tools}\n"
     "To call tools, answer with only a JSON object of this form, and nothing else:\n"
@@ -143,35 +144,38 @@ def _call_schema(tools: list[dict], key: str) -> dict:
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def _array(item: dict) -> dict:
-    return {"type": "array", "items": item, "minItems": 1}
+def _array(item: dict, parallel: bool = True) -> dict:
+    return {"type": "array", "items": item, "minItems": 1, **({} if parallel else
+                                                              {"maxItems": 1})}
 
 
-def grammar(tools: list[dict], fmt: str, mode: str, special_id) -> str | None:
+def grammar(tools: list[dict], fmt: str, mode: str, special_id,
+            parallel: bool = True) -> str | None:
     """llguidance grammar text: a call is required ("required") or may start anywhere in
     free text ("auto": lazy, constrained from the call's opening on; None where the format
     has no opening marker to wait for: Llama 3 JSON without <|python_tag|>).
-    special_id(text) -> id if `text` is one special token of the model, else None."""
-    from .constraints import JSON_WHITESPACE
-
+    special_id(text) -> id if `text` is one special token of the model, else None.
+    parallel: several calls in one answer (else exactly one)."""
     def lit(text: str) -> str:
         sid = special_id(text)
         return f"<[{sid}]>" if sid is not None else json.dumps(text)
 
     call = _call_schema(tools, "parameters" if fmt == "llama3" else "arguments")
-    item = _array(call) if fmt == "mistral" else call
+    item = _array(call, parallel) if fmt == "mistral" else call
+    more = ' (WS "," WS call_json)*' if parallel else ""
     after = {"hermes": f'"\\n" call_json "\\n" {lit("</tool_call>")}',
              "mistral": "call_json", "llama3": "call_json",
-             "generic": 'WS ":" WS "[" call_json (WS "," WS call_json)* WS "]" WS "}"'}[fmt]
+             "generic": f'WS ":" WS "[" call_json{more} WS "]" WS "}}"'}[fmt]
     trigger = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3": "<|python_tag|>",
                "generic": '{"tool_calls"'}[fmt]
-    rules = [f"call_json: %json {json.dumps({**item, 'x-guidance': {'whitespace_pattern': JSON_WHITESPACE}})}",
-             "WS: /[ \\n]{0,4}/"]
+    guide = {"whitespace_pattern": CALL_WHITESPACE}
+    rules = [f"call_json: %json {json.dumps({**item, 'x-guidance': guide})}",
+             f"WS: /{CALL_WHITESPACE}/"]
     no_marker = fmt == "llama3" and special_id(trigger) is None
     if mode == "required":
         body = "call_json" if no_marker else f"{lit(trigger)} {after}"
-        head = ["start: call+", f'call: {body} "\\n"?'] if fmt == "hermes" else \
-            ["start: call", f"call: {body}"]
+        head = [f"start: call{'+' if parallel else ''}", f'call: {body} "\\n"?'] \
+            if fmt == "hermes" else ["start: call", f"call: {body}"]
     elif no_marker:
         return None
     elif special_id(trigger) is not None:  # a special token never occurs inside TEXT

@@ -14,8 +14,11 @@ GGUF carry the tokenizer.json the converter rebuilt from the GGUF token table
 (converter/gguf_tokenizer.py), so every model file has one. Special tokens (chat markers)
 are never allowed by a grammar, EOS only where the grammar may end.
 
-`fill_async()` computes the next mask in a worker thread; llguidance releases the GIL, and
-so do our Numba kernels (nogil), so the mask is ready when the model's forward ends.
+`fill_async()` can compute the next mask in a worker thread while the model's forward runs
+(llguidance releases the GIL, and so do our Numba kernels: nogil). Handing work to a thread
+costs a GIL round trip, which on a busy 2-core machine is longer than the mask itself (60-80
+us at 49k-262k tokens), so it is on only at large vocabularies (OVERLAP_MIN_VOCAB);
+benchmarks/constrained_decode.py measures both ways.
 """
 
 from __future__ import annotations
@@ -227,7 +230,6 @@ class Constraint:
         self.mask = np.zeros((vocab_size + 31) // 32, np.int32)
         self.overlap = overlap
         self._pending: Future | None = None
-        self.n_tokens = 0
 
     def _fill_now(self) -> None:
         self._m.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
@@ -257,7 +259,6 @@ class Constraint:
         if not self._m.consume_token(int(token)):
             raise ConstraintError(f"token {token} is not allowed by the {self.kind} constraint"
                                   f": {_first_line(self._m.get_error())}")
-        self.n_tokens += 1
 
     def is_done(self) -> bool:
         """The grammar is complete and can take nothing more (only EOS)."""
@@ -266,10 +267,3 @@ class Constraint:
     def is_accepting(self) -> bool:
         """The output so far is complete (EOS is allowed)."""
         return self._m.is_accepting()
-
-    def error(self) -> str:
-        return self._m.get_error()
-
-    def allows(self, token: int) -> bool:
-        """Whether the current mask allows `token`."""
-        return bool((int(self.mask[token >> 5]) >> (token & 31)) & 1)

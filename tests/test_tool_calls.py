@@ -195,7 +195,8 @@ def test_tools_and_results_reach_the_template(hermes_llm, generic_llm):
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [{
             "id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
+            "function": {"name": "get_weather",
+                         "arguments": '{"city": "Oslo", "unit": "celsius"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "-3 C, snow"}]
     from edgellm.chat_completion import _plan
 

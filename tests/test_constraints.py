@@ -252,3 +252,27 @@ def test_overlapped_and_blocking_masks_agree(llm):
         outs.append(llm.generate("x", constraint=c, max_tokens=120, temperature=1.0, seed=5))
     assert outs[0] == outs[1]
     jsonschema.validate(json.loads(outs[0]), SCHEMAS[7])
+
+
+def test_cli_constraint_flags(converted, tmp_path, capsys):
+    from edgellm.cli import main
+
+    model = str(converted("llama", "q8_0"))
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(SCHEMAS[1]))
+    grammar = tmp_path / "g.lark"
+    grammar.write_text(LARK)
+    base = ["generate", "-m", model, "-p", "x", "--temp", "1", "--seed", "3", "-n", "160"]
+    assert main(base + ["--json-schema", str(schema)]) == 0
+    jsonschema.validate(json.loads(capsys.readouterr().out), SCHEMAS[1])
+    assert main(base + ["--regex", REGEXES[0]]) == 0
+    assert re.fullmatch(REGEXES[0], capsys.readouterr().out.strip())
+    assert main(base + ["--grammar", str(grammar)]) == 0
+    assert _lark_parses(capsys.readouterr().out.strip())
+    assert main(base + ["--json"]) == 0
+    assert capsys.readouterr().out.startswith("{")
+    for bad, words in ((["--regex", "a(b"], "unclosed group"),
+                       (["--grammar", str(tmp_path / "missing")], "missing")):
+        assert main(base + bad) == 1
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, err

@@ -16,9 +16,9 @@ are never allowed by a grammar, EOS only where the grammar may end.
 
 `fill_async()` can compute the next mask in a worker thread while the model's forward runs
 (llguidance releases the GIL, and so do our Numba kernels: nogil). Handing work to a thread
-costs a GIL round trip, which on a busy 2-core machine is longer than the mask itself (60-80
-us at 49k-262k tokens), so it is on only at large vocabularies (OVERLAP_MIN_VOCAB);
-benchmarks/constrained_decode.py measures both ways.
+costs a GIL round trip, which on a busy 2-core machine is about as long as the mask itself
+(40-80 us at 49k-262k tokens): benchmarks/constrained_decode.py measured it no faster at
+either size, so it is off unless asked for (`Constraint.overlap`).
 """
 
 from __future__ import annotations
@@ -37,10 +37,6 @@ from .errors import ConstraintError
 # JSON whitespace between tokens: JSON's own set, at most a few characters at a time, so a
 # sampled run of blanks cannot fill max_tokens (llguidance's default is unbounded).
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"
-# Computing the mask in a worker thread while the forward runs pays off only when the mask
-# costs more than handing work to a thread (a GIL round trip, ~50-1000 us on a busy machine):
-# at large vocabularies. benchmarks/constrained_decode.py measures both ways.
-OVERLAP_MIN_VOCAB = 65536
 _KINDS = ("response_format", "json_schema", "regex", "grammar", "choices")
 
 
@@ -185,12 +181,10 @@ class ConstraintEngine:
             return ids[0]
         return None
 
-    def compile(self, spec: ConstraintSpec, overlap: bool | None = None) -> Constraint:
+    def compile(self, spec: ConstraintSpec, overlap: bool = False) -> Constraint:
         """A fresh Constraint for `spec`; ConstraintError naming the problem if the engine
         refuses it (unsupported keyword, grammar line and column). overlap: compute masks
-        in a worker thread during the forward (default: at vocabularies >= 65536)."""
-        if overlap is None:
-            overlap = self.vocab_size >= OVERLAP_MIN_VOCAB
+        in a worker thread during the forward (measured no faster here: off by default)."""
         llg = _llg()
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(
             spec.grammar, self.tokenizer)
@@ -224,7 +218,7 @@ class Constraint:
     mask: int32 [ceil(V / 32)], the tokens allowed next (valid after fill() / wait()).
     """
 
-    def __init__(self, matcher, vocab_size: int, kind: str, overlap: bool = True):
+    def __init__(self, matcher, vocab_size: int, kind: str, overlap: bool = False):
         self._m = matcher
         self.kind = kind
         self.mask = np.zeros((vocab_size + 31) // 32, np.int32)

@@ -43,6 +43,11 @@ class NonFiniteLogitsError(SamplingError):
     corrupt, usually (a SamplingError, as the sampler is where it shows)."""
 
 
+class ConstraintError(EdgeLLMError, ValueError):
+    """A constraint (JSON schema, regex, grammar, choices, tools) is invalid or unsupported,
+    or it and logit_bias together forbid every token."""
+
+
 class ModelNotFoundError(EdgeLLMError):
     """A model name or path does not resolve to a model."""
 

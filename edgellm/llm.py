@@ -29,6 +29,7 @@ DEFAULT_MAX_TOKENS = 256
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                  "repetition_context", "presence_penalty", "frequency_penalty", "logit_bias",
                  "seed")
+CONSTRAINT_KEYS = ("response_format", "json_schema", "regex", "grammar", "choices")
 
 
 class LLM:
@@ -59,6 +60,7 @@ class LLM:
         self.precise = precise
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
+        self._engine = None  # constraints.ConstraintEngine, built on first use
         self._embedder = None
 
     @property
@@ -154,10 +156,40 @@ class LLM:
             self.packed.generation_config, **{k: v for k, v in sampling.items() if v is not None})
         return Sampler(params, self.args.vocab_size)
 
+    @property
+    def constraint_engine(self):
+        """The constraint engine for this model's tokenizer (built on first use)."""
+        if self._engine is None:
+            from .constraints import ConstraintEngine
+
+            self._engine = ConstraintEngine(self.packed.tokenizer_json or "",
+                                            self.args.vocab_size, self.tokenizer.eos_ids)
+        return self._engine
+
+    def constraint(self, spec=None, **kwargs):
+        """A Constraint for a ConstraintSpec or for response_format=, json_schema=, regex=,
+        grammar=, choices= (None if none is given); ConstraintError if it is invalid."""
+        from .constraints import spec_from
+
+        spec = spec if spec is not None else spec_from(**kwargs)
+        return None if spec is None else self.constraint_engine.compile(spec)
+
+    def create_chat_completion(self, messages, **kwargs):
+        """OpenAI's chat.completion dict for chat `messages` (chat.completion.chunk dicts
+        with stream=True). kwargs: tools, tool_choice, response_format, stream, max_tokens,
+        stop, enable_thinking, chat_template_kwargs, max_reasoning_tokens and sampling (see
+        edgellm/chat_completion.py)."""
+        from .chat_completion import create_chat_completion
+
+        return create_chat_completion(self, messages, **kwargs)
+
     def stream_ids(self, ids: Sequence[int], max_tokens: int | None = None,
                    stop: Sequence[str] | str = (), shift: bool = True, keep_cache: bool = False,
-                   **sampling) -> Iterator[Chunk]:
-        """Stream a continuation of token ids (after the cache's contents if keep_cache)."""
+                   constraint=None, **sampling) -> Iterator[Chunk]:
+        """Stream a continuation of token ids (after the cache's contents if keep_cache).
+        The output follows `constraint` (a Constraint) or the one response_format=,
+        json_schema=, regex=, grammar= or choices= asks for."""
+        asked = {k: sampling.pop(k) for k in CONSTRAINT_KEYS if k in sampling}
         if max_tokens is None:
             max_tokens = int(self.packed.generation_config.get("max_new_tokens")
                              or DEFAULT_MAX_TOKENS)
@@ -168,13 +200,15 @@ class LLM:
                                  "encoder: it computes embeddings (embed()), not text")
         stop = [stop] if isinstance(stop, str) else list(stop)
         sampler = self.sampler(**sampling)
+        if constraint is None and asked:
+            constraint = self.constraint(**asked)  # refused here, before any token
         if not keep_cache:
             self.model.reset()
         if not ids:
             raise ContextError("empty prompt")
         history = list(self.model.tokens) + list(ids)
         return self._naming_the_file(stream(self.model, self.tokenizer, ids, sampler,
-                                            max_tokens, stop, shift, history))
+                                            max_tokens, stop, shift, history, constraint))
 
     def _naming_the_file(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         """`chunks`, with NaN or infinite logits (corrupt weights) blamed on the file."""
@@ -190,7 +224,8 @@ class LLM:
         """Stream the continuation of `prompt` (str, chat messages or ids) as Chunks with
         .text and .token; the last also has .finish_reason and .stats. kwargs: max_tokens,
         stop, shift, temperature, top_k, top_p, min_p, repetition_penalty,
-        presence_penalty, frequency_penalty, logit_bias, seed."""
+        presence_penalty, frequency_penalty, logit_bias, seed; one constraint of
+        response_format, json_schema, regex, grammar (Lark or GBNF), choices."""
         return self.stream_ids(self.encode_prompt(prompt), **kwargs)
 
     def generate(self, prompt, **kwargs) -> str:

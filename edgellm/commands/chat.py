@@ -2,7 +2,8 @@
 
 In a terminal, Ctrl-C stops the answer being written (not the program); Ctrl-D or /exit
 leaves; /reset starts over; /help lists the commands. With stdin not a terminal, or on
-SIGTERM, an interrupt ends the program (exit code 130).
+SIGTERM, an interrupt ends the program (exit code 130). A model's reasoning (<think>...</think>)
+is shown dimmed on a terminal, or not at all with --hide-reasoning.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def add_arguments(p) -> None:
                    help="tokens per answer at most (default: 256)")
     add_sampling_arguments(p)
     p.add_argument("--verbose", action="store_true", help="print statistics after answers")
+    p.add_argument("--hide-reasoning", action="store_true",
+                   help="do not show the model's reasoning (<think> blocks)")
 
 
 def run(args) -> int:
@@ -69,13 +72,32 @@ def _stops_answer_only(interactive: bool) -> bool:
     return interactive and (not INTERRUPTS or INTERRUPTS[-1] == signal.SIGINT)
 
 
+DIM, RESET = "\033[2m", "\033[0m"
+
+
+def _show(pieces, args) -> None:
+    """Write (kind, text) pieces: reasoning dimmed on a terminal, or hidden."""
+    dim = sys.stdout.isatty()
+    for kind, text in pieces:
+        if kind == "reasoning":
+            if args.hide_reasoning:
+                continue
+            text = f"{DIM}{text}{RESET}" if dim else text
+        sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def _answer(session, text: str, args, interactive: bool) -> None:
+    from ..reasoning import ReasoningSplitter, supports_thinking
+
     last = None
+    split = ReasoningSplitter() if supports_thinking(session.llm.packed.chat_template) else None
     try:
         for chunk in session.send(text, max_tokens=args.max_tokens, **sampling_kwargs(args)):
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
+            _show(split.feed(chunk.text) if split else [("content", chunk.text)], args)
             last = chunk
+        if split:
+            _show(split.flush(), args)
     except KeyboardInterrupt:
         if not _stops_answer_only(interactive):
             raise

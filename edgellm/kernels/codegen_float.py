@@ -69,14 +69,34 @@ def _dequant(b, kind, p, B, scaled=True):
     return chunks
 
 
+def _unit(kind, B):
+    """(quantized, bytes, columns) of one loop step over a weight row: a block of B
+    (quantized kinds) or 16 f32/f16 values."""
+    if kind in BLOCK_BYTES:
+        hdr, per_byte = BLOCK_BYTES[kind]
+        return True, hdr + B // per_byte, B
+    return False, (4 if kind == "f32" else 2) * 16, 16
+
+
+def _chunks(b, kind, p, B):
+    """The weight step at p as <16 x f32> chunks: a block dequantized, or 16 float values."""
+    if kind in BLOCK_BYTES:
+        return _dequant(b, kind, p, B)
+    if kind == "f32":
+        return [_load(b, p, 0, _v(F32, 16))]
+    return [_h2f(b, _load(b, p, 0, _v(I16, 16)))]
+
+
+def _scalar(b, kind, row, k):
+    """Float weight k of a f32/f16 row as f32 (the K % 16 leftover columns)."""
+    if kind == "f32":
+        return _load(b, row, b.mul(k, _i64(4)), F32)
+    return _h2f(b, _load(b, row, b.mul(k, _i64(2)), I16))
+
+
 def _f32act_codegen(kind, B, RW, RT):
     """Tile for float activations. kind: q8_0/q4_0/q4_1 (block B) or f32/f16 (B unused)."""
-    quantized = kind in BLOCK_BYTES
-    if quantized:
-        hdr, per_byte = BLOCK_BYTES[kind]
-        BB, step = hdr + B // per_byte, B
-    else:
-        BB, step = (4 if kind == "f32" else 2) * 16, 16
+    quantized, BB, step = _unit(kind, B)
 
     def codegen(ctx, b, sig, args):
         w, x, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 4))
@@ -106,12 +126,7 @@ def _f32act_codegen(kind, B, RW, RT):
                     j = r * NACC
                     acc[j] = b.fadd(acc[j], b.fmul(dot, dwv, flags=FAST), flags=FAST)
                     continue
-                if quantized:
-                    wf = _dequant(b, kind, p, B)
-                elif kind == "f32":
-                    wf = [_load(b, p, 0, _v(F32, 16))]
-                else:
-                    wf = [_h2f(b, _load(b, p, 0, _v(I16, 16)))]
+                wf = _chunks(b, kind, p, B)
                 for s in range(RT):
                     xb = b.mul(bi, _i64(step * 4))
                     for c, wc in enumerate(wf):
@@ -130,10 +145,7 @@ def _f32act_codegen(kind, B, RW, RT):
             def tail(k, st):
                 st = list(st)
                 for r in range(RW):
-                    if kind == "f32":
-                        wk = _load(b, wrow[r], b.mul(k, _i64(4)), F32)
-                    else:
-                        wk = _h2f(b, _load(b, wrow[r], b.mul(k, _i64(2)), I16))
+                    wk = _scalar(b, kind, wrow[r], k)
                     for s in range(RT):
                         xk = _load(b, xrow[s], b.mul(k, _i64(4)), F32)
                         j = r * RT + s
@@ -155,12 +167,7 @@ def _f32act_codegen(kind, B, RW, RT):
 
 def _dequant_row_codegen(kind, B):
     """Codegen of row(W, i, OUT, t): out[t, :] = dequantized row i of W (embedding)."""
-    quantized = kind in BLOCK_BYTES
-    if quantized:
-        hdr, per_byte = BLOCK_BYTES[kind]
-        BB, step = hdr + B // per_byte, B
-    else:
-        BB, step = (4 if kind == "f32" else 2) * 16, 16
+    quantized, BB, step = _unit(kind, B)
 
     def codegen(ctx, b, sig, args):
         w, out = _Rows(ctx, b, sig.args[0], args[0]), _Rows(ctx, b, sig.args[2], args[2])
@@ -169,12 +176,7 @@ def _dequant_row_codegen(kind, B):
 
         def body(bi, st):
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
-            if quantized:
-                chunks = _dequant(b, kind, p, B)
-            elif kind == "f32":
-                chunks = [_load(b, p, 0, _v(F32, 16))]
-            else:
-                chunks = [_h2f(b, _load(b, p, 0, _v(I16, 16)))]
+            chunks = _chunks(b, kind, p, B)
             for c, v in enumerate(chunks):
                 q = b.gep(orow, [b.add(b.mul(bi, _i64(step * 4)), _i64(64 * c))], inbounds=True)
                 b.store(v, b.bitcast(q, v.type.as_pointer()), align=4)
@@ -184,10 +186,7 @@ def _dequant_row_codegen(kind, B):
         _for(b, _i64(0), nb, [], body)
         if not quantized:
             def tail(k, st):
-                if kind == "f32":
-                    v = _load(b, wrow, b.mul(k, _i64(4)), F32)
-                else:
-                    v = _h2f(b, _load(b, wrow, b.mul(k, _i64(2)), I16))
+                v = _scalar(b, kind, wrow, k)
                 q = b.gep(orow, [b.mul(k, _i64(4))], inbounds=True)
                 b.store(v, b.bitcast(q, F32.as_pointer()), align=4)
                 return st

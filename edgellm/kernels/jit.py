@@ -34,6 +34,7 @@ _SOURCES = ("simd.py", "jit.py", "ir.py", "codegen_int8.py", "codegen_float.py",
             "panel.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py", "fastexp.py",
             "activations.py", "attention.py", "dots.py", os.path.join("..", "quant.py"))
 
+
 def _sources_hash() -> str:
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))

@@ -67,7 +67,7 @@ def kernel_call(w: Tensor, act: L.ActQ8, x: np.ndarray, out: np.ndarray, precise
         if one:
             return lambda: rows(data, block, act.xq, act.xd, act.xds, out, 0, N)
         return lambda: par(data, block, act.xq, act.xd, act.xds, out)
-    rows, par, _, _ = registry.FLOAT[kind]
+    rows, par = registry.FLOAT[kind].rows, registry.FLOAT[kind].parallel
     if one:
         return lambda: rows(data, block, x, out, 0, N)
     return lambda: par(data, block, x, out)

@@ -226,7 +226,8 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
         else:
             par(data, block, act.xq, act.xd, act.xds, out)
         return
-    rows, par, mm, _ = registry.FLOAT[kind]
+    k = registry.FLOAT[kind]
+    rows, par, mm = k.rows, k.parallel, k.matmul
     if T > 1:
         mm(data, block, x, out)
     elif _threads() == 1:

@@ -24,10 +24,10 @@ from typing import Any
 
 from .config import ARCH_ALIASES, SUPPORTED, ModelArgs, rope_inv_freq
 from .errors import EdgeLLMError, FormatError, SamplingError, UnsupportedArchitectureError
+from .quant import MATRIX_TYPES  # what linear()/embedding() run
 
 VEC, MAT = "vector", "matrix"
 REQ, OPT = True, False
-MATRIX_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")  # what linear()/embedding() run
 
 # Tensors outside the layers: name -> (role, shape, required).
 GLOBAL = {

@@ -11,6 +11,7 @@ from collections import Counter
 
 import numpy as np
 
+from .. import quant
 from ..errors import EdgeLLMError, FormatError
 from ..format import PackedModel
 from ..memory_plan import default_context, largest_context, plan
@@ -112,10 +113,23 @@ def describe(packed: PackedModel, ctx_arg: str | None, max_memory: str | None) -
         "bits_per_weight": 8 * data / max(params, 1),
         "quantization": packed.header.get("quantization", {}),
         "tensors_by_type": dict(by_type),
+        "types": {ty: _type_info(packed, ty) for ty in by_type},
         "tensors": {n: {"type": t.type, "shape": list(t.shape), "block_size": t.block_size}
                     for n, t in packed.tensors.items()},
         "memory": memory,
     }
+
+
+def _type_info(packed: PackedModel, type_name: str) -> dict:
+    """A stored type's row of quant.TYPES, with its block sizes and bits per weight here."""
+    t = quant.TYPES[type_name]
+    mine = [x for x in packed.tensors.values() if x.type == type_name]
+    params = sum(int(np.prod(x.shape)) for x in mine)
+    info = {"layout": t.layout, "ggml": t.ggml,
+            "bits_per_weight": 8 * sum(x.nbytes for x in mine) / max(params, 1)}
+    if t.quantized:
+        info["block_sizes"] = sorted({x.block_size for x in mine})
+    return info
 
 
 def _mb(n: int) -> str:
@@ -140,6 +154,11 @@ def run(args) -> int:
               f"{c.get('num_attention_heads')}/{c.get('num_key_value_heads')}, "
               f"vocab {c.get('vocab_size')}")
         print("  tensors: " + ", ".join(f"{n} {t}" for t, n in info["tensors_by_type"].items()))
+        for name, t in info["types"].items():
+            blocks = f", blocks of {'/'.join(map(str, t['block_sizes']))}" \
+                if "block_sizes" in t else ""
+            print(f"    {name}: {t['layout']}{blocks}, {t['bits_per_weight']:.2f} bits per "
+                  f"weight")
         print(f"  memory at context {m['context']} (peak resident): {_mb(m['total'])} = weights "
               f"{_mb(m['weights'])}"
               f" (mapped) + KV cache {_mb(m['kv_cache'])} + buffers {_mb(m['buffers'])} + "

@@ -4,7 +4,7 @@ import numpy as np
 from numba import prange
 
 from .fastexp import MASKED, exp_shift
-from .simd import kernel
+from .jit import kernel
 
 NEG = MASKED  # the score of a key a query does not see
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
+from .. import quant
 from .act_quant import quantize_rows
 from .activations import swiglu_row
 from .dots import LANES, dots16
@@ -37,12 +38,12 @@ from .matvec import (
     mvp_rows_q4_1,
     mvp_rows_q8_0,
 )
-from .simd import kernel
+from .jit import kernel
 from .sync import barrier
 
 # @kernel caches under a tag that covers the kernel modules these functions call
 # (numba's own cache key would only see this file).
-KIND_CODE = {"q8_0": 2, "q4_0": 3, "q4_1": 4}
+KIND_CODE = {n: quant.TYPES[n].code for n in quant.INT8_TYPES}  # q8_0 2, q4_0 3, q4_1 4
 # mats[layer, m] = (offset, rows, row_bytes, kind, block) for m in Q..DOWN
 Q, K, V, O, GATE, UP, DOWN = range(7)
 ALIGN = 16  # row split granularity (cache-line friendly, whole prefill tiles)

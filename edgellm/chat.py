@@ -64,7 +64,7 @@ class ChatSession:
         turn = llm.lifetime.acquire(blocking, timeout, owner=self)
         try:
             ids = self._new_tokens(text, turn)
-            chunks = llm.stream_ids(ids, keep_cache=True, turn=turn, **sampling)
+            chunks = llm.stream_ids(ids, keep_cache=True, _turn=turn, **sampling)
         except BaseException:
             llm.lifetime.release(turn)
             raise

@@ -215,9 +215,9 @@ class LLM:
     def stream_ids(self, ids: Sequence[int], max_tokens: int | None = None,
                    stop: Sequence[str] | str = (), shift: bool = True, keep_cache: bool = False,
                    *, blocking: bool = True, timeout: float | None = None,
-                   turn: Turn | None = None, **sampling) -> Stream[Chunk]:
+                   _turn: Turn | None = None, **sampling) -> Stream[Chunk]:
         """Stream a continuation of token ids (after the cache's contents if keep_cache).
-        The stream holds the model until it ends (see lifetime.py); `turn`: one the caller
+        The stream holds the model until it ends (see lifetime.py); `_turn`: one the caller
         already holds (ChatSession), else one is taken (blocking, timeout)."""
         model = self._model()
         ids = arguments.token_ids(ids, model.args.vocab_size, "prompt token ids")
@@ -233,7 +233,7 @@ class LLM:
         tokenizer = self.tokenizer
         if not ids:
             raise ContextError("empty prompt")
-        if turn is not None:  # the caller's turn: it wraps the chunks in its own Stream
+        if _turn is not None:  # the caller's turn: it wraps the chunks in its own Stream
             return self._chunks(model, tokenizer, ids, sampler, max_tokens, stop, shift,
                                 keep_cache)
         turn = self.lifetime.acquire(blocking, timeout)

@@ -1,0 +1,147 @@
+"""A hypothesis sweep over the public API's keywords: wrong types, extreme numbers and bad
+strings end in an EdgeLLMError subclass or in success, never in another exception.
+
+SWEEP is a table: function -> (call, strategy per keyword, examples). Adding a method to
+the sweep is one entry. About 1,000 examples in all, on one tiny model loaded once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import edgellm
+from edgellm.errors import EdgeLLMError
+
+VOCAB = 512  # the tiny llama fixture's
+
+# -------------------------------------------------------------------------- strategies
+
+BAD = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**70, 2**70), st.sampled_from([2**63, -2**63 - 1]),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6),
+    st.binary(max_size=6), st.lists(st.integers(-3, 600), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(-2, 2), max_size=2),
+    st.builds(object), st.just(np.float32(1.5)), st.just(np.int64(3)), st.just(np.array([1, 2])),
+)
+
+
+def kw(valid: st.SearchStrategy) -> st.SearchStrategy:
+    """A keyword's values: mostly valid ones, then anything."""
+    return st.one_of(valid, BAD)
+
+
+TEXT = st.text(max_size=12)  # with lone surrogates: not encodable, must be refused
+IDS = st.lists(st.one_of(st.integers(0, VOCAB - 1), st.integers(-2**64, 2**64),
+                         st.floats(), st.booleans()), min_size=0, max_size=8)
+MESSAGES = st.lists(st.fixed_dictionaries(
+    {"role": kw(st.sampled_from(["user", "assistant", "system", "tool"])),
+     "content": kw(TEXT)}), min_size=0, max_size=3)
+PROMPT = st.one_of(TEXT, IDS, MESSAGES, st.tuples(st.integers(0, VOCAB - 1)),
+                   st.builds(lambda v: np.array(v, dtype=np.int64), st.lists(
+                       st.integers(0, VOCAB - 1), min_size=1, max_size=4)),
+                   st.builds(lambda v: np.array(v), st.lists(st.floats(), max_size=3)), BAD)
+SMALL_INT = st.integers(0, 3)
+UNIT = st.floats(0, 1)
+SAMPLING = {
+    "max_tokens": kw(SMALL_INT),  # small when valid: a huge one runs until end of sequence
+    "stop": kw(st.one_of(TEXT, st.lists(TEXT, max_size=3), st.tuples(TEXT))),
+    "shift": kw(st.booleans()),
+    "temperature": kw(st.floats(0, 5)),
+    "top_k": kw(st.integers(0, 2 * VOCAB)),
+    "top_p": kw(UNIT),
+    "min_p": kw(UNIT),
+    "repetition_penalty": kw(st.floats(0.01, 5)),
+    "repetition_context": kw(st.integers(1, 100)),
+    "presence_penalty": kw(st.floats(-5, 5)),
+    "frequency_penalty": kw(st.floats(-5, 5)),
+    "logit_bias": kw(st.dictionaries(st.one_of(st.integers(-5, VOCAB + 5), TEXT, st.floats()),
+                                     st.one_of(st.floats(), st.integers(), st.none()),
+                                     max_size=3)),
+    "seed": kw(st.integers(-2**70, 2**70)),
+    "blocking": kw(st.booleans()),
+    "timeout": kw(st.one_of(st.none(), st.floats(0, 1))),
+}
+WAIT = {k: SAMPLING[k] for k in ("blocking", "timeout")}
+
+
+# --------------------------------------------------------------------------- the table
+
+@dataclass
+class Entry:
+    call: Callable[..., Any]
+    required: dict[str, st.SearchStrategy]
+    optional: dict[str, st.SearchStrategy] = field(default_factory=dict)
+    examples: int = 100
+
+
+def _load(llm, **kwargs):
+    edgellm.load(**kwargs).close()
+
+
+def _stream(llm, **kwargs):
+    for _ in llm.stream(**kwargs):
+        pass
+
+
+def _chat(llm, message, system=None, **kwargs):
+    llm.chat(system=system).ask(message, **kwargs)
+
+
+def sweep_table(path: str) -> dict[str, Entry]:
+    return {
+        "load": Entry(_load, {"path": kw(st.just(path))},
+                      {"threads": kw(st.integers(1, 2)), "context": kw(st.integers(0, 300)),
+                       "precise": kw(st.booleans())}, examples=80),
+        "generate": Entry(lambda llm, **k: llm.generate(**k), {"prompt": PROMPT,
+                                                              "max_tokens": SAMPLING["max_tokens"]},
+                          SAMPLING, examples=300),
+        "stream": Entry(_stream, {"prompt": PROMPT, "max_tokens": SAMPLING["max_tokens"]},
+                        SAMPLING, examples=200),
+        "logits": Entry(lambda llm, **k: llm.logits(**k),
+                        {"token_ids": st.one_of(IDS, PROMPT)}, WAIT, examples=170),
+        "chat": Entry(_chat, {"message": kw(TEXT), "max_tokens": SAMPLING["max_tokens"]},
+                      {"system": kw(TEXT), **SAMPLING}, examples=100),
+        "apply_chat_template": Entry(lambda llm, **k: llm.apply_chat_template(**k),
+                                     {"messages": st.one_of(MESSAGES, BAD)},
+                                     {"add_generation_prompt": kw(st.booleans())},
+                                     examples=150),
+    }
+
+
+@pytest.fixture(scope="module")
+def model_path(converted):
+    return str(converted("llama", "q8_0"))
+
+
+@pytest.fixture(scope="module")
+def llm(model_path):
+    with edgellm.load(model_path) as m:
+        yield m
+
+
+@pytest.mark.parametrize("name", list(sweep_table("")))
+def test_api_sweep(name, llm, model_path):
+    entry = sweep_table(model_path)[name]
+    optional = {k: v for k, v in entry.optional.items() if k not in entry.required}
+
+    @settings(max_examples=entry.examples, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(st.fixed_dictionaries(entry.required, optional=optional))
+    def check(kwargs):
+        try:
+            entry.call(llm, **kwargs)
+        except EdgeLLMError as e:
+            assert "\n" not in str(e), e
+
+    check()
+    assert llm.generate("still usable", max_tokens=2) is not None  # no turn left held
+
+
+def test_the_sweep_covers_about_1000_examples():
+    assert sum(e.examples for e in sweep_table("").values()) >= 1000

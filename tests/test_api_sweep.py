@@ -31,38 +31,45 @@ BAD = st.one_of(
 )
 
 
-def kw(valid: st.SearchStrategy) -> st.SearchStrategy:
-    """A keyword's values: mostly valid ones, then anything."""
-    return st.one_of(valid, BAD)
+def kw(valid: st.SearchStrategy, bad: st.SearchStrategy = BAD) -> st.SearchStrategy:
+    """A keyword's values: valid ones (extremes included) 5 times in 6, else anything, so
+    that examples with several keywords still reach the model often."""
+    return st.integers(0, 5).flatmap(lambda i: bad if i == 0 else valid)
 
 
-TEXT = st.text(max_size=12)  # with lone surrogates: not encodable, must be refused
-IDS = st.lists(st.one_of(st.integers(0, VOCAB - 1), st.integers(-2**64, 2**64),
-                         st.floats(), st.booleans()), min_size=0, max_size=8)
+TEXT = st.text(max_size=12)
+SURROGATE = st.builds(lambda a, b: a + "\udcff" + b, TEXT, TEXT)  # undecodable bytes
+IDS = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=8)
+BAD_IDS = st.lists(st.one_of(st.integers(0, VOCAB - 1), st.integers(-2**64, 2**64),
+                             st.floats(), st.booleans()), min_size=0, max_size=4)
 MESSAGES = st.lists(st.fixed_dictionaries(
-    {"role": kw(st.sampled_from(["user", "assistant", "system", "tool"])),
-     "content": kw(TEXT)}), min_size=0, max_size=3)
-PROMPT = st.one_of(TEXT, IDS, MESSAGES, st.tuples(st.integers(0, VOCAB - 1)),
-                   st.builds(lambda v: np.array(v, dtype=np.int64), st.lists(
-                       st.integers(0, VOCAB - 1), min_size=1, max_size=4)),
-                   st.builds(lambda v: np.array(v), st.lists(st.floats(), max_size=3)), BAD)
+    {"role": st.sampled_from(["user", "assistant", "system", "tool"]), "content": TEXT}),
+    min_size=1, max_size=3)
+BAD_MESSAGES = st.lists(st.fixed_dictionaries({"role": BAD, "content": st.one_of(
+    BAD, SURROGATE)}), min_size=1, max_size=2)
+PROMPT = kw(st.one_of(TEXT, IDS, MESSAGES, st.tuples(st.integers(0, VOCAB - 1)),
+                      st.builds(lambda v: np.array(v, dtype=np.int64), IDS)),
+            st.one_of(BAD, SURROGATE, BAD_IDS, BAD_MESSAGES, st.just([]),
+                      st.builds(lambda v: np.array(v), st.lists(st.floats(), max_size=3))))
 SMALL_INT = st.integers(0, 3)
 UNIT = st.floats(0, 1)
 SAMPLING = {
-    "max_tokens": kw(SMALL_INT),  # small when valid: a huge one runs until end of sequence
-    "stop": kw(st.one_of(TEXT, st.lists(TEXT, max_size=3), st.tuples(TEXT))),
+    # small when valid: a huge one is valid too, and runs until the end of sequence
+    "max_tokens": kw(SMALL_INT, BAD.filter(lambda v: not (type(v) is int and v > 3))),
+    "stop": kw(st.one_of(TEXT, st.lists(TEXT, max_size=3), st.tuples(TEXT)),
+               st.one_of(BAD, SURROGATE)),
     "shift": kw(st.booleans()),
-    "temperature": kw(st.floats(0, 5)),
-    "top_k": kw(st.integers(0, 2 * VOCAB)),
+    "temperature": kw(st.floats(0, 1e30)),
+    "top_k": kw(st.integers(0, 2**63)),
     "top_p": kw(UNIT),
     "min_p": kw(UNIT),
-    "repetition_penalty": kw(st.floats(0.01, 5)),
-    "repetition_context": kw(st.integers(1, 100)),
-    "presence_penalty": kw(st.floats(-5, 5)),
-    "frequency_penalty": kw(st.floats(-5, 5)),
+    "repetition_penalty": kw(st.floats(1e-30, 1e30)),
+    "repetition_context": kw(st.integers(1, 2**63)),
+    "presence_penalty": kw(st.floats(-1e30, 1e30)),
+    "frequency_penalty": kw(st.floats(-1e30, 1e30)),
     "logit_bias": kw(st.dictionaries(st.one_of(st.integers(-5, VOCAB + 5), TEXT, st.floats()),
-                                     st.one_of(st.floats(), st.integers(), st.none()),
-                                     max_size=3)),
+                                     st.one_of(st.floats(), st.integers(-2**70, 2**70),
+                                               st.none()), max_size=3)),
     "seed": kw(st.integers(-2**70, 2**70)),
     "blocking": kw(st.booleans()),
     "timeout": kw(st.one_of(st.none(), st.floats(0, 1))),
@@ -104,11 +111,14 @@ def sweep_table(path: str) -> dict[str, Entry]:
         "stream": Entry(_stream, {"prompt": PROMPT, "max_tokens": SAMPLING["max_tokens"]},
                         SAMPLING, examples=200),
         "logits": Entry(lambda llm, **k: llm.logits(**k),
-                        {"token_ids": st.one_of(IDS, PROMPT)}, WAIT, examples=170),
-        "chat": Entry(_chat, {"message": kw(TEXT), "max_tokens": SAMPLING["max_tokens"]},
-                      {"system": kw(TEXT), **SAMPLING}, examples=100),
+                        {"token_ids": st.one_of(kw(IDS, BAD_IDS), PROMPT)}, WAIT,
+                        examples=170),
+        "chat": Entry(_chat, {"message": kw(TEXT, st.one_of(BAD, SURROGATE)),
+                              "max_tokens": SAMPLING["max_tokens"]},
+                      {"system": kw(TEXT, st.one_of(BAD, SURROGATE)), **SAMPLING},
+                      examples=100),
         "apply_chat_template": Entry(lambda llm, **k: llm.apply_chat_template(**k),
-                                     {"messages": st.one_of(MESSAGES, BAD)},
+                                     {"messages": kw(MESSAGES, st.one_of(BAD, BAD_MESSAGES))},
                                      {"add_generation_prompt": kw(st.booleans())},
                                      examples=150),
     }

@@ -53,6 +53,12 @@ class ArgumentError(EdgeLLMError, TypeError, ValueError):
     not a path). Also a TypeError and a ValueError, as Python's own checks would raise."""
 
 
+class ContextWarning(UserWarning):
+    """load(context=N) beyond the model's max_position_embeddings: allowed (a converter
+    may calibrate so), but the model's output past its trained positions is noise. The
+    command lines refuse it."""
+
+
 class ClosedError(EdgeLLMError):
     """The LLM was closed: its weights are unmapped, so nothing more can run on it (also a
     stream or chat session of it, at its next step)."""

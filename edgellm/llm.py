@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from .chat_template import ChatTemplate
 from .errors import (
     ClosedError,
     ContextError,
+    ContextWarning,
     EdgeLLMError,
     NonFiniteLogitsError,
     SamplingError,
@@ -78,12 +80,12 @@ class LLM:
         self._template: ChatTemplate | None = None
 
     def _check_context(self, context: int | None) -> None:
-        """Refuse a context beyond the positions the model was trained for (its output
-        there is noise, and the cache would be allocated for nothing)."""
+        """Warn of a context beyond the positions the model was trained for (its output
+        there is noise; the command lines turn the warning into an error)."""
         limit = self.packed.config.get("max_position_embeddings")
         if context is not None and isinstance(limit, int) and context > limit:
-            raise ContextError(f"{self.packed.path}: context {context} is beyond the "
-                               f"model's max_position_embeddings of {limit}")
+            warnings.warn(f"{self.packed.path}: context {context} is beyond the model's "
+                          f"max_position_embeddings of {limit}", ContextWarning, stacklevel=4)
 
     def _model(self):
         """The model, or ClosedError."""
@@ -303,7 +305,7 @@ def load(path: str | os.PathLike, threads: int | None = None, context: int | Non
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
     activations for quantized weights (matches the float model; slower). A context beyond
-    the model's max_position_embeddings is refused (ContextError)."""
+    the model's max_position_embeddings warns (ContextWarning)."""
     return LLM(path, threads=threads, context=context, precise=precise)
 
 

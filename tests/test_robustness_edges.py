@@ -15,7 +15,7 @@ from test_robustness import assert_error_line, rewrite, run_cli
 import edgellm
 from edgellm.chat_template import ChatTemplate
 from edgellm.cli import main as edgellm_main
-from edgellm.errors import ArgumentError, ContextError, EdgeLLMError, TemplateError
+from edgellm.errors import ArgumentError, EdgeLLMError, TemplateError
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -125,13 +125,20 @@ def test_bad_api_arguments_are_typed(case, llm):
     ({"threads": "2"}, ArgumentError, "threads must be an int"),
     ({"threads": 0}, ArgumentError, "threads must be >= 1"),
     ({"context": 4.5}, ArgumentError, "context must be an int"),
-    ({"context": 100_000_000}, ContextError, "beyond the model's max_position_embeddings"),
     ({"precise": "yes"}, ArgumentError, "precise must be True or False"),
 ])
 def test_bad_load_arguments_are_typed(kwargs, cls, words, converted):
     kwargs = {"path": converted("llama", "q8_0"), **kwargs}
     with pytest.raises(cls, match=words):
         edgellm.load(**kwargs)
+
+
+def test_context_beyond_the_model_warns(converted):
+    """Allowed in the API (the converter calibrates tiny models at 512), with a word."""
+    from edgellm.errors import ContextWarning
+
+    with pytest.warns(ContextWarning, match="beyond the model's max_position_embeddings"):
+        edgellm.load(converted("llama", "q8_0"), context=300).close()
 
 
 def test_argument_error_is_also_a_type_and_value_error():

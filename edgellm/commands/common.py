@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import ArgumentError, SamplingError
+from ..errors import ArgumentError, ContextError, ContextWarning, SamplingError
 from ..llm import LLM
 from ..pull import resolve
 from ..sampling import SamplingParams
@@ -124,8 +124,15 @@ def open_model(args) -> LLM:
     kernels are being compiled (the first run on a machine)."""
     from ..kernels.warmup import compile_notice
 
+    import warnings
+
     path = resolve(args.model, say=say)
     with compile_notice(say):
-        llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ContextWarning)  # --ctx beyond the model: refused
+            try:
+                llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise)
+            except ContextWarning as w:
+                raise ContextError(str(w)) from None
         llm.model.warmup()
     return llm

@@ -21,6 +21,7 @@ from .errors import (
     ContextError,
     ContextWarning,
     EdgeLLMError,
+    ModelKindError,
     NonFiniteLogitsError,
     SamplingError,
     TemplateError,
@@ -78,6 +79,7 @@ class LLM:
         self.precise = precise
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
+        self._embedder = None
 
     def _check_context(self, context: int | None) -> None:
         """Warn of a context beyond the positions the model was trained for (its output
@@ -228,6 +230,9 @@ class LLM:
                              or DEFAULT_MAX_TOKENS)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise SamplingError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        if not getattr(model, "generates", True):
+            raise ModelKindError(f"{self.packed.path}: {self.packed.architecture} is an "
+                                 "encoder: it computes embeddings (embed()), not text")
         stop = arguments.stops(stop)
         shift = arguments.flag(shift, "shift")
         keep_cache = arguments.flag(keep_cache, "keep_cache")
@@ -274,6 +279,31 @@ class LLM:
         """The whole continuation of `prompt` as one string (see `stream`)."""
         with self.stream(prompt, **kwargs) as chunks:
             return "".join(c.text for c in chunks)
+
+    # embeddings ------------------------------------------------------------------
+    def embed(self, texts, normalize: bool | None = None, batch_size: int = 32,
+              progress=None) -> np.ndarray:
+        """Sentence embeddings, as sentence-transformers' encode computes them: float32
+        [N, D] for a list of texts, [D] for one string. normalize: the model's default
+        (its Normalize module) unless True/False. Texts longer than the model's
+        max_seq_length are truncated. See edgellm/embed.py."""
+        with self.lifetime.exclusive():  # the model is ours for the call (lifetime.py)
+            return self.embedder.embed(texts, normalize=normalize, batch_size=batch_size,
+                                       progress=progress)
+
+    def token_embeddings(self, text: str) -> np.ndarray:
+        """float32 [L, D]: the final hidden state of each of `text`'s L tokens."""
+        with self.lifetime.exclusive():
+            return self.embedder.token_embeddings(text)
+
+    @property
+    def embedder(self):
+        self.lifetime.check()
+        if self._embedder is None:
+            from .embed import Embedder
+
+            self._embedder = Embedder(self)
+        return self._embedder
 
     def chat(self, system: str | None = None):
         """A multi-turn ChatSession that keeps its KV cache across turns."""

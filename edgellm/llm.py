@@ -52,7 +52,7 @@ class LLM:
 
         path = arguments.model_path(path)
         threads = arguments.integer(threads, "threads", 1, none=True)
-        context = arguments.integer(context, "context", 8, none=True)
+        context = arguments.integer(context, "context", 8, 1 << 24, none=True)  # as validate.py
         precise = arguments.flag(precise, "precise")
         chunk = arguments.integer(chunk, "chunk", 1)
         self.threads = numba.config.NUMBA_NUM_THREADS if threads is None else threads

@@ -88,7 +88,11 @@ class Entry:
 
 
 def _load(llm, **kwargs):
-    edgellm.load(**kwargs).close()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", edgellm.errors.ContextWarning)  # a word, not an error
+        edgellm.load(**kwargs).close()
 
 
 def _stream(llm, **kwargs):

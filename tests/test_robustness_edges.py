@@ -154,6 +154,10 @@ def test_ctx_beyond_the_model_is_one_line(converted, capsys):
     rc, _, err = run_cli(edgellm_main, ["generate", "-m", path, "--ctx", "100000000",
                                         "-p", "hi"], capsys)
     assert rc == 1
+    assert_error_line(err, "edgellm: error:", "context must be in 8..16777216")
+    rc, _, err = run_cli(edgellm_main, ["generate", "-m", path, "--ctx", "100000",
+                                        "-p", "hi"], capsys)
+    assert rc == 1
     assert_error_line(err, "edgellm: error:", "max_position_embeddings of 256")
 
 

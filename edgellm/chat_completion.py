@@ -27,8 +27,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import reasoning, tool_calls
-from .errors import ConstraintError
+from . import arguments, reasoning, tool_calls
+from .errors import ArgumentError, ConstraintError
 
 
 @dataclass
@@ -50,8 +50,20 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
           parallel_tool_calls: bool = True) -> _Plan:
     from .constraints import ConstraintSpec, spec_from
 
-    if not isinstance(messages, Sequence) or not all(isinstance(m, Mapping) for m in messages):
-        raise ConstraintError("messages must be a list of {'role': ..., 'content': ...}")
+    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) \
+            or not all(isinstance(m, Mapping) for m in messages):
+        raise ArgumentError("messages must be a list of {'role': ..., 'content': ...}")
+    # the plain arguments first, so that a wrong type is named before any work
+    max_tokens = arguments.integer(max_tokens, "max_tokens", 0, none=True)
+    max_reasoning_tokens = arguments.integer(max_reasoning_tokens, "max_reasoning_tokens", 0,
+                                             none=True)
+    parallel_tool_calls = arguments.flag(parallel_tool_calls, "parallel_tool_calls")
+    if enable_thinking is not None:
+        enable_thinking = arguments.flag(enable_thinking, "enable_thinking")
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+        raise ArgumentError("chat_template_kwargs must be a dict or None, got "
+                            f"{type(chat_template_kwargs).__name__}")
+    stop = arguments.stops(stop)
     template = llm.packed.chat_template
     fmt = tool_calls.detect_format(template)
     tools = tool_calls.check_tools(tools) if tools is not None else []
@@ -64,7 +76,7 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
     if use_tools and fmt != "generic":
         kwargs["tools"] = use_tools
     text = llm.apply_chat_template(msgs, add_generation_prompt=True, **kwargs)
-    ids = llm.tokenizer.encode(text)
+    ids = llm._encode(text)  # the template wrote the special tokens
     spec = spec_from(response_format=response_format)
     if use_tools:
         if spec is not None and mode == "required":
@@ -78,16 +90,12 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
             spec = ConstraintSpec("tools", lark_grammar(grammar))
     if max_tokens is None:
         max_tokens = int(llm.packed.generation_config.get("max_new_tokens") or 256)
-    if max_reasoning_tokens is not None and (isinstance(max_reasoning_tokens, bool) or not
-                                             isinstance(max_reasoning_tokens, int)
-                                             or max_reasoning_tokens < 0):
-        raise ConstraintError("max_reasoning_tokens must be an int >= 0")
     thinking = reasoning.supports_thinking(template) and enable_thinking is not False
     return _Plan(ids=ids, constraint=llm.constraint(spec) if spec is not None else None,
                  fmt=fmt, tool_mode=mode if use_tools else "none", thinking=thinking,
                  inside=thinking and reasoning.opens_thinking(text), max_tokens=max_tokens,
                  max_reasoning_tokens=max_reasoning_tokens,
-                 stop=[stop] if isinstance(stop, str) else list(stop or ()), sampling=sampling)
+                 stop=stop, sampling=sampling)
 
 
 def _events(llm, plan: _Plan) -> Iterator[tuple[str, str]]:
@@ -234,4 +242,4 @@ def create_chat_completion(llm, messages, tools=None, tool_choice=None, response
     plan = _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
                  enable_thinking, chat_template_kwargs, max_reasoning_tokens, sampling,
                  parallel_tool_calls)
-    return _chunks(llm, plan) if stream else _completion(llm, plan)
+    return _chunks(llm, plan) if arguments.flag(stream, "stream") else _completion(llm, plan)

@@ -43,6 +43,9 @@ _BLOCK = 1024  # block size for drawing from the whole vocabulary
 _MAX_DRAWS = 8  # rejection draws before the fallback (top_p >= 0.5: fails < 0.4%)
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _finite(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not math.isfinite(value):
@@ -212,7 +215,7 @@ class Sampler:
 
     def _choose(self, x: np.ndarray) -> int:
         p = self.params
-        if p.temperature == 0:
+        if p.temperature == 0 or 1.0 / p.temperature > _F32_MAX:  # 1/T would overflow: greedy
             token = int(np.argmax(x))
             _check_max(float(x[token]))
             return token

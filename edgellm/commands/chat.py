@@ -11,13 +11,14 @@ from __future__ import annotations
 import signal
 import sys
 
-from ..errors import INTERRUPTS
+from ..errors import INTERRUPTS, ArgumentError
 from .common import (
     add_model_arguments,
     add_sampling_arguments,
     int_at_least,
     open_model,
     sampling_kwargs,
+    text_argument,
 )
 
 HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D), /help"
@@ -25,7 +26,8 @@ HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D), /help"
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
-    p.add_argument("--system", default=None, help="system message")
+    p.add_argument("--system", default=None, type=text_argument("the system message"),
+                   help="system message")
     p.add_argument("-n", "--max-tokens", type=int_at_least(0), default=None,
                    help="tokens per answer at most (default: 256)")
     add_sampling_arguments(p)
@@ -45,6 +47,9 @@ def run(args) -> int:
                 line = input("> " if interactive else "")
             except EOFError:
                 break
+            except UnicodeDecodeError as e:  # stdin's encoding is strict
+                raise ArgumentError(f"stdin is not valid {e.encoding}: byte "
+                                    f"0x{e.object[e.start]:02x}") from None
             except KeyboardInterrupt:
                 if not _stops_answer_only(interactive):
                     raise
@@ -62,7 +67,12 @@ def run(args) -> int:
                 session.reset()
                 print("(conversation reset)", file=sys.stderr)
                 continue
-            _answer(session, text, args, interactive)
+            try:
+                _answer(session, text, args, interactive)
+            except ArgumentError as e:  # at a terminal, one bad line does not end the chat
+                if not interactive:
+                    raise
+                print(f"edgellm: error: {e}", file=sys.stderr)
     return 0
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import SamplingError
+from ..errors import ArgumentError, ContextError, ContextWarning, SamplingError
 from ..llm import LLM
 from ..pull import resolve
 from ..sampling import SamplingParams
@@ -24,6 +24,35 @@ def int_at_least(lo: int, what: str = "an integer"):
             raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
         return value
     return parse
+
+
+def text_argument(what: str = "text", empty: bool = True):
+    """argparse type: a string that is valid UTF-8 (undecodable bytes in argv arrive as
+    lone surrogates) and, unless `empty`, not empty."""
+    def parse(text: str) -> str:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise argparse.ArgumentTypeError(
+                f"{what} is not valid UTF-8 (undecodable byte at character {e.start})"
+            ) from None
+        if not empty and not text:
+            raise argparse.ArgumentTypeError(f"{what} must not be empty")
+        return text
+    return parse
+
+
+def read_stdin_text() -> str:
+    """All of stdin, decoded as UTF-8; invalid UTF-8 is refused (ArgumentError, exit 1)
+    rather than replaced, naming the first bad byte's offset."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ArgumentError(f"stdin is not valid UTF-8: byte 0x{data[e.start]:02x} at offset "
+                            f"{e.start}") from None
 
 
 def _threads(text: str) -> int:
@@ -54,6 +83,7 @@ def _sampling(name: str, kind: type):
 
 def add_model_arguments(p) -> None:
     p.add_argument("-m", "--model", default=None,
+                   type=text_argument("model name or path", empty=False),
                    help="model file or catalog name (default: the default model)")
     p.add_argument("-t", "--threads", type=_threads, default=None,
                    help="threads (default: all cores)")
@@ -94,8 +124,15 @@ def open_model(args) -> LLM:
     kernels are being compiled (the first run on a machine)."""
     from ..kernels.warmup import compile_notice
 
+    import warnings
+
     path = resolve(args.model, say=say)
     with compile_notice(say):
-        llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ContextWarning)  # --ctx beyond the model: refused
+            try:
+                llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise)
+            except ContextWarning as w:
+                raise ContextError(str(w)) from None
         llm.model.warmup()
     return llm

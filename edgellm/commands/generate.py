@@ -20,21 +20,26 @@ from .common import (
     add_sampling_arguments,
     int_at_least,
     open_model,
+    read_stdin_text,
     sampling_kwargs,
+    text_argument,
 )
 
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
-    p.add_argument("-p", "--prompt", required=True, help="the prompt; '-' reads stdin")
+    p.add_argument("-p", "--prompt", required=True, type=text_argument("the prompt"),
+                   help="the prompt; '-' reads stdin (UTF-8; invalid UTF-8 is refused)")
     p.add_argument("-n", "--max-tokens", type=int_at_least(0), default=None,
                    help="tokens to generate at most (default: 256)")
     add_sampling_arguments(p)
     p.add_argument("--stop", nargs="+", default=[], metavar="STR",
+                   type=text_argument("a stop string", empty=False),
                    help="stop when the output reaches one of these strings")
     p.add_argument("--chat", action="store_true",
                    help="wrap the prompt as a user message with the chat template")
-    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--system", default=None, type=text_argument("the system message"),
+                   help="system message (with --chat)")
     p.add_argument("--no-shift", action="store_true",
                    help="stop at the end of the context instead of shifting it")
     p.add_argument("--verbose", action="store_true", help="print statistics to stderr")
@@ -71,7 +76,7 @@ def constraint_kwargs(args) -> dict:
 
 
 def run(args) -> int:
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    prompt = read_stdin_text() if args.prompt == "-" else args.prompt
     constraint = constraint_kwargs(args)
     with open_model(args) as llm:
         if args.chat:

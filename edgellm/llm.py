@@ -20,6 +20,7 @@ from .errors import (
 from .format import PackedModel
 from .generate import Chunk, stream
 from .guard import native
+from .prompt_cache import PromptCache
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 from .validate import check_model
@@ -34,7 +35,8 @@ class LLM:
     """A packed model opened for inference (weights memory-mapped, used in place)."""
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
-                 context: int | None = None, precise: bool = False, chunk: int = 64):
+                 context: int | None = None, precise: bool = False, chunk: int = 64,
+                 kv_type: str = "f32", prompt_cache_bytes: int = 0):
         import numba
 
         from .numba_setup import set_threads
@@ -47,7 +49,10 @@ class LLM:
         self.packed = PackedModel(path)
         try:
             check_model(self.packed)  # every shape against the config, before any kernel
-            self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk)
+            self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk,
+                                    kv_type=kv_type)
+            if kv_type != "f32":
+                self.model.fused = None  # the fused decode step reads f32 caches only
         except MemoryError:
             self.packed.close()
             raise EdgeLLMError(f"{self.packed.path}: not enough memory for the model's "
@@ -56,6 +61,7 @@ class LLM:
             self.packed.close()
             raise
         self.precise = precise
+        self.prompt_cache = PromptCache(self.model, prompt_cache_bytes)
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
 
@@ -155,7 +161,8 @@ class LLM:
     def stream_ids(self, ids: Sequence[int], max_tokens: int | None = None,
                    stop: Sequence[str] | str = (), shift: bool = True, keep_cache: bool = False,
                    **sampling) -> Iterator[Chunk]:
-        """Stream a continuation of token ids (after the cache's contents if keep_cache)."""
+        """Stream a continuation of token ids (after the cache's contents if keep_cache;
+        otherwise after the longest prefix of ids a cache can give: prompt_cache.py)."""
         if max_tokens is None:
             max_tokens = int(self.packed.generation_config.get("max_new_tokens")
                              or DEFAULT_MAX_TOKENS)
@@ -164,12 +171,12 @@ class LLM:
         stop = [stop] if isinstance(stop, str) else list(stop)
         sampler = self.sampler(**sampling)
         if not keep_cache:
-            self.model.reset()
+            ids = self.prompt_cache.prepare(ids)
         if not ids:
             raise ContextError("empty prompt")
         history = list(self.model.tokens) + list(ids)
-        return self._naming_the_file(stream(self.model, self.tokenizer, ids, sampler,
-                                            max_tokens, stop, shift, history))
+        return self._naming_the_file(self.prompt_cache.watch(
+            stream(self.model, self.tokenizer, ids, sampler, max_tokens, stop, shift, history)))
 
     def _naming_the_file(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         """`chunks`, with NaN or infinite logits (corrupt weights) blamed on the file."""
@@ -199,6 +206,7 @@ class LLM:
         return ChatSession(self, system)
 
     def close(self) -> None:
+        self.prompt_cache = None
         self.model = None
         self.packed.close()
 
@@ -210,11 +218,15 @@ class LLM:
 
 
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,
-         precise: bool = False) -> LLM:
+         precise: bool = False, kv_type: str = "f32", prompt_cache_bytes: int = 0) -> LLM:
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
-    activations for quantized weights (matches the float model; slower)."""
-    return LLM(path, threads=threads, context=context, precise=precise)
+    activations for quantized weights (matches the float model; slower); kv_type: how
+    the KV cache stores K and V ("f32", "f16", "q8_0"); prompt_cache_bytes: memory for
+    snapshots of earlier sequences whose prefixes later prompts reuse (0: only the last
+    sequence's cache is reused)."""
+    return LLM(path, threads=threads, context=context, precise=precise, kv_type=kv_type,
+               prompt_cache_bytes=prompt_cache_bytes)
 
 
 __all__ = ["LLM", "load", "EdgeLLMError"]

@@ -62,6 +62,14 @@ def add_model_arguments(p) -> None:
     p.add_argument("--precise", action="store_true",
                    help="float activations for quantized weights: matches the float model "
                         "where int8 rounding would flip a near-tie (slower)")
+    add_kv_type_argument(p)
+
+
+def add_kv_type_argument(p) -> None:
+    from ..kv_cache import KV_TYPES
+
+    p.add_argument("--kv-type", choices=KV_TYPES, default="f32",
+                   help="how the KV cache stores K and V (default: f32)")
 
 
 def add_sampling_arguments(p) -> None:
@@ -96,6 +104,7 @@ def open_model(args) -> LLM:
 
     path = resolve(args.model, say=say)
     with compile_notice(say):
-        llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise)
+        llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise,
+                  kv_type=getattr(args, "kv_type", "f32"))
         llm.model.warmup()
     return llm

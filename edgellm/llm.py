@@ -205,6 +205,22 @@ class LLM:
 
         return ChatSession(self, system)
 
+    def save_session(self, path: str | os.PathLike, messages: Sequence[dict] | None = None):
+        """Save the token ids and KV cache as they stand (and `messages`) to `path`
+        (session.py: atomic, checksummed, bound to this model file, kv_type and context)."""
+        from .session import save_session
+
+        return save_session(self, path, None if messages is None else
+                            {"messages": [dict(m) for m in messages]})
+
+    def load_session(self, path: str | os.PathLike):
+        """Restore a saved session (SessionError, and the model unchanged, if the file is
+        bad or made with another model, kv_type or context); returns it (.tokens,
+        .messages)."""
+        from .session import load_session
+
+        return load_session(self, path)
+
     def close(self) -> None:
         self.prompt_cache = None
         self.model = None

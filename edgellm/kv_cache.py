@@ -11,11 +11,8 @@ Policy (as llama.cpp's context shift):
   positions back (its key is re-rotated by RoPE) and continues from there. The kept tokens
   keep their relative distances, so the model sees a contiguous, shorter history.
 
-Storage types (`kv_type`, for K and V alike), one row per (slot, KV head):
-  f32   float32 [cap, Hkv, Dh]
-  f16   the bits of float16 [cap, Hkv, Dh] (uint16; numba has no float16)
-  q8_0  ggml's q8_0 blocks [cap, Hkv, Dh/32 * 34] (uint8: f16 scale d, 32 int8 q; d * q)
-The attention kernels read f16 and q8_0 rows directly, dequantizing one row at a time.
+K and V are stored as `kv_type` (kv_types.py: f32, f16 or q8_0 rows [cap, Hkv, width]); the
+attention kernels read f16 and q8_0 rows directly, dequantizing one row at a time.
 """
 
 from __future__ import annotations
@@ -26,28 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import quant
-from .errors import CacheTypeError
 from .kernels.attention import attention, attention_rows
 from .kernels.rope import apply_rope, rope_tables
-
-KV_TYPES = ("f32", "f16", "q8_0")
-_STORED = {"f32": np.float32, "f16": np.uint16, "q8_0": np.uint8}
-
-
-def kv_row_width(kv_type: str, head_dim: int) -> int:
-    """Stored elements of one (slot, head) row: Dh floats, or Dh/32 q8_0 blocks of 34 bytes."""
-    return head_dim // 32 * 34 if kv_type == "q8_0" else head_dim
-
-
-def check_kv_type(kv_type, head_dim: int) -> str:
-    """kv_type, checked: one of KV_TYPES, and q8_0 only where head_dim is a multiple of 32."""
-    if kv_type not in KV_TYPES:
-        raise CacheTypeError(f"kv_type must be one of {', '.join(KV_TYPES)}, not {kv_type!r}")
-    if kv_type == "q8_0" and head_dim % 32:
-        raise CacheTypeError(f"kv_type q8_0 needs a head_dim that is a multiple of 32 "
-                             f"(this model's is {head_dim}): use f16")
-    return kv_type
-
+from .kv_types import KV_DTYPE, check_kv_type, kv_row_width
 
 def encode_rows(x: np.ndarray, kv_type: str) -> np.ndarray:
     """float32 [..., Dh] -> the stored rows [..., width] of kv_type."""
@@ -55,8 +33,11 @@ def encode_rows(x: np.ndarray, kv_type: str) -> np.ndarray:
         return x
     if kv_type == "f16":
         return x.astype(np.float16).view(np.uint16)
+    width = kv_row_width("q8_0", x.shape[-1])
+    if x.size == 0:
+        return np.zeros((*x.shape[:-1], width), np.uint8)
     flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    return quant.quantize(flat, "q8_0", 32, name="KV cache").reshape(*x.shape[:-1], -1)
+    return quant.quantize(flat, "q8_0", 32, name="KV cache").reshape(*x.shape[:-1], width)
 
 
 def decode_rows(stored: np.ndarray, kv_type: str, head_dim: int) -> np.ndarray:
@@ -171,7 +152,7 @@ class KVCache:
     def __init__(self, layer_windows: list[int], context: int, n_kv: int, head_dim: int,
                  inv_freqs: list[np.ndarray], n_keep: int = 4, kv_type: str = "f32"):
         self.kv_type = check_kv_type(kv_type, head_dim)
-        dtype, width = _STORED[kv_type], kv_row_width(kv_type, head_dim)
+        dtype, width = KV_DTYPE[kv_type], kv_row_width(kv_type, head_dim)
         self.context = context
         self.n_keep = n_keep
         self.inv_freqs = inv_freqs

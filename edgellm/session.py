@@ -40,13 +40,13 @@ import numpy as np
 
 from .errors import SessionError
 from .kv_cache import CacheState
+from .kv_types import KV_DTYPE
 
 MAGIC = b"EDGESESS"
 VERSION = 1
 ALIGN = 64
 PREAMBLE = struct.Struct("<8sIIQ32s8s")  # 64 bytes
 MAX_HEADER_BYTES = 1 << 28
-_STORED = {"f32": np.float32, "f16": np.uint16, "q8_0": np.uint8}
 
 
 @dataclass
@@ -77,7 +77,7 @@ def _layout(cache) -> dict:
     """The shapes a session of `cache` has: what a file must match, whatever it claims."""
     layer = cache.layers[0]
     n_kv, width = layer.k.shape[1], layer.k.shape[2]
-    item = np.dtype(_STORED[cache.kv_type]).itemsize
+    item = KV_DTYPE[cache.kv_type].itemsize
     slots = int(sum(int(c) for c in cache.caps))
     kv_bytes = slots * n_kv * width * item
     k_off = 0
@@ -229,11 +229,11 @@ def _check(llm, where: str, header: dict, mm, data_start: int, size: int, path: 
     kv_type = _field(where, header, "kv_type", str)
     if kv_type != cache.kv_type:
         raise SessionError(f"{where}: its KV cache is {kv_type}, the model was loaded with "
-                           f"kv_type {cache.kv_type} (load it with kv_type={kv_type!r})")
+                           f"kv_type {cache.kv_type} (use --kv-type {kv_type} / kv_type={kv_type!r})")
     context = _field(where, header, "context", int, 0)
     if context != cache.context:
         raise SessionError(f"{where}: saved at a context of {context} tokens, the model was "
-                           f"loaded with {cache.context} (load it with context={context})")
+                           f"loaded with {cache.context} (use --ctx {context} / context={context})")
     layers = header.get("layers")
     if not isinstance(layers, list) or len(layers) != len(cache.layers):
         raise SessionError(f"{where}: header field 'layers' does not match the model's "
@@ -280,7 +280,7 @@ def _check(llm, where: str, header: dict, mm, data_start: int, size: int, path: 
     if mm is None or data_start + lay["end"] > size:
         raise SessionError(f"{where}: file is truncated ({size} bytes, the cache needs "
                            f"{data_start + lay['end']})")
-    dtype = _STORED[kv_type]
+    dtype = KV_DTYPE[kv_type]
     slots = int(sum(int(c) for c in cache.caps))
     count = slots * lay["n_kv"] * lay["width"]
     k_all = np.frombuffer(mm, dtype=dtype, count=count, offset=data_start + lay["k_offset"])

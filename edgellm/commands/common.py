@@ -66,7 +66,7 @@ def add_model_arguments(p) -> None:
 
 
 def add_kv_type_argument(p) -> None:
-    from ..kv_cache import KV_TYPES
+    from ..kv_types import KV_TYPES
 
     p.add_argument("--kv-type", choices=KV_TYPES, default="f32",
                    help="how the KV cache stores K and V (default: f32)")

@@ -24,20 +24,23 @@ import numpy as np
 
 from . import quant
 from .kernels.attention import attention, attention_rows
+from .kernels.kv_store import encode_f16, encode_q8_0
 from .kernels.rope import apply_rope, rope_tables
 from .kv_types import KV_DTYPE, check_kv_type, kv_row_width
 
 def encode_rows(x: np.ndarray, kv_type: str) -> np.ndarray:
-    """float32 [..., Dh] -> the stored rows [..., width] of kv_type."""
+    """float32 [..., Dh] -> the stored rows [..., width] of kv_type (kernels/kv_store.py:
+    numpy's float16 rounding, quant.py's q8_0, bit for bit)."""
     if kv_type == "f32":
         return x
-    if kv_type == "f16":
-        return x.astype(np.float16).view(np.uint16)
-    width = kv_row_width("q8_0", x.shape[-1])
-    if x.size == 0:
-        return np.zeros((*x.shape[:-1], width), np.uint8)
+    width = kv_row_width(kv_type, x.shape[-1])
     flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, x.shape[-1])
-    return quant.quantize(flat, "q8_0", 32, name="KV cache").reshape(*x.shape[:-1], width)
+    out = np.empty((flat.shape[0], width), KV_DTYPE[kv_type])
+    if kv_type == "f16":
+        encode_f16(flat.view(np.uint32), out)
+    else:
+        encode_q8_0(flat, out)
+    return out.reshape(*x.shape[:-1], width)
 
 
 def decode_rows(stored: np.ndarray, kv_type: str, head_dim: int) -> np.ndarray:

@@ -102,3 +102,23 @@ def test_memory_plan_counts_the_stored_bytes(converted, name, context, kv_type):
 def test_unknown_kv_type_is_a_typed_error(converted):
     with pytest.raises(CacheTypeError, match="kv_type must be one of"):
         edgellm.load(converted("llama"), kv_type="q4_0")
+
+
+def test_encoders_are_numpys_float16_and_quants_q8_0_bit_for_bit():
+    from edgellm.kernels.kv_store import encode_f16
+
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, size=(300, 512), dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    edge = np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65519, 65520, 65536, 6.1e-5,
+                     5.96e-8, 2.98e-8, 1e-30], np.float32)
+    x = np.concatenate([x.reshape(-1), edge])
+    x = x[~np.isnan(x)]
+    got = np.empty(x.size, np.uint16)
+    encode_f16(x.view(np.uint32)[None], got[None])
+    with np.errstate(over="ignore"):
+        assert np.array_equal(got, x.astype(np.float16).view(np.uint16))
+    y = rng.standard_normal((50, 3, 64)).astype(np.float32) * 10.0 ** rng.integers(-6, 4)
+    y[1] = 0.0  # a block of zeros: scale 0
+    want = quant.quantize(y.reshape(150, 64), "q8_0", 32)
+    assert np.array_equal(encode_rows(y, "q8_0").reshape(150, 68), want)

@@ -13,6 +13,8 @@ from edgellm.errors import SourceError, TokenizerError
 from edgellm.guard import native
 from edgellm.tokenizer import Tokenizer
 
+from . import sentence_transformers
+from .names import sanitize
 from .source import Source, SourceTensor
 
 _DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
@@ -135,6 +137,8 @@ def open_hf(path: str | Path) -> Source:
     root = Path(path)
     if not root.is_dir():
         raise SourceError(f"{root}: not a directory")
+    st = sentence_transformers.read(root)  # (model directory, embedding config) or None
+    top, root = root, (st[0] if st else root)
     config = _read_json(root / "config.json", required=True)
     shards = _shard_files(root)
     names: dict[str, Path] = {}
@@ -146,6 +150,11 @@ def open_hf(path: str | Path) -> Source:
 
     def tensors() -> Iterator[SourceTensor]:
         for name, shard in names.items():
+            try:  # skip what the packer drops (BERT's int64 position_ids buffer)
+                if sanitize(name, config) is None:
+                    continue
+            except SourceError:
+                pass  # the packer reports it, naming the file
             try:
                 yield _lazy_tensor(shard, name)
             except SourceError:
@@ -168,6 +177,8 @@ def open_hf(path: str | Path) -> Source:
     if isinstance(chat_template, list):  # named templates: keep the default one
         named = {t.get("name"): t.get("template") for t in chat_template if isinstance(t, dict)}
         chat_template = named.get("default")
-    return Source(str(root), config, tensors, tokenizer_json, tokenizer_config,
+    embedding = sentence_transformers.default_length(st[1], config, tokenizer_config) \
+        if st else None
+    return Source(str(top), config, tensors, tokenizer_json, tokenizer_config,
                   chat_template if isinstance(chat_template, str) else None,
-                  generation_config, kind="hf")
+                  generation_config, kind="hf", embedding=embedding)

@@ -7,10 +7,18 @@ import re
 from edgellm.errors import SourceError
 
 # Buffers some checkpoints save that are recomputed at run time.
-_SKIP_SUFFIXES = ("rotary_emb.inv_freq", ".attn.masked_bias", ".attn.bias")
+_SKIP_SUFFIXES = ("rotary_emb.inv_freq", ".attn.masked_bias", ".attn.bias",
+                  "embeddings.position_ids", "embeddings.token_type_ids")
 # Wrappers around the text model in multimodal or older checkpoints.
 _PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
              ("language_model.lm_head.", "lm_head."))
+# A decoder saved as its base model (sentence-transformers' Qwen3-Embedding layout): no
+# "model." prefix.
+_BARE_DECODER = ("layers.", "embed_tokens.", "norm.")
+# Encoders: the base model's names without the task wrapper's prefix; heads not needed.
+ENCODERS = ("bert", "roberta", "xlm-roberta")
+_ENCODER_PREFIXES = ("bert.", "roberta.")
+_ENCODER_HEADS = ("pooler.", "cls.", "lm_head.", "classifier.", "qa_outputs.")
 # transformers 5's in-memory layout: all experts of a layer stacked in one 3-D parameter.
 _STACKED = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|gate_proj|up_proj|"
                       r"down_proj)(\.weight)?")
@@ -20,6 +28,13 @@ def sanitize(name: str, config: dict) -> str | None:
     """edgellm's name for source tensor `name`, or None when the tensor is not needed."""
     if name.endswith(_SKIP_SUFFIXES):
         return None
+    if config.get("model_type") in ENCODERS:
+        for prefix in _ENCODER_PREFIXES:
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+        return None if name.startswith(_ENCODER_HEADS) else name
+    if name.startswith(_BARE_DECODER):
+        name = "model." + name
     for old, new in _PREFIXES:
         if name.startswith(old):
             name = new + name[len(old):]

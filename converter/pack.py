@@ -166,7 +166,7 @@ def _temp_path(out: Path) -> Path:
 
 
 def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None) -> dict:
-    return {
+    meta = {
         "architecture": source.config.get("model_type", ""),
         "config": source.config,
         "tokenizer": {"json": source.tokenizer_json, "config": source.tokenizer_config},
@@ -175,6 +175,9 @@ def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None)
         "quantization": {"recipe": recipe, "block_size": block_size, **(meta_extra or {})},
         "source": {"kind": source.kind, "name": Path(source.path).name},
     }
+    if source.embedding:  # pooling, normalize, max_seq_length (edgellm/embed.py reads it)
+        meta["embedding"] = source.embedding
+    return meta
 
 
 def convert(source: Source, out: str | os.PathLike, recipe: str,

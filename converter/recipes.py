@@ -33,7 +33,8 @@ RECIPES = ("q4_0_mixed", "q4_1_mixed", "q4_0_best", "q4_1_best", "q8_0", "q4_0",
 SEARCHED = ("q4_0_best", "q4_1_best")  # recipes that always use the searched quantizer
 DEFAULT_HF = "q4_0_mixed"
 DEFAULT_GGUF = "keep"
-SENSITIVE = ("embed_tokens.weight", "lm_head.weight")
+SENSITIVE = ("embed_tokens.weight", "lm_head.weight", "word_embeddings.weight",
+             "position_embeddings.weight", "token_type_embeddings.weight")
 # Small matrices read whole every token where quantization noise flips choices (MoE routers).
 KEEP_F32 = ("mlp.gate.weight", "block_sparse_moe.gate.weight")
 # Kept at q8_0 by the *_best recipes (llama.cpp's Q4_K_M gives them more bits too): per byte,

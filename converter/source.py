@@ -42,3 +42,4 @@ class Source:
     chat_template: str | None = None
     generation_config: dict = field(default_factory=dict)
     kind: str = "hf"  # "hf" or "gguf"
+    embedding: dict | None = None  # pooling, normalize, max_seq_length (sentence_transformers.py)

@@ -20,7 +20,7 @@ from .errors import (
     restore_signals,
 )
 
-COMMANDS = ("generate", "chat", "info", "list", "pull", "bench", "perplexity")
+COMMANDS = ("generate", "chat", "embed", "info", "list", "pull", "bench", "perplexity")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ ARCH_ALIASES = {
     "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
     "smollm": "llama", "smollm2": "llama", "smollm3": "llama",
     "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "moe", "mixtral": "moe",
+    "bert": "bert", "roberta": "bert", "xlm-roberta": "bert",  # encoders: arch/bert.py
 }
 SUPPORTED = tuple(sorted(ARCH_ALIASES))
 

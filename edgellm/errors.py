@@ -107,3 +107,8 @@ def is_panic(e: BaseException) -> bool:
     """Whether `e` is a Rust library's panic (pyo3's PanicException: a BaseException, so
     `except Exception` misses it). `tokenizers` panics on some malformed tokenizer.json."""
     return type(e).__name__ == "PanicException"
+
+
+class ModelKindError(EdgeLLMError):
+    """The model cannot do what was asked of it: an encoder asked to generate text, or a
+    decoder without a pooling configuration asked for embeddings."""

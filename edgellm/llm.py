@@ -12,6 +12,7 @@ from .chat_template import ChatTemplate
 from .errors import (
     ContextError,
     EdgeLLMError,
+    ModelKindError,
     NonFiniteLogitsError,
     SamplingError,
     TemplateError,
@@ -64,6 +65,7 @@ class LLM:
         self.prompt_cache = PromptCache(self.model, prompt_cache_bytes)
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
+        self._embedder = None
 
     @property
     def config(self) -> dict:
@@ -168,6 +170,9 @@ class LLM:
                              or DEFAULT_MAX_TOKENS)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise SamplingError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        if not getattr(self.model, "generates", True):
+            raise ModelKindError(f"{self.packed.path}: {self.packed.architecture} is an "
+                                 "encoder: it computes embeddings (embed()), not text")
         stop = [stop] if isinstance(stop, str) else list(stop)
         sampler = self.sampler(**sampling)
         if not keep_cache:
@@ -198,6 +203,28 @@ class LLM:
     def generate(self, prompt, **kwargs) -> str:
         """The whole continuation of `prompt` as one string (see `stream`)."""
         return "".join(c.text for c in self.stream(prompt, **kwargs))
+
+    # embeddings ------------------------------------------------------------------
+    def embed(self, texts, normalize: bool | None = None, batch_size: int = 32,
+              progress=None) -> np.ndarray:
+        """Sentence embeddings, as sentence-transformers' encode computes them: float32
+        [N, D] for a list of texts, [D] for one string. normalize: the model's default
+        (its Normalize module) unless True/False. Texts longer than the model's
+        max_seq_length are truncated. See edgellm/embed.py."""
+        return self.embedder.embed(texts, normalize=normalize, batch_size=batch_size,
+                                   progress=progress)
+
+    def token_embeddings(self, text: str) -> np.ndarray:
+        """float32 [L, D]: the final hidden state of each of `text`'s L tokens."""
+        return self.embedder.token_embeddings(text)
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from .embed import Embedder
+
+            self._embedder = Embedder(self)
+        return self._embedder
 
     def chat(self, system: str | None = None):
         """A multi-turn ChatSession that keeps its KV cache across turns."""

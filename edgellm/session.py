@@ -66,6 +66,12 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def _has_cache(llm, path) -> None:
+    if getattr(llm.model, "cache", None) is None:
+        raise SessionError(f"{path}: {llm.packed.path.name} is an encoder: it keeps no KV cache "
+                           "to save or load")
+
+
 def model_identity(llm) -> dict:
     """What binds a session to a model file: its header's sha256 and its size."""
     packed = llm.packed
@@ -106,6 +112,7 @@ def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path
     """Write the model's token ids and KV cache (and `chat`, JSON: messages etc.) to `path`,
     atomically. Returns the path."""
     path = Path(path)
+    _has_cache(llm, path)
     model = llm.model
     cache = model.cache
     lay = _layout(cache)
@@ -165,6 +172,7 @@ def read_session(llm, path: str | os.PathLike) -> Session:
     """Read and check a session file for `llm` without changing the model."""
     path = Path(path)
     where = str(path)
+    _has_cache(llm, path)
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):

@@ -123,6 +123,26 @@ class Tokenizer:
             return ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_truncated(self, texts: Sequence[str], max_length: int) -> list[list[int]]:
+        """Each text -> ids with special tokens, at most max_length of them, as transformers'
+        `truncation=True` gives: the text's own tokens are cut (from the right) to leave
+        room for the special tokens the post-processor (or add_bos/add_eos) adds."""
+        custom = self._add_bos is not None or self._add_eos is not None
+        n_special = (bool(self._add_bos) + bool(self._add_eos)) if custom \
+            else self._tok.num_special_tokens_to_add(False)
+        room = max(0, max_length - n_special)
+        out = []
+        for enc in self._tok.encode_batch(list(texts), add_special_tokens=False):
+            ids = enc.ids[:room]
+            if custom:
+                ids = [self.bos_id] * bool(self._add_bos) + ids + [self.eos_id] * bool(
+                    self._add_eos)
+            else:
+                enc.truncate(room)
+                ids = self._tok.post_process(enc, add_special_tokens=True).ids
+            out.append(ids)
+        return out
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """ids [n] -> text. Ids outside the vocabulary decode to nothing, as in `tokenizers`."""
         try:

@@ -104,6 +104,7 @@ DIM_NAMES = {
     "inter": "intermediate_size", "gate_up": "2*intermediate_size",
     "experts": "number of experts", "expert_inter": "expert intermediate size",
     "dense_inter": "width of the first dense MLP",
+    "positions": "max_position_embeddings", "types": "type_vocab_size",  # encoders
 }
 
 # Config fields: name -> (kind, lowest, highest, null allowed). Bounds are far beyond any
@@ -126,6 +127,8 @@ CONFIG_FIELDS = {
     "moe_intermediate_size": (_INT, 0, 1 << 20, True),
     "decoder_sparse_step": (_INT, 0, 1 << 10, True),
     "rms_norm_eps": (_NUM, 0.0, 1.0, False),
+    "type_vocab_size": (_INT, 1, 1 << 16, True),  # encoders
+    "layer_norm_eps": (_NUM, 0.0, 1.0, True),
     "rope_theta": (_NUM, 1e-6, 1e12, False),
     "partial_rotary_factor": (_NUM, 1e-6, 1.0, True),
     "query_pre_attn_scalar": (_NUM, 1e-6, 1e12, True),
@@ -208,12 +211,17 @@ def check_shapes(packed, args: ModelArgs) -> None:
 def check_table(where: str, table: Mapping[str, tuple[str, tuple[int, ...]]],
                 args: ModelArgs) -> None:
     """check_shapes on a plain {name: (type, shape)} table (the converter's plan)."""
-    if args.family not in LAYER or (args.family == "moe" and args.model_type not in SPARSE_MLP):
+    spec = _encoder_spec(args)
+    if args.family not in LAYER and spec is None or (
+            args.family == "moe" and args.model_type not in SPARSE_MLP):
         raise UnsupportedArchitectureError(f"{where}: architecture {_short(args.model_type)} "
                                            f"is not supported (supported: {', '.join(SUPPORTED)})")
-    dims = _dims(args)
+    if spec is not None:
+        spec.check_config(where, args)
+    dims = _dims(args) if spec is None else spec.dims(args)
     expected = {}
-    for name, role, shape, required in expected_tensors(args):
+    tensors = expected_tensors(args) if spec is None else spec.expected_tensors(args)
+    for name, role, shape, required in tensors:
         if required and name not in table:  # stops a config that asks for 10**9 tensors
             raise FormatError(f"{where}: tensor {name} is missing (a {args.model_type} model "
                               f"with this config needs it)")
@@ -379,6 +387,16 @@ def _check_args(where: str, a: ModelArgs, runtime: bool) -> None:
                 AttributeError) as e:
             raise FormatError(f"{where}: config RoPE parameters are invalid: "
                               f"{type(e).__name__}: {e}") from None
+
+
+def _encoder_spec(a: ModelArgs):
+    """The module of an encoder family (its own tensor table: expected_tensors, dims), or
+    None for the decoders above."""
+    if a.family == "bert":
+        from .arch import bert
+
+        return bert
+    return None
 
 
 def _n_experts(a: ModelArgs) -> int:

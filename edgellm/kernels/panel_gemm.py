@@ -1,0 +1,198 @@
+"""Float GEMM over dequantized weight panels (the encoders' prefill):
+out[T, N] = x[T, K] @ W[N, K].T for every stored type, with float activations.
+
+Each group of 16 weight rows is dequantized once (matvec.embed_<type>: the embedding
+kernels) and transposed into a panel P [K, 16]; then every token meets it as an outer
+product: for each k, broadcast x[t, k] and multiply-add the two <8 x f32> halves of P[k]
+into RT x 2 accumulators held in registers (an RT x 16 output tile, written once). This is
+the register-blocked form BLAS kernels use; the row-dot tiles of matmul.py (x . W[n] with a
+horizontal sum per output) reach about half its rate on AVX2. Threads take groups of 16
+rows. Rows past the last whole group (N % 16) are plain dot products.
+
+    gemm_<type>(w, block, x, out)    w as linear.py validates it; x, out float32, C order
+Callers validate shapes (kernels/linear.py's checks; arch/bert.py's _linear): these kernels
+do not check bounds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .matvec import embed_f16, embed_f32, embed_q4_0, embed_q4_1, embed_q8_0
+from .simd import kernel
+
+W = 16  # panel width: output features per group (two <8 x f32> vectors)
+RT = 6  # tokens per register tile (12 accumulators)
+
+_F = ir.FloatType()
+_V8 = ir.VectorType(_F, 8)
+_I64 = ir.IntType(64)
+
+
+def _tile_codegen(rt: int):
+    def codegen(ctx, b, sig, args):
+        panel, x, out = (ctx.make_array(sig.args[k])(ctx, b, args[k]) for k in (0, 1, 3))
+        t, n0 = args[2], args[4]
+        K = cgutils.unpack_tuple(b, panel.shape)[0]
+        xcols = cgutils.unpack_tuple(b, x.shape)[1]
+        ocols = cgutils.unpack_tuple(b, out.shape)[1]
+        fma = cgutils.get_or_insert_function(b.module, ir.FunctionType(_V8, [_V8] * 3),
+                                             "llvm.fma.v8f32")
+        accs = [cgutils.alloca_once_value(b, ir.Constant(_V8, [0.0] * 8)) for _ in range(2 * rt)]
+        xrows = [b.gep(x.data, [b.mul(b.add(t, ir.Constant(_I64, s)), xcols)])
+                 for s in range(rt)]
+        with cgutils.for_range(b, K) as loop:
+            k = loop.index
+            prow = b.gep(panel.data, [b.mul(k, ir.Constant(_I64, W))])
+            halves = [b.load(b.bitcast(b.gep(prow, [ir.Constant(_I64, 8 * h)]),
+                                       _V8.as_pointer()), align=4) for h in range(2)]
+            for s in range(rt):
+                xv = b.load(b.gep(xrows[s], [k]))
+                splat = b.shuffle_vector(b.insert_element(ir.Constant(_V8, ir.Undefined), xv,
+                                                          ir.Constant(ir.IntType(32), 0)),
+                                         ir.Constant(_V8, ir.Undefined),
+                                         ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+                for h in range(2):
+                    a = accs[2 * s + h]
+                    b.store(b.call(fma, [splat, halves[h], b.load(a)]), a)
+        for s in range(rt):
+            orow = b.gep(out.data, [b.add(b.mul(b.add(t, ir.Constant(_I64, s)), ocols), n0)])
+            for h in range(2):
+                p = b.bitcast(b.gep(orow, [ir.Constant(_I64, 8 * h)]), _V8.as_pointer())
+                b.store(b.load(accs[2 * s + h]), p, align=4)
+        return ctx.get_dummy_value()
+    return codegen
+
+
+def _make_tile(rt: int):
+    @intrinsic
+    def tile(typingctx, panel, x, t, out, n0):
+        """out[t:t+rt, n0:n0+16] = x[t:t+rt] @ panel [K, 16]."""
+        if not all(isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 2
+                   and a.layout == "C" for a in (panel, x, out)):
+            return None
+        return types.void(panel, x, types.int64, out, types.int64), _tile_codegen(rt)
+    return tile
+
+
+tile_rt = _make_tile(RT)
+tile_1 = _make_tile(1)
+
+
+@kernel
+def _group(panel, rows, x, out, n0):
+    """Transpose the dequantized rows [16, K] into the panel [K, 16], then all tokens."""
+    K = rows.shape[1]
+    for k in range(K):
+        for j in range(W):
+            panel[k, j] = rows[j, k]
+    T = x.shape[0]
+    for t in range(0, T - RT + 1, RT):
+        tile_rt(panel, x, t, out, n0)
+    for t in range(T - T % RT, T):
+        tile_1(panel, x, t, out, n0)
+
+
+@kernel
+def _tail(rows, x, out, n0):
+    """out[:, n0:n0+len(rows)] = x @ rows.T (the rows past the last group)."""
+    for t in range(x.shape[0]):
+        for j in range(rows.shape[0]):
+            s = np.float32(0.0)
+            for k in range(x.shape[1]):
+                s += x[t, k] * rows[j, k]
+            out[t, n0 + j] = s
+
+
+# One driver per type (the row dequantizer is the only difference).
+
+@kernel(parallel=True)
+def gemm_q8_0(w, block, x, out):
+    N, K = w.shape[0], x.shape[1]
+    for g in prange((N + W - 1) // W):
+        ids = np.arange(g * W, min(N, g * W + W))
+        rows = np.empty((ids.shape[0], K), np.float32)
+        embed_q8_0(w, block, ids, rows)
+        if ids.shape[0] == W:
+            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
+        else:
+            _tail(rows, x, out, g * W)
+
+
+@kernel(parallel=True)
+def gemm_q4_0(w, block, x, out):
+    N, K = w.shape[0], x.shape[1]
+    for g in prange((N + W - 1) // W):
+        ids = np.arange(g * W, min(N, g * W + W))
+        rows = np.empty((ids.shape[0], K), np.float32)
+        embed_q4_0(w, block, ids, rows)
+        if ids.shape[0] == W:
+            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
+        else:
+            _tail(rows, x, out, g * W)
+
+
+@kernel(parallel=True)
+def gemm_q4_1(w, block, x, out):
+    N, K = w.shape[0], x.shape[1]
+    for g in prange((N + W - 1) // W):
+        ids = np.arange(g * W, min(N, g * W + W))
+        rows = np.empty((ids.shape[0], K), np.float32)
+        embed_q4_1(w, block, ids, rows)
+        if ids.shape[0] == W:
+            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
+        else:
+            _tail(rows, x, out, g * W)
+
+
+@kernel(parallel=True)
+def gemm_f32(w, block, x, out):
+    N, K = w.shape[0], x.shape[1]
+    for g in prange((N + W - 1) // W):
+        ids = np.arange(g * W, min(N, g * W + W))
+        rows = np.empty((ids.shape[0], K), np.float32)
+        embed_f32(w, block, ids, rows)
+        if ids.shape[0] == W:
+            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
+        else:
+            _tail(rows, x, out, g * W)
+
+
+@kernel(parallel=True)
+def gemm_f16(w, block, x, out):
+    N, K = w.shape[0], x.shape[1]
+    for g in prange((N + W - 1) // W):
+        ids = np.arange(g * W, min(N, g * W + W))
+        rows = np.empty((ids.shape[0], K), np.float32)
+        embed_f16(w, block, ids, rows)
+        if ids.shape[0] == W:
+            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
+        else:
+            _tail(rows, x, out, g * W)
+
+
+GEMM = {"q8_0": gemm_q8_0, "q4_0": gemm_q4_0, "q4_1": gemm_q4_1, "f32": gemm_f32,
+        "f16": gemm_f16}
+
+
+def gemm(w, x: np.ndarray, out: np.ndarray) -> None:
+    """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (any type linear() runs),
+    float activations; validated as linear() validates, then one kernel call."""
+    from .linear import _check_x, _weight
+
+    kind, N, K, block, data = _weight(w)
+    _check_x(x)
+    _check_x(out, "out")
+    if x.shape[1] != K or out.shape != (x.shape[0], N):
+        raise ValueError(f"x {list(x.shape)} and out {list(out.shape)} do not fit weight "
+                         f"{w.name} [{N}, {K}]")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    if np.may_share_memory(x, out):
+        raise ValueError("out overlaps x")
+    if x.shape[0]:
+        GEMM[kind](data, block, x, out)

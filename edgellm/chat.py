@@ -85,6 +85,29 @@ class ChatSession:
             self.cached_text = (self.llm.tokenizer.decode(model.tokens)
                                 if turn.ended is None else "")
 
+    def save(self, path) -> None:
+        """Save the conversation and the cache that holds it (session.py)."""
+        from .session import save_session
+
+        save_session(self.llm, path, {"system": self.system, "messages": self.messages})
+
+    @classmethod
+    def load(cls, llm, path) -> ChatSession:
+        """The conversation saved at `path`, its cache mapped back in (SessionError, and the
+        model unchanged, if the file is bad or belongs to another model or setup)."""
+        from .errors import SessionError
+        from .session import apply, read_session
+
+        saved = read_session(llm, path)
+        system = (saved.chat or {}).get("system")
+        if saved.chat is None or not (system is None or isinstance(system, str)):
+            raise SessionError(f"{path}: not a chat session (no messages saved)")
+        chat = cls(llm, system)
+        apply(llm, saved)
+        chat.messages = saved.messages
+        chat.cached_text = llm.tokenizer.decode(llm.model.tokens) if saved.tokens else ""
+        return chat
+
     def ask(self, message: str, **sampling) -> str:
         """send() collected into one string."""
         with self.send(message, **sampling) as chunks:

@@ -48,6 +48,15 @@ class ConstraintError(EdgeLLMError, ValueError):
     or it and logit_bias together forbid every token."""
 
 
+class CacheTypeError(EdgeLLMError, ValueError):
+    """A KV cache type (kv_type) that edgellm does not have, or that the model cannot use."""
+
+
+class SessionError(EdgeLLMError):
+    """A session file is truncated, corrupt, of a newer format, or made with another model,
+    cache type or context size."""
+
+
 class ModelNotFoundError(EdgeLLMError):
     """A model name or path does not resolve to a model."""
 

@@ -31,6 +31,7 @@ from .format import PackedModel
 from .generate import Chunk, stream
 from .guard import native
 from .lifetime import Lifetime, Stream, Turn
+from .prompt_cache import PromptCache
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 from .validate import check_model
@@ -46,7 +47,8 @@ class LLM:
     """A packed model opened for inference (weights memory-mapped, used in place)."""
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
-                 context: int | None = None, precise: bool = False, chunk: int = 64):
+                 context: int | None = None, precise: bool = False, chunk: int = 64,
+                 kv_type: str = "f32", prompt_cache_bytes: int = 0):
         import numba
 
         from .numba_setup import set_threads
@@ -56,6 +58,7 @@ class LLM:
         context = arguments.integer(context, "context", 8, 1 << 24, none=True)  # as validate.py
         precise = arguments.flag(precise, "precise")
         chunk = arguments.integer(chunk, "chunk", 1)
+        prompt_cache_bytes = arguments.integer(prompt_cache_bytes, "prompt_cache_bytes", 0)
         self.threads = numba.config.NUMBA_NUM_THREADS if threads is None else threads
         try:
             set_threads(self.threads)
@@ -67,7 +70,10 @@ class LLM:
         try:
             check_model(self.packed)  # every shape against the config, before any kernel
             self._check_context(context)
-            self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk)
+            self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk,
+                                    kv_type=kv_type)
+            if kv_type != "f32":
+                self.model.fused = None  # the fused decode step reads f32 caches only
         except (MemoryError, OSError) as e:
             self.packed.close()
             if isinstance(e, OSError) and e.errno != errno.ENOMEM:
@@ -78,6 +84,7 @@ class LLM:
             self.packed.close()
             raise
         self.precise = precise
+        self.prompt_cache = PromptCache(self.model, prompt_cache_bytes)
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
         self._engine = None  # constraints.ConstraintEngine, built on first use
@@ -249,7 +256,8 @@ class LLM:
                    stop: Sequence[str] | str = (), shift: bool = True, keep_cache: bool = False,
                    constraint=None, *, blocking: bool = True, timeout: float | None = None,
                    _turn: Turn | None = None, **sampling) -> Stream[Chunk]:
-        """Stream a continuation of token ids (after the cache's contents if keep_cache).
+        """Stream a continuation of token ids (after the cache's contents if keep_cache;
+        otherwise after the longest prefix of ids a cache can give: prompt_cache.py).
         The output follows `constraint` (a Constraint) or the one response_format=,
         json_schema=, regex=, grammar= or choices= asks for. The stream holds the model
         until it ends (see lifetime.py); `_turn`: one the caller already holds
@@ -284,12 +292,14 @@ class LLM:
 
     def _chunks(self, model, tokenizer, ids, sampler, max_tokens, stop, shift,
                 keep_cache, constraint=None) -> Iterator[Chunk]:
-        """The generation itself (runs under a turn: its first step resets the cache)."""
+        """The generation itself (runs under a turn: its first step sets up the cache,
+        reusing the longest prefix of `ids` it or the prompt cache holds)."""
         if not keep_cache:
-            model.reset()
+            ids = self.prompt_cache.prepare(ids)
         history = list(model.tokens) + list(ids)
-        yield from self._naming_the_file(stream(model, tokenizer, ids, sampler, max_tokens,
-                                                stop, shift, history, constraint))
+        yield from self._naming_the_file(self.prompt_cache.watch(
+            stream(model, tokenizer, ids, sampler, max_tokens, stop, shift, history,
+                   constraint)))
 
     def _naming_the_file(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         """`chunks`, with NaN or infinite logits (corrupt weights) blamed on the file."""
@@ -350,12 +360,31 @@ class LLM:
             arguments.text(system, "system")
         return ChatSession(self, system)
 
+    def save_session(self, path: str | os.PathLike, messages: Sequence[dict] | None = None):
+        """Save the token ids and KV cache as they stand (and `messages`) to `path`
+        (session.py: atomic, checksummed, bound to this model file, kv_type and context)."""
+        from .session import save_session
+
+        with self.lifetime.exclusive():  # the cache must not move while it is written
+            return save_session(self, path, None if messages is None else
+                                {"messages": [dict(m) for m in messages]})
+
+    def load_session(self, path: str | os.PathLike):
+        """Restore a saved session (SessionError, and the model unchanged, if the file is
+        bad or made with another model, kv_type or context); returns it (.tokens,
+        .messages)."""
+        from .session import load_session
+
+        with self.lifetime.exclusive():
+            return load_session(self, path)
+
     def close(self) -> None:
         """Unmap the weights. A generation running in another thread ends first (its next
         step raises ClosedError); afterwards every method raises ClosedError."""
         self.lifetime.close(self._release)
 
     def _release(self) -> None:
+        self.prompt_cache = None
         self.model = None
         self.packed.close()
 
@@ -367,12 +396,16 @@ class LLM:
 
 
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,
-         precise: bool = False) -> LLM:
+         precise: bool = False, kv_type: str = "f32", prompt_cache_bytes: int = 0) -> LLM:
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
-    activations for quantized weights (matches the float model; slower). A context beyond
-    the model's max_position_embeddings warns (ContextWarning)."""
-    return LLM(path, threads=threads, context=context, precise=precise)
+    activations for quantized weights (matches the float model; slower); kv_type: how
+    the KV cache stores K and V ("f32", "f16", "q8_0"); prompt_cache_bytes: memory for
+    snapshots of earlier sequences whose prefixes later prompts reuse (0: only the last
+    sequence's cache is reused). A context beyond the model's max_position_embeddings
+    warns (ContextWarning)."""
+    return LLM(path, threads=threads, context=context, precise=precise, kv_type=kv_type,
+               prompt_cache_bytes=prompt_cache_bytes)
 
 
 __all__ = ["LLM", "load", "EdgeLLMError"]

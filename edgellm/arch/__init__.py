@@ -8,7 +8,7 @@ from ..format import PackedModel
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
-          chunk: int = 64):
+          chunk: int = 64, kv_type: str = "f32"):
     """The runnable model of a packed file."""
     model_type = packed.architecture
     family = ARCH_ALIASES.get(model_type)
@@ -26,5 +26,7 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
     elif family == "moe":
         from .moe import MoE as cls
     elif family == "bert":
-        from .bert import Bert as cls
-    return cls(packed, args, precise=precise, context=context, chunk=chunk)
+        from .bert import Bert
+
+        return Bert(packed, args, precise=precise, context=context, chunk=chunk)  # no KV cache
+    return cls(packed, args, precise=precise, context=context, chunk=chunk, kv_type=kv_type)

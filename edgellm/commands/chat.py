@@ -3,13 +3,15 @@
 In a terminal, Ctrl-C stops the answer being written (not the program); Ctrl-D or /exit
 leaves; /reset starts over; /help lists the commands. With stdin not a terminal, or on
 SIGTERM, an interrupt ends the program (exit code 130). A model's reasoning (<think>...</think>)
-is shown dimmed on a terminal, or not at all with --hide-reasoning.
+is shown dimmed on a terminal, or not at all with --hide-reasoning. --session FILE resumes
+the conversation saved in FILE (if it exists) and saves it there when the chat ends.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+from pathlib import Path
 
 from ..errors import INTERRUPTS, ArgumentError
 from .common import (
@@ -34,46 +36,68 @@ def add_arguments(p) -> None:
     p.add_argument("--verbose", action="store_true", help="print statistics after answers")
     p.add_argument("--hide-reasoning", action="store_true",
                    help="do not show the model's reasoning (<think> blocks)")
+    p.add_argument("--session", default=None, metavar="FILE",
+                   help="resume the conversation saved in FILE, and save it there on exit")
 
 
 def run(args) -> int:
     with open_model(args) as llm:
-        session = llm.chat(system=args.system)
+        session = _open_session(llm, args)
         interactive = sys.stdin.isatty()
         if interactive:
             print(f"chatting with {llm.packed.path.name}. {HELP}", file=sys.stderr)
-        while True:
-            try:
-                line = input("> " if interactive else "")
-            except EOFError:
-                break
-            except UnicodeDecodeError as e:  # stdin's encoding is strict
-                raise ArgumentError(f"stdin is not valid {e.encoding}: byte "
-                                    f"0x{e.object[e.start]:02x}") from None
-            except KeyboardInterrupt:
-                if not _stops_answer_only(interactive):
-                    raise
-                print(file=sys.stderr)
-                continue
-            text = line.strip()
-            if not text:
-                continue
-            if text in ("/exit", "/quit"):
-                break
-            if text == "/help":
-                print(HELP, file=sys.stderr)
-                continue
-            if text == "/reset":
-                session.reset()
-                print("(conversation reset)", file=sys.stderr)
-                continue
-            try:
-                _answer(session, text, args, interactive)
-            except ArgumentError as e:  # at a terminal, one bad line does not end the chat
-                if not interactive:
-                    raise
-                print(f"edgellm: error: {e}", file=sys.stderr)
+        try:
+            _loop(session, args, interactive)
+        finally:
+            if args.session:
+                session.save(args.session)
     return 0
+
+
+def _open_session(llm, args):
+    """A new chat, or the one saved in --session FILE (its own system message)."""
+    from ..chat import ChatSession
+
+    if args.session and Path(args.session).exists():
+        chat = ChatSession.load(llm, args.session)
+        print(f"(resumed {args.session}: {len(chat.messages)} messages, "
+              f"{len(llm.model.tokens)} tokens)", file=sys.stderr)
+        return chat
+    return llm.chat(system=args.system)
+
+
+def _loop(session, args, interactive: bool) -> None:
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            break
+        except UnicodeDecodeError as e:  # stdin's encoding is strict
+            raise ArgumentError(f"stdin is not valid {e.encoding}: byte "
+                                f"0x{e.object[e.start]:02x}") from None
+        except KeyboardInterrupt:
+            if not _stops_answer_only(interactive):
+                raise
+            print(file=sys.stderr)
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        if text in ("/exit", "/quit"):
+            break
+        if text == "/help":
+            print(HELP, file=sys.stderr)
+            continue
+        if text == "/reset":
+            session.reset()
+            print("(conversation reset)", file=sys.stderr)
+            continue
+        try:
+            _answer(session, text, args, interactive)
+        except ArgumentError as e:  # at a terminal, one bad line does not end the chat
+            if not interactive:
+                raise
+            print(f"edgellm: error: {e}", file=sys.stderr)
 
 
 def _stops_answer_only(interactive: bool) -> bool:

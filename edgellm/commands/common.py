@@ -92,6 +92,14 @@ def add_model_arguments(p) -> None:
     p.add_argument("--precise", action="store_true",
                    help="float activations for quantized weights: matches the float model "
                         "where int8 rounding would flip a near-tie (slower)")
+    add_kv_type_argument(p)
+
+
+def add_kv_type_argument(p) -> None:
+    from ..kv_types import KV_TYPES
+
+    p.add_argument("--kv-type", choices=KV_TYPES, default="f32",
+                   help="how the KV cache stores K and V (default: f32)")
 
 
 def add_sampling_arguments(p) -> None:
@@ -131,7 +139,8 @@ def open_model(args) -> LLM:
         with warnings.catch_warnings():
             warnings.simplefilter("error", ContextWarning)  # --ctx beyond the model: refused
             try:
-                llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise)
+                llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise,
+                          kv_type=getattr(args, "kv_type", "f32"))
             except ContextWarning as w:
                 raise ContextError(str(w)) from None
         llm.model.warmup()

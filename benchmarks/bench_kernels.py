@@ -24,7 +24,7 @@ import numpy as np
 from edgellm import quant
 from edgellm.format import Tensor
 from edgellm.kernels import linear as L
-from edgellm.kernels import simd
+from edgellm.kernels import registry, simd
 
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576), (2560, 960)]
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
@@ -62,12 +62,12 @@ def kernel_call(w: Tensor, act: L.ActQ8, x: np.ndarray, out: np.ndarray, precise
     """The bare kernel linear() runs for T == 1 (same choice of serial/parallel)."""
     kind, N, _, block, data = L._weight(w)
     one = numba.get_num_threads() == 1
-    if kind in L.QUANTIZED and not precise:
-        rows, par, _ = L._INT8[kind]
+    if kind in registry.INT8 and not precise:
+        rows, par, _ = registry.INT8[kind]
         if one:
             return lambda: rows(data, block, act.xq, act.xd, act.xds, out, 0, N)
         return lambda: par(data, block, act.xq, act.xd, act.xds, out)
-    rows, par, _ = L._FLOAT[kind]
+    rows, par = registry.FLOAT[kind].rows, registry.FLOAT[kind].parallel
     if one:
         return lambda: rows(data, block, x, out, 0, N)
     return lambda: par(data, block, x, out)
@@ -96,7 +96,7 @@ def main() -> None:
         model = [random_weight(kind, N, K, rng) for _ in range(LAYERS) for N, K in LAYER]
         model.append(hot[HEAD])
         for precise in [False, True] if args.precise else [False]:
-            if precise and kind not in L.QUANTIZED:
+            if precise and kind not in registry.INT8:
                 continue
             tag = kind + (" precise" if precise else "")
             for nt in args.threads:

@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_quality_arguments(ap: argparse.ArgumentParser) -> None:
+    from .recipes import TARGET_TYPES
+
     g = ap.add_argument_group("quality (converter/quantizers.py, calibrate.py, size_target.py)")
     g.add_argument("--quantizer", choices=("ref", "search", "gptq"), default=None,
                    help="ref: llama.cpp's reference rounding, bit for bit; search: per-block "
@@ -78,8 +80,8 @@ def _add_quality_arguments(ap: argparse.ArgumentParser) -> None:
                            "is at most SIZE (80MB = 80e6 bytes, 76MiB = 76 * 2^20)")
     size.add_argument("--target-bpw", type=float, metavar="BITS", default=None,
                       help="the same for a budget of tensor data in bits per weight")
-    g.add_argument("--target-types", default="q4_0,q4_1,q8_0", metavar="LIST",
-                   help="types --target-* chooses from (default: q4_0,q4_1,q8_0)")
+    g.add_argument("--target-types", default=",".join(TARGET_TYPES), metavar="LIST",
+                   help=f"types --target-* chooses from (default: {','.join(TARGET_TYPES)})")
     g.add_argument("--eval-chunks", type=int, default=4, metavar="N",
                    help="with --target-* and --calibrate: report the perplexity of the result "
                         "and of the float model on N chunks of 512 tokens of TEXT after the "

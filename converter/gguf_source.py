@@ -29,8 +29,9 @@ from .source import Source, SourceTensor
 # What a malformed file makes the gguf package (or numpy under it) raise.
 _MALFORMED = (ValueError, KeyError, IndexError, TypeError, OverflowError, AssertionError,
               UnicodeDecodeError, struct.error, NotImplementedError, MemoryError)
-_FLOAT_TYPES = {QT.F32: "f32", QT.F16: "f16"}
-_RAW_TYPES = {QT.Q8_0: "q8_0", QT.Q4_0: "q4_0", QT.Q4_1: "q4_1"}
+# ggml types edgellm stores as they are (quant.TYPES: each row names its ggml type)
+_FLOAT_TYPES = {QT[t.ggml]: t.name for t in quant.TYPES.values() if not t.quantized}
+_RAW_TYPES = {QT[t.ggml]: t.name for t in quant.TYPES.values() if t.quantized}
 
 
 class _StrictReader(gguf.GGUFReader):

@@ -51,7 +51,7 @@ def gptq_quantize(x: np.ndarray, hessian: np.ndarray, type_name: str,
     dead = diag <= 0
     w[:, dead] = x[:, dead]  # no feedback into columns calibration never reached
     scales = np.zeros((rows, cols // block_size), np.float32)
-    mins = np.zeros_like(scales) if type_name == "q4_1" else None
+    mins = np.zeros_like(scales) if t.affine else None
     codes = np.zeros((rows, cols), np.int32)
     for b in range(0, cols, block_size):
         e = slice(b, b + block_size)
@@ -59,11 +59,10 @@ def gptq_quantize(x: np.ndarray, hessian: np.ndarray, type_name: str,
         cw = np.ascontiguousarray(np.broadcast_to(
             np.maximum(diag[e], 1e-12 * max(float(diag.mean()), 1e-30)).astype(np.float32),
             blk.shape))
-        if type_name == "q4_1":
-            d, m, _ = qz._search_affine(blk, cw, 15)
-            lo, hi = 0, 15
+        lo, hi = t.codes
+        if t.affine:
+            d, m, _ = qz._search_affine(blk, cw, hi)
         else:
-            lo, hi = qz._SIGNED[type_name]
             d, _ = qz._search_symmetric(blk, cw, lo, hi)
             m = np.zeros_like(d)
         inv = qz._inverse(d).astype(np.float64)
@@ -80,7 +79,7 @@ def gptq_quantize(x: np.ndarray, hessian: np.ndarray, type_name: str,
         scales[:, b // block_size] = d
         if mins is not None:
             mins[:, b // block_size] = m
-    return _pack(type_name, scales, mins, codes, block_size)
+    return _pack(t, scales, mins, codes, block_size)
 
 
 def _inverse_factor(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,16 +103,13 @@ def _inverse_factor(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return u, diag
 
 
-def _pack(type_name: str, scales: np.ndarray, mins: np.ndarray | None, codes: np.ndarray,
+def _pack(t: quant.QuantType, scales: np.ndarray, mins: np.ndarray | None, codes: np.ndarray,
           block_size: int) -> np.ndarray:
     rows, cols = codes.shape
     q = codes.reshape(-1, block_size)
     d = scales.reshape(-1)
-    if type_name == "q4_1":
+    if t.affine:
         parts = [qz._f16_bytes(d), qz._f16_bytes(mins.reshape(-1)), qz._pack_nibbles(q)]
-    elif type_name == "q8_0":
-        parts = [qz._f16_bytes(d), q.astype(np.int8).view(np.uint8)]
     else:
-        lo, _ = qz._SIGNED[type_name]
-        parts = [qz._f16_bytes(d), qz._pack_nibbles((q - lo).astype(np.uint8))]
+        parts = [qz._f16_bytes(d), qz.pack_codes(t, q)]
     return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(rows, -1))

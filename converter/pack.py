@@ -131,13 +131,10 @@ def _encode(t: SourceTensor, name: str, type_name: str, block_size: int,
     return chunks
 
 
-# Largest |value| each type stores without its float16 (scale) overflowing to inf.
-F16_MAX = 65504.0
-RANGE = {"f16": F16_MAX, "q8_0": F16_MAX * 127, "q4_0": F16_MAX * 8, "q4_1": F16_MAX}
-
-
 def _check_range(values: np.ndarray, name: str, type_name: str) -> None:
-    limit = RANGE.get(type_name)
+    """The largest |value| the type stores without its float16 (scale) overflowing to inf:
+    quant.TYPES[type_name].max_abs."""
+    limit = quant.TYPES[type_name].max_abs
     if limit is None or not values.size:
         return
     with np.errstate(invalid="ignore"):

@@ -32,8 +32,6 @@ from edgellm import quant
 from edgellm.errors import QuantizationError
 
 QUANTIZERS = ("ref", "search", "gptq")
-# (lowest code, highest code) of the signed types; q4_0's code q is stored as q + 8.
-_SIGNED = {"q8_0": (-127, 127), "q4_0": (-8, 7)}
 REFINE_ROUNDS = 2
 SPAN = (0.7, 1.1, 9)  # candidate scales: fractions of the max-abs one (from, to, count)
 
@@ -56,16 +54,22 @@ def quantize(x: np.ndarray, type_name: str, block_size: int = quant.DEFAULT_BLOC
     rows, cols = x.shape
     xb = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, block_size)
     w = importance(x, block_size, col_weights, name)
-    if type_name == "q4_1":
-        d, m, q = _search_affine(xb, w, 15)
+    lo, hi = t.codes  # quant.TYPES: 4-bit signed codes are stored as q - lo
+    if t.affine:
+        d, m, q = _search_affine(xb, w, hi)
         blocks = [_f16_bytes(d), _f16_bytes(m), _pack_nibbles(q)]
     else:
-        lo, hi = _SIGNED[type_name]
         d, q = _search_symmetric(xb, w, lo, hi)
-        codes = q.astype(np.int8).view(np.uint8) if type_name == "q8_0" else \
-            _pack_nibbles((q - lo).astype(np.uint8))
-        blocks = [_f16_bytes(d), codes]
+        blocks = [_f16_bytes(d), pack_codes(t, q)]
     return np.ascontiguousarray(np.concatenate(blocks, axis=-1).reshape(rows, -1))
+
+
+def pack_codes(t: quant.QuantType, q: np.ndarray) -> np.ndarray:
+    """Integer codes [n, B] of a symmetric type -> its code bytes: int8 as they are (8-bit),
+    nibbles of q - lowest code (4-bit)."""
+    if t.bits == 8:
+        return q.astype(np.int8).view(np.uint8)
+    return _pack_nibbles((q - t.codes[0]).astype(np.uint8))
 
 
 def importance(x: np.ndarray, block_size: int, col_weights: np.ndarray | None = None,

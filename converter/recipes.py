@@ -28,9 +28,12 @@ from __future__ import annotations
 
 from edgellm import quant
 
-RECIPES = ("q4_0_mixed", "q4_1_mixed", "q4_0_best", "q4_1_best", "q8_0", "q4_0", "q4_1", "f16",
-           "f32", "keep")
+# every type of quant.TYPES is a recipe of its own
+RECIPES = ("q4_0_mixed", "q4_1_mixed", "q4_0_best", "q4_1_best", *quant.QUANTIZED,
+           *quant.FLOAT_TYPES, "keep")
 SEARCHED = ("q4_0_best", "q4_1_best")  # recipes that always use the searched quantizer
+# what --target-size / --target-bpw choose from by default: every type with int8 kernels
+TARGET_TYPES = tuple(sorted(quant.INT8_TYPES))  # q4_0, q4_1, q8_0
 DEFAULT_HF = "q4_0_mixed"
 DEFAULT_GGUF = "keep"
 SENSITIVE = ("embed_tokens.weight", "lm_head.weight", "word_embeddings.weight",

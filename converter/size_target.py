@@ -35,8 +35,9 @@ from edgellm.errors import EdgeLLMError, QuantizationError
 from edgellm.format import Tensor
 
 from .quantizers import weighted_error
+from .recipes import TARGET_TYPES
 
-DEFAULT_CANDIDATES = ("q4_0", "q4_1", "q8_0")
+DEFAULT_CANDIDATES = TARGET_TYPES
 SENSITIVITY_TOKENS = 256  # calibration tokens each sensitivity measurement runs
 HEADER_SLACK = 32  # bytes per tensor: the header's numbers change length with the types
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)

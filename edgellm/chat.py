@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from . import arguments
 from .generate import Chunk
 
 
@@ -13,6 +14,11 @@ class ChatSession:
     A turn renders the whole conversation with the chat template. When the text the cache
     already holds is a prefix of it, only the rest is tokenized and prefilled; otherwise
     the cache is cut back to the longest common prefix of token ids (or reset).
+
+    A turn holds its LLM's generation lock (lifetime.py) from `send` until its stream
+    ends; when another generation used the cache in between, the next turn prefills the
+    conversation again rather than trust the cache. After llm.close(), every method raises
+    ClosedError.
     """
 
     def __init__(self, llm, system: str | None = None):
@@ -25,13 +31,16 @@ class ChatSession:
 
     def reset(self) -> None:
         """Forget the conversation (the system message stays)."""
+        with self.llm.lifetime.exclusive(owner=self):
+            self.llm._model().reset()
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.cached_text = ""
-        self.llm.model.reset()
 
-    def _new_tokens(self, text: str) -> list[int]:
-        """The ids to prefill so that the cache holds `text`."""
-        model, tok = self.llm.model, self.llm.tokenizer
+    def _new_tokens(self, text: str, turn) -> list[int]:
+        """The ids to prefill so that the cache holds `text` (under `turn`)."""
+        model, tok = self.llm._model(), self.llm.tokenizer
+        if turn.previous_owner is not self:  # another generation used the cache since
+            self.cached_text = ""
         if self.cached_text and text.startswith(self.cached_text) and model.tokens:
             return tok.encode(text[len(self.cached_text):])
         ids = tok.encode(text)
@@ -44,22 +53,62 @@ class ChatSession:
         model.truncate(common)
         return ids[len(model.tokens):]
 
-    def send(self, message: str, **sampling) -> Iterator[Chunk]:
-        """Add a user message and stream the assistant's answer (recorded when done)."""
+    def send(self, message: str, *, blocking: bool = True, timeout: float | None = None,
+             **sampling) -> Iterator[Chunk]:
+        """Add a user message and stream the assistant's answer (recorded when done).
+        blocking, timeout: as LLM.stream."""
+        arguments.text(message, "message")
+        llm = self.llm
+        text = llm.apply_chat_template(self.messages + [{"role": "user", "content": message}],
+                                       add_generation_prompt=True)
+        turn = llm.lifetime.acquire(blocking, timeout, owner=self)
+        try:
+            ids = self._new_tokens(text, turn)
+            chunks = llm.stream_ids(ids, keep_cache=True, _turn=turn, **sampling)
+        except BaseException:
+            llm.lifetime.release(turn)
+            raise
         self.messages.append({"role": "user", "content": message})
-        text = self.llm.apply_chat_template(self.messages, add_generation_prompt=True)
-        ids = self._new_tokens(text)
         self.last_prefill_tokens = len(ids)
+        return llm.lifetime.stream(turn, self._record(chunks, llm._model(), turn))
+
+    def _record(self, chunks: Iterator[Chunk], model, turn) -> Iterator[Chunk]:
         answer = []
         try:
-            for chunk in self.llm.stream_ids(ids, keep_cache=True, **sampling):
+            for chunk in chunks:
                 answer.append(chunk.text)
                 yield chunk
         finally:  # also when the caller stops early (Ctrl-C): keep what was said
-            reply = "".join(answer)
-            self.messages.append({"role": "assistant", "content": reply})
-            self.cached_text = self.llm.tokenizer.decode(self.llm.model.tokens)
+            chunks.close()
+            self.messages.append({"role": "assistant", "content": "".join(answer)})
+            # what the cache holds now, unless the model was closed or taken meanwhile
+            self.cached_text = (self.llm.tokenizer.decode(model.tokens)
+                                if turn.ended is None else "")
+
+    def save(self, path) -> None:
+        """Save the conversation and the cache that holds it (session.py)."""
+        from .session import save_session
+
+        save_session(self.llm, path, {"system": self.system, "messages": self.messages})
+
+    @classmethod
+    def load(cls, llm, path) -> ChatSession:
+        """The conversation saved at `path`, its cache mapped back in (SessionError, and the
+        model unchanged, if the file is bad or belongs to another model or setup)."""
+        from .errors import SessionError
+        from .session import apply, read_session
+
+        saved = read_session(llm, path)
+        system = (saved.chat or {}).get("system")
+        if saved.chat is None or not (system is None or isinstance(system, str)):
+            raise SessionError(f"{path}: not a chat session (no messages saved)")
+        chat = cls(llm, system)
+        apply(llm, saved)
+        chat.messages = saved.messages
+        chat.cached_text = llm.tokenizer.decode(llm.model.tokens) if saved.tokens else ""
+        return chat
 
     def ask(self, message: str, **sampling) -> str:
         """send() collected into one string."""
-        return "".join(c.text for c in self.send(message, **sampling))
+        with self.send(message, **sampling) as chunks:
+            return "".join(c.text for c in chunks)

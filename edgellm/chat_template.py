@@ -6,6 +6,14 @@ and `{% generation %}` extensions, its own `tojson` filter and the globals `rais
 and `strftime_now`, and renders it with `messages`, `tools`, `documents`,
 `add_generation_prompt` and the special tokens. `ChatTemplate` does the same.
 
+Time: the deadline is checked at every attribute, item, call, filter and operator, and,
+as those need not occur in a loop (`{% for a in r %}{% for b in r %}{% endfor %}{% endfor %}`
+over a range stored in a variable runs none), at every iteration of every loop, every
+loop filter test and every macro entry: `_Sandbox._generate` adds the check to the
+template's syntax tree before it is compiled. No construct runs long between two checks:
+the C functions a template can reach work on values bounded in size (strings and lists of
+MAX_CHARS, ranges of 100,000, ints of MAX_POW_BITS).
+
 Templates ship with model files, so they are untrusted: the sandbox refuses Python internals
 (`''.__class__`), and rendering is bounded in output size, value sizes and time, so a
 template cannot eat the memory or the CPU (`{% for i in range(10**9) %}` fails). Beyond the
@@ -24,6 +32,7 @@ import json
 import math
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -107,6 +116,26 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         if time.monotonic() > self.deadline:
             raise TemplateError(f"chat template took longer than {self.max_seconds:g} s")
 
+    @property
+    def loop_tick(self) -> bool:
+        """Read by every loop iteration, loop filter and macro body (see _generate): a
+        property, so the check costs an attribute read, not a sandboxed call."""
+        if time.monotonic() > self.deadline:
+            raise TemplateError(f"chat template took longer than {self.max_seconds:g} s")
+        return True
+
+    def _generate(self, source: nodes.Template, *args: Any, **kwargs: Any) -> str:
+        """Compile `source` with a deadline check in every loop body, loop filter and
+        macro body (an internal node: a template cannot name or shadow it)."""
+        def check() -> nodes.EnvironmentAttribute:
+            return nodes.EnvironmentAttribute("loop_tick")
+
+        for node in source.find_all((nodes.For, nodes.Macro, nodes.CallBlock)):
+            node.body.insert(0, nodes.ExprStmt(check()))
+            if isinstance(node, nodes.For) and node.test is not None:
+                node.test = nodes.And(check(), node.test)
+        return super()._generate(source, *args, **kwargs)
+
     def _check_size(self, value: Any) -> Any:
         if isinstance(value, (str, list, tuple, dict)) and len(value) > self.max_chars:
             raise TemplateError(f"chat template built a value longer than {self.max_chars}")
@@ -167,6 +196,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             seq, n = (left, right) if isinstance(left, sized) else (right, left)
             if isinstance(seq, sized) and isinstance(n, int) and len(seq) * n > self.max_chars:
                 raise TemplateError(f"chat template built a value longer than {self.max_chars}")
+            if isinstance(left, int) and isinstance(right, int) \
+                    and left.bit_length() + right.bit_length() > MAX_POW_BITS:
+                raise TemplateError("chat template computed a number too large")
         elif operator == "**":
             if isinstance(left, (int, float)) and isinstance(right, int) and abs(left) > 1 \
                     and right * math.log2(abs(left)) > MAX_POW_BITS:
@@ -230,7 +262,7 @@ class ChatTemplate:
 
     `special_tokens` (e.g. Tokenizer.special_tokens: bos_token, eos_token, unk_token,
     pad_token, ...) become template variables, as transformers passes its
-    `special_tokens_map`. Not safe to render from several threads at once.
+    `special_tokens_map`. Renders from several threads run one at a time.
     """
 
     def __init__(self, template: str, special_tokens: Mapping[str, Any] | None = None, *,
@@ -242,6 +274,7 @@ class ChatTemplate:
         self.special_tokens = {k: _special_value(v) for k, v in (special_tokens or {}).items()}
         self._env = _Sandbox(max_chars, max_seconds)
         self.max_bytes = max_bytes
+        self._lock = threading.Lock()  # the deadline is the environment's
         # Compiling evaluates constant expressions (`'%*s'|format(10**9, 'x')`): bounded too.
         self._env.deadline = time.monotonic() + max_seconds
         try:
@@ -271,6 +304,10 @@ class ChatTemplate:
         `extra` are further template variables (e.g. enable_thinking=False); they override
         special tokens of the same name.
         """
+        with self._lock:
+            return self._render(messages, add_generation_prompt, tools, documents, extra)
+
+    def _render(self, messages, add_generation_prompt, tools, documents, extra) -> str:
         env = self._env
         variables = {**self.special_tokens, **extra}
         env.deadline = time.monotonic() + env.max_seconds

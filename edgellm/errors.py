@@ -43,8 +43,50 @@ class NonFiniteLogitsError(SamplingError):
     corrupt, usually (a SamplingError, as the sampler is where it shows)."""
 
 
+class ConstraintError(EdgeLLMError, ValueError):
+    """A constraint (JSON schema, regex, grammar, choices, tools) is invalid or unsupported,
+    or it and logit_bias together forbid every token."""
+
+
+class CacheTypeError(EdgeLLMError, ValueError):
+    """A KV cache type (kv_type) that edgellm does not have, or that the model cannot use."""
+
+
+class SessionError(EdgeLLMError):
+    """A session file is truncated, corrupt, of a newer format, or made with another model,
+    cache type or context size."""
+
+
 class ModelNotFoundError(EdgeLLMError):
     """A model name or path does not resolve to a model."""
+
+
+class ArgumentError(EdgeLLMError, TypeError, ValueError):
+    """An argument of a public function has the wrong type or value (a prompt that is
+    neither text, chat messages nor token ids, a stop that is not a string, a path that is
+    not a path). Also a TypeError and a ValueError, as Python's own checks would raise."""
+
+
+class ContextWarning(UserWarning):
+    """load(context=N) beyond the model's max_position_embeddings: allowed (a converter
+    may calibrate so), but the model's output past its trained positions is noise. The
+    command lines refuse it."""
+
+
+class ClosedError(EdgeLLMError):
+    """The LLM was closed: its weights are unmapped, so nothing more can run on it (also a
+    stream or chat session of it, at its next step)."""
+
+
+class BusyError(EdgeLLMError):
+    """The LLM is generating for another caller and this one asked not to wait
+    (blocking=False, or its timeout passed)."""
+
+
+class SupersededError(BusyError):
+    """A stream was ended because its thread started another generation on the same LLM
+    before finishing it (an LLM runs one generation at a time, and one thread cannot wait
+    for itself)."""
 
 
 class Interrupted(KeyboardInterrupt):

@@ -9,11 +9,16 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import ContextError
+from .kernels.token_mask import mask_logits
 from .sampling import Sampler
+
+if TYPE_CHECKING:
+    from .constraints import Constraint
 from .tokenizer import StreamingDetokenizer, Tokenizer
 
 
@@ -86,28 +91,44 @@ class StopMatcher:
 
 
 def generate_step(model, prompt: np.ndarray, sampler: Sampler, history: list[int],
-                  shift: bool = True) -> Iterator[int]:
+                  shift: bool = True, constraint: Constraint | None = None) -> Iterator[int]:
     """Prefill `prompt` after what the cache holds, then yield sampled ids forever.
 
     The caller stops the iteration; each id it pulls after the first is decoded (fed to the
     model) before the next is sampled. `history` (prompt so far) grows with each id.
+    With a `constraint`, each id is drawn from the tokens its mask allows and consumed by it
+    before it is yielded; the next mask is computed while the model runs the id.
     """
+    if constraint is None:
+        logits = model.forward(prompt, want="last", shift=shift)
+        while True:
+            token = sampler.sample(logits, history)
+            history.append(token)
+            yield token
+            logits = model.forward(np.array([token], np.int64), want="last", shift=shift)
+    constraint.fill_async()
     logits = model.forward(prompt, want="last", shift=shift)
     while True:
+        constraint.wait()
+        mask_logits(logits, constraint.mask)  # the model's buffer, ours until the next forward
         token = sampler.sample(logits, history)
+        constraint.advance(token)
         history.append(token)
         yield token
+        constraint.fill_async()
         logits = model.forward(np.array([token], np.int64), want="last", shift=shift)
 
 
 def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
            max_tokens: int, stop: Sequence[str] = (), shift: bool = True,
-           history: list[int] | None = None) -> Iterator[Chunk]:
+           history: list[int] | None = None,
+           constraint: Constraint | None = None) -> Iterator[Chunk]:
     """Generate from `prompt` (ids to run after the cache's contents), as Chunks.
 
     Ends on an end-of-sequence id ("stop", its text not emitted), a stop string ("stop",
-    nothing from the stop string on emitted), `max_tokens` ("length"), or a full context
-    when `shift` is False ("length"). The last sampled id is never run through the model:
+    nothing from the stop string on emitted), a `constraint` that is complete and can take
+    no more ("stop"), `max_tokens` ("length": constrained output may then be incomplete),
+    or a full context when `shift` is False ("length"). The last sampled id is never run through the model:
     `model.tokens` lists what the cache holds afterwards.
     """
     prompt = np.asarray(prompt, dtype=np.int64)
@@ -119,7 +140,7 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
     detok = StreamingDetokenizer(tokenizer)
     stopper = StopMatcher(stop)
     t0 = time.perf_counter()
-    steps = generate_step(model, prompt, sampler, history, shift)
+    steps = generate_step(model, prompt, sampler, history, shift, constraint)
     finish = "length"
     t_first = t0
     if max_tokens <= 0:
@@ -134,6 +155,10 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
             break
         stats.generated_tokens += 1
         text, stopped = stopper.feed(detok.add(token))
+        if not stopped and constraint is not None and constraint.is_done():
+            tail, stopped = stopper.feed(detok.flush())
+            text += tail if stopped else tail + stopper.flush()
+            stopped = True
         if stopped:
             finish = "stop"
             yield Chunk(text, token)

@@ -1,16 +1,25 @@
-"""The loaded model: `edgellm.load(path)` returns an LLM."""
+"""The loaded model: `edgellm.load(path)` returns an LLM.
+
+An LLM runs one generation at a time and refuses everything once closed (ClosedError):
+see lifetime.py. Every public method checks its arguments (arguments.py) and takes the
+model's turn (`self.lifetime`) before it touches the weights or the cache.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from . import arch
+from . import arch, arguments
 from .chat_template import ChatTemplate
 from .errors import (
+    ClosedError,
     ContextError,
+    ContextWarning,
     EdgeLLMError,
     ModelKindError,
     NonFiniteLogitsError,
@@ -21,6 +30,8 @@ from .errors import (
 from .format import PackedModel
 from .generate import Chunk, stream
 from .guard import native
+from .lifetime import Lifetime, Stream, Turn
+from .prompt_cache import PromptCache
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 from .validate import check_model
@@ -29,6 +40,7 @@ DEFAULT_MAX_TOKENS = 256
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                  "repetition_context", "presence_penalty", "frequency_penalty", "logit_bias",
                  "seed")
+CONSTRAINT_KEYS = ("response_format", "json_schema", "regex", "grammar", "choices")
 
 
 class LLM:
@@ -36,59 +48,101 @@ class LLM:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
                  context: int | None = None, precise: bool = False, chunk: int = 64,
-                 fused: bool = True):
+                 kv_type: str = "f32", prompt_cache_bytes: int = 0, fused: bool = True):
         import numba
 
         from .numba_setup import set_threads
 
+        path = arguments.model_path(path)
+        threads = arguments.integer(threads, "threads", 1, none=True)
+        context = arguments.integer(context, "context", 8, 1 << 24, none=True)  # as validate.py
+        precise = arguments.flag(precise, "precise")
+        fused = arguments.flag(fused, "fused")
+        chunk = arguments.integer(chunk, "chunk", 1)
+        prompt_cache_bytes = arguments.integer(prompt_cache_bytes, "prompt_cache_bytes", 0)
         self.threads = numba.config.NUMBA_NUM_THREADS if threads is None else threads
         try:
             set_threads(self.threads)
         except ValueError as e:
             raise EdgeLLMError(str(e)) from None
+        self.model = None
         self.packed = PackedModel(path)
+        self.lifetime = Lifetime(str(self.packed.path))
         try:
             check_model(self.packed)  # every shape against the config, before any kernel
+            self._check_context(context)
             self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk,
-                                    fused=fused)
-        except MemoryError:
+                                    kv_type=kv_type, fused=fused)
+        except (MemoryError, OSError) as e:
             self.packed.close()
+            if isinstance(e, OSError) and e.errno != errno.ENOMEM:
+                raise
             raise EdgeLLMError(f"{self.packed.path}: not enough memory for the model's "
                                "buffers (try a smaller --ctx)") from None
         except BaseException:
             self.packed.close()
             raise
         self.precise = precise
+        self.prompt_cache = PromptCache(self.model, prompt_cache_bytes)
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
+        self._engine = None  # constraints.ConstraintEngine, built on first use
         self._embedder = None
+
+    def _check_context(self, context: int | None) -> None:
+        """Warn of a context beyond the positions the model was trained for (its output
+        there is noise; the command lines turn the warning into an error)."""
+        limit = self.packed.config.get("max_position_embeddings")
+        if context is not None and isinstance(limit, int) and context > limit:
+            warnings.warn(f"{self.packed.path}: context {context} is beyond the model's "
+                          f"max_position_embeddings of {limit}", ContextWarning, stacklevel=4)
+
+    def _model(self):
+        """The model, or ClosedError."""
+        model = self.model
+        if model is None:
+            self.lifetime.check()
+            raise ClosedError(f"{self.packed.path}: the model is closed")
+        return model
+
+    @property
+    def closed(self) -> bool:
+        return self.lifetime.closed
 
     @property
     def config(self) -> dict:
         """The model's Hugging Face config (as stored in the file)."""
+        self.lifetime.check()
         return self.packed.config
 
     @property
     def args(self):
-        return self.model.args
+        return self._model().args
 
     @property
     def context(self) -> int:
-        return self.model.context
+        return self._model().context
 
-    def logits(self, token_ids) -> np.ndarray:
-        """float32 [T, vocab]: one forward over `token_ids` from an empty cache."""
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
-        if ids.size > self.model.context:
+    def logits(self, token_ids, *, blocking: bool = True,
+               timeout: float | None = None) -> np.ndarray:
+        """float32 [T, vocab]: one forward over `token_ids` from an empty cache. blocking,
+        timeout: whether and how long to wait while another thread generates (BusyError)."""
+        model = self._model()
+        ids = np.array(arguments.token_ids(token_ids, model.args.vocab_size), dtype=np.int64)
+        if ids.size == 0:
+            raise ContextError("no tokens to run")
+        if ids.size > model.context:
             raise ContextError(f"{ids.size} tokens do not fit the context of "
-                               f"{self.model.context}")
-        self.model.reset()
-        return self.model.forward(ids, want="all", shift=False)
+                               f"{model.context}")
+        with self.lifetime.exclusive(blocking, timeout):
+            model.reset()
+            return model.forward(ids, want="all", shift=False)
 
     # text ------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Tokenizer:
         """The model's tokenizer (built on first use from the embedded tokenizer.json)."""
+        self.lifetime.check()
         if self._tokenizer is None:
             p = self.packed
             if not p.tokenizer_json:
@@ -106,6 +160,13 @@ class LLM:
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                             **kwargs) -> str:
         """The prompt string for chat `messages`, as transformers' apply_chat_template."""
+        self.lifetime.check()
+        arguments.flag(add_generation_prompt, "add_generation_prompt")
+        if isinstance(messages, (str, bytes, bytearray)) or not isinstance(messages, Sequence):
+            raise arguments.ArgumentError(f"messages must be a list of dicts, got "
+                                          f"{type(messages).__name__}")
+        if not all(isinstance(m, dict) for m in messages):
+            raise arguments.ArgumentError("messages must be a list of dicts")
         if self._template is None:
             if not self.packed.chat_template:
                 raise TemplateError(f"{self.packed.path}: the model has no chat template")
@@ -123,16 +184,22 @@ class LLM:
     def encode_prompt(self, prompt) -> list[int]:
         """A prompt -> ids: a string (special tokens added as the tokenizer says), chat
         messages (the template applied), or token ids as they are."""
+        self.lifetime.check()
         if isinstance(prompt, str):
             return self._encode(prompt, add_special_tokens=True)
-        prompt = list(prompt)
-        if prompt and all(isinstance(m, dict) for m in prompt):
+        if isinstance(prompt, (list, tuple)) and prompt \
+                and all(isinstance(m, dict) for m in prompt):
             return self._encode(self.apply_chat_template(prompt))
-        if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt):
-            return [int(t) for t in prompt]
-        raise EdgeLLMError("prompt must be a string, a list of chat messages or token ids")
+        if isinstance(prompt, (list, tuple, np.ndarray)):
+            return arguments.token_ids(prompt, self.args.vocab_size, "prompt token ids")
+        raise arguments.ArgumentError(
+            f"prompt must be a str, a list of chat messages or a list of token ids, got "
+            f"{type(prompt).__name__}"
+            + (" (decode bytes to str first)" if isinstance(prompt, (bytes, bytearray))
+               else ""))
 
     def _encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        text = arguments.text(text, "prompt")
         ids = native(self.tokenizer.encode, text, add_special_tokens=add_special_tokens,
                      error=lambda m: TokenizerError(f"{self.packed.path}: the tokenizer "
                                                     f"failed: {m}"))
@@ -148,6 +215,7 @@ class LLM:
 
     def sampler(self, **sampling) -> Sampler:
         """A Sampler with the model's generation_config defaults, overridden by `sampling`."""
+        self.lifetime.check()
         unknown = set(sampling) - set(SAMPLING_KEYS)
         if unknown:
             raise SamplingError(f"unknown sampling parameter {sorted(unknown)[0]!r} "
@@ -156,27 +224,81 @@ class LLM:
             self.packed.generation_config, **{k: v for k, v in sampling.items() if v is not None})
         return Sampler(params, self.args.vocab_size)
 
+    @property
+    def constraint_engine(self):
+        """The constraint engine for this model's tokenizer (built on first use)."""
+        if self._engine is None:
+            from .constraints import ConstraintEngine
+
+            self._engine = ConstraintEngine(self.packed.tokenizer_json or "",
+                                            self.args.vocab_size, self.tokenizer.eos_ids)
+        return self._engine
+
+    def constraint(self, spec=None, **kwargs):
+        """A Constraint for a ConstraintSpec or for response_format=, json_schema=, regex=,
+        grammar=, choices= (None if none is given); ConstraintError if it is invalid."""
+        from .constraints import spec_from
+
+        spec = spec if spec is not None else spec_from(**kwargs)
+        return None if spec is None else self.constraint_engine.compile(spec)
+
+    def create_chat_completion(self, messages, **kwargs):
+        """OpenAI's chat.completion dict for chat `messages` (chat.completion.chunk dicts
+        with stream=True). kwargs: tools, tool_choice, response_format, stream, max_tokens,
+        stop, enable_thinking, chat_template_kwargs, max_reasoning_tokens and sampling (see
+        edgellm/chat_completion.py)."""
+        from .chat_completion import create_chat_completion
+
+        return create_chat_completion(self, messages, **kwargs)
+
     def stream_ids(self, ids: Sequence[int], max_tokens: int | None = None,
                    stop: Sequence[str] | str = (), shift: bool = True, keep_cache: bool = False,
-                   **sampling) -> Iterator[Chunk]:
-        """Stream a continuation of token ids (after the cache's contents if keep_cache)."""
+                   constraint=None, *, blocking: bool = True, timeout: float | None = None,
+                   _turn: Turn | None = None, **sampling) -> Stream[Chunk]:
+        """Stream a continuation of token ids (after the cache's contents if keep_cache;
+        otherwise after the longest prefix of ids a cache can give: prompt_cache.py).
+        The output follows `constraint` (a Constraint) or the one response_format=,
+        json_schema=, regex=, grammar= or choices= asks for. The stream holds the model
+        until it ends (see lifetime.py); `_turn`: one the caller already holds
+        (ChatSession), else one is taken (blocking, timeout)."""
+        model = self._model()
+        asked = {k: sampling.pop(k) for k in CONSTRAINT_KEYS if k in sampling}
+        ids = arguments.token_ids(ids, model.args.vocab_size, "prompt token ids")
         if max_tokens is None:
             max_tokens = int(self.packed.generation_config.get("max_new_tokens")
                              or DEFAULT_MAX_TOKENS)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise SamplingError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
-        if not getattr(self.model, "generates", True):
+        if not getattr(model, "generates", True):
             raise ModelKindError(f"{self.packed.path}: {self.packed.architecture} is an "
                                  "encoder: it computes embeddings (embed()), not text")
-        stop = [stop] if isinstance(stop, str) else list(stop)
+        stop = arguments.stops(stop)
+        shift = arguments.flag(shift, "shift")
+        keep_cache = arguments.flag(keep_cache, "keep_cache")
         sampler = self.sampler(**sampling)
-        if not keep_cache:
-            self.model.reset()
+        if constraint is None and asked:
+            constraint = self.constraint(**asked)  # refused here, before any token
+        tokenizer = self.tokenizer
         if not ids:
             raise ContextError("empty prompt")
-        history = list(self.model.tokens) + list(ids)
-        return self._naming_the_file(stream(self.model, self.tokenizer, ids, sampler,
-                                            max_tokens, stop, shift, history))
+        if _turn is not None:  # the caller's turn: it wraps the chunks in its own Stream
+            return self._chunks(model, tokenizer, ids, sampler, max_tokens, stop, shift,
+                                keep_cache, constraint)
+        turn = self.lifetime.acquire(blocking, timeout)
+        return self.lifetime.stream(turn, self._chunks(model, tokenizer, ids, sampler,
+                                                       max_tokens, stop, shift, keep_cache,
+                                                       constraint))
+
+    def _chunks(self, model, tokenizer, ids, sampler, max_tokens, stop, shift,
+                keep_cache, constraint=None) -> Iterator[Chunk]:
+        """The generation itself (runs under a turn: its first step sets up the cache,
+        reusing the longest prefix of `ids` it or the prompt cache holds)."""
+        if not keep_cache:
+            ids = self.prompt_cache.prepare(ids)
+        history = list(model.tokens) + list(ids)
+        yield from self._naming_the_file(self.prompt_cache.watch(
+            stream(model, tokenizer, ids, sampler, max_tokens, stop, shift, history,
+                   constraint)))
 
     def _naming_the_file(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         """`chunks`, with NaN or infinite logits (corrupt weights) blamed on the file."""
@@ -188,16 +310,20 @@ class LLM:
                 " logits: its weights are probably corrupt (edgellm info --verify checks "
                 "them)") from None
 
-    def stream(self, prompt, **kwargs) -> Iterator[Chunk]:
+    def stream(self, prompt, **kwargs) -> Stream[Chunk]:
         """Stream the continuation of `prompt` (str, chat messages or ids) as Chunks with
         .text and .token; the last also has .finish_reason and .stats. kwargs: max_tokens,
         stop, shift, temperature, top_k, top_p, min_p, repetition_penalty,
-        presence_penalty, frequency_penalty, logit_bias, seed."""
+        presence_penalty, frequency_penalty, logit_bias, seed; one constraint of
+        response_format, json_schema, regex, grammar (Lark or GBNF), choices; blocking,
+        timeout (waiting for another thread's generation). The stream holds the model until
+        it is exhausted or closed: README "Threads and lifetimes"."""
         return self.stream_ids(self.encode_prompt(prompt), **kwargs)
 
     def generate(self, prompt, **kwargs) -> str:
         """The whole continuation of `prompt` as one string (see `stream`)."""
-        return "".join(c.text for c in self.stream(prompt, **kwargs))
+        with self.stream(prompt, **kwargs) as chunks:
+            return "".join(c.text for c in chunks)
 
     # embeddings ------------------------------------------------------------------
     def embed(self, texts, normalize: bool | None = None, batch_size: int = 32,
@@ -206,15 +332,18 @@ class LLM:
         [N, D] for a list of texts, [D] for one string. normalize: the model's default
         (its Normalize module) unless True/False. Texts longer than the model's
         max_seq_length are truncated. See edgellm/embed.py."""
-        return self.embedder.embed(texts, normalize=normalize, batch_size=batch_size,
-                                   progress=progress)
+        with self.lifetime.exclusive():  # the model is ours for the call (lifetime.py)
+            return self.embedder.embed(texts, normalize=normalize, batch_size=batch_size,
+                                       progress=progress)
 
     def token_embeddings(self, text: str) -> np.ndarray:
         """float32 [L, D]: the final hidden state of each of `text`'s L tokens."""
-        return self.embedder.token_embeddings(text)
+        with self.lifetime.exclusive():
+            return self.embedder.token_embeddings(text)
 
     @property
     def embedder(self):
+        self.lifetime.check()
         if self._embedder is None:
             from .embed import Embedder
 
@@ -225,9 +354,36 @@ class LLM:
         """A multi-turn ChatSession that keeps its KV cache across turns."""
         from .chat import ChatSession
 
+        self.lifetime.check()
+        if system is not None:
+            arguments.text(system, "system")
         return ChatSession(self, system)
 
+    def save_session(self, path: str | os.PathLike, messages: Sequence[dict] | None = None):
+        """Save the token ids and KV cache as they stand (and `messages`) to `path`
+        (session.py: atomic, checksummed, bound to this model file, kv_type and context)."""
+        from .session import save_session
+
+        with self.lifetime.exclusive():  # the cache must not move while it is written
+            return save_session(self, path, None if messages is None else
+                                {"messages": [dict(m) for m in messages]})
+
+    def load_session(self, path: str | os.PathLike):
+        """Restore a saved session (SessionError, and the model unchanged, if the file is
+        bad or made with another model, kv_type or context); returns it (.tokens,
+        .messages)."""
+        from .session import load_session
+
+        with self.lifetime.exclusive():
+            return load_session(self, path)
+
     def close(self) -> None:
+        """Unmap the weights. A generation running in another thread ends first (its next
+        step raises ClosedError); afterwards every method raises ClosedError."""
+        self.lifetime.close(self._release)
+
+    def _release(self) -> None:
+        self.prompt_cache = None
         self.model = None
         self.packed.close()
 
@@ -239,13 +395,19 @@ class LLM:
 
 
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,
-         precise: bool = False, fused: bool = True) -> LLM:
+         precise: bool = False, kv_type: str = "f32", prompt_cache_bytes: int = 0,
+         fused: bool = True) -> LLM:
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
-    activations for quantized weights (matches the float model; slower); fused: decode
-    each token in one compiled parallel step where the weights allow it (False: one
-    kernel call per operation, the reference path; the CLI's default is EDGELLM_FUSED)."""
-    return LLM(path, threads=threads, context=context, precise=precise, fused=fused)
+    activations for quantized weights (matches the float model; slower); kv_type: how
+    the KV cache stores K and V ("f32", "f16", "q8_0"); prompt_cache_bytes: memory for
+    snapshots of earlier sequences whose prefixes later prompts reuse (0: only the last
+    sequence's cache is reused); fused: decode each token in one compiled parallel step
+    where the weights and an f32 KV cache allow it (False: one kernel call per operation,
+    the reference path; the CLI's default is EDGELLM_FUSED). A context beyond the model's
+    max_position_embeddings warns (ContextWarning)."""
+    return LLM(path, threads=threads, context=context, precise=precise, kv_type=kv_type,
+               prompt_cache_bytes=prompt_cache_bytes, fused=fused)
 
 
 __all__ = ["LLM", "load", "EdgeLLMError"]

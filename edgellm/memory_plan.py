@@ -6,7 +6,8 @@ the weights and the libraries). What a board must have free for it.
   weights    the file's size. It is mapped, never copied, and a generation reads every
              page of it. They are clean file pages: under memory pressure the kernel drops
              them and reads them again, slower but without running out of memory.
-  kv_cache   f32 K and V plus each slot's position, for `context` tokens (a sliding-window
+  kv_cache   K and V as the cache stores them (f32; f16: half; q8_0: 34 bytes per 32
+             values) plus each slot's position, for `context` tokens (a sliding-window
              layer holds its window). Pages are committed as tokens arrive: the figure is
              reached once the context is full.
   buffers    the activation buffers: a prefill chunk's rows and logits, and the one-token
@@ -40,6 +41,7 @@ from dataclasses import asdict, dataclass
 
 from .config import ModelArgs
 from .format import PackedModel
+from .kv_types import kv_row_bytes
 
 MIB = 2**20
 BASELINE = 178 * MIB  # Python + numpy + numba + tokenizers imported, kernels loaded
@@ -55,6 +57,7 @@ class MemoryPlan:
     runtime baseline."""
 
     context: int
+    kv_type: str
     weights: int
     kv_cache: int
     kv_cache_no_window: int
@@ -75,9 +78,10 @@ def default_context(args: ModelArgs) -> int:
     return min(args.max_position_embeddings, DEFAULT_CONTEXT_CAP)
 
 
-def kv_bytes(args: ModelArgs, context: int, windows: bool = True) -> int:
-    """f32 K and V (+ int64 slot positions) for every layer at `context` tokens."""
-    per_pos = 2 * args.num_key_value_heads * args.head_dim * 4 + 8
+def kv_bytes(args: ModelArgs, context: int, windows: bool = True, kv_type: str = "f32") -> int:
+    """K and V stored as kv_type (+ int64 slot positions) for every layer at `context`
+    tokens."""
+    per_pos = 2 * args.num_key_value_heads * kv_row_bytes(kv_type, args.head_dim) + 8
     total = 0
     for i in range(args.num_hidden_layers):
         w = args.layer_window(i) if windows else 0
@@ -153,25 +157,26 @@ def tokenizer_bytes(packed: PackedModel) -> int:
     return TOKENIZER_PER_JSON_BYTE * len(text.encode("utf-8"))
 
 
-def plan(packed: PackedModel, args: ModelArgs, context: int) -> MemoryPlan:
-    """The memory plan of `packed` at `context` tokens."""
+def plan(packed: PackedModel, args: ModelArgs, context: int, kv_type: str = "f32") -> MemoryPlan:
+    """The memory plan of `packed` at `context` tokens with a kv_type cache."""
     inner = args.intermediate_size
     chunk = max(1, min(CHUNK, context // 2))
-    return MemoryPlan(context, packed.file_size, kv_bytes(args, context),
-                      kv_bytes(args, context, windows=False),
+    return MemoryPlan(context, kv_type, packed.file_size, kv_bytes(args, context, True, kv_type),
+                      kv_bytes(args, context, False, kv_type),
                       buffer_bytes(args, inner, chunk, context), tokenizer_bytes(packed))
 
 
-def largest_context(packed: PackedModel, args: ModelArgs, budget: int) -> int:
+def largest_context(packed: PackedModel, args: ModelArgs, budget: int,
+                    kv_type: str = "f32") -> int:
     """The largest context (a multiple of 256, at most the model's) whose plan fits `budget`;
     0 if not even 256 tokens fit."""
     limit = args.max_position_embeddings
     if limit < 256:  # a model with a short context: all of it or nothing
-        return limit if plan(packed, args, limit).total <= budget else 0
+        return limit if plan(packed, args, limit, kv_type).total <= budget else 0
     best, lo, hi = 0, 1, limit // 256
     while lo <= hi:  # a plan grows with its context: bisect on the multiples of 256
         mid = (lo + hi) // 2
-        if plan(packed, args, mid * 256).total <= budget:
+        if plan(packed, args, mid * 256, kv_type).total <= budget:
             best, lo = mid * 256, mid + 1
         else:
             hi = mid - 1

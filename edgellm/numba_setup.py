@@ -11,6 +11,11 @@ Only settings the user has not made are touched:
   decode step starts hundreds of regions. If neither loads, numba's default is left alone
   and `check_threading_layer()` warns once the pool has started.
 
+It is also the one place edgellm's own kernel settings are read from the environment:
+- EDGELLM_PORTABLE=1 (or true/yes): `PORTABLE`, the process's default for the kernels' SIMD
+  path (kernels/simd.py: select_path(portable=...)), fixed when the kernels are imported.
+  Set it before `import edgellm` (or assign numba_setup.PORTABLE before the kernels load).
+
 `set_threads(n)` validates and sets the number of threads parallel kernels use.
 """
 
@@ -26,7 +31,8 @@ import sys
 import tempfile
 import warnings
 
-__all__ = ["CACHE_DIR", "THREADING_LAYER", "check_threading_layer", "set_threads"]
+__all__ = ["CACHE_DIR", "PORTABLE", "THREADING_LAYER", "check_threading_layer",
+           "env_flag", "set_threads"]
 
 
 def _writable_dir(path: str) -> bool:
@@ -103,6 +109,14 @@ def _setup() -> tuple[str, str | None]:
 
 
 CACHE_DIR, THREADING_LAYER = _setup()
+
+
+def env_flag(name: str) -> bool:
+    """An on/off environment variable: unset, "", 0, false or no is off."""
+    return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
+
+
+PORTABLE = env_flag("EDGELLM_PORTABLE")
 
 
 def check_threading_layer(strict: bool = False) -> str:

@@ -107,7 +107,7 @@ def scored_logits(llm, chunk: np.ndarray) -> np.ndarray:
 
     Positions before s run without the output head. The prefill pieces are those of a
     whole forward (llm.logits), so the logits are the same numbers, bit for bit."""
-    model = llm.model
+    model = llm._model()
     chunk = np.ascontiguousarray(chunk, dtype=np.int64).reshape(-1)
     ctx = chunk.size
     if ctx > model.context:
@@ -115,10 +115,11 @@ def scored_logits(llm, chunk: np.ndarray) -> np.ndarray:
                            f"{model.context}")
     first = ctx // 2
     start = first - first % max(int(model.chunk), 1)
-    model.reset()
-    if start:
-        model.forward(chunk[:start], want="none", shift=False)
-    return model.forward(chunk[start:], want="all", shift=False)
+    with llm.lifetime.exclusive():  # the cache is ours for the chunk (lifetime.py)
+        model.reset()
+        if start:
+            model.forward(chunk[:start], want="none", shift=False)
+        return model.forward(chunk[start:], want="all", shift=False)
 
 
 def summarize(nll: np.ndarray, chunks: int, ctx: int) -> PerplexityResult:

@@ -57,7 +57,9 @@ def model_path(name: str) -> Path:
 
 def resolve(model: str | None, say=print) -> Path:
     """A model argument -> a packed file: a path, a catalog name (pulled on first use), or
-    None for the default model."""
+    None for the default model (an empty name is refused, not taken for the default)."""
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ModelNotFoundError(f"model name must be a non-empty string, got {model!r}")
     if model and (os.sep in model or model.endswith(".edgellm") or Path(model).exists()):
         p = Path(model)
         if not p.exists():

@@ -1,4 +1,10 @@
-"""Quantization types as data, and the numpy reference quantize/dequantize for each.
+"""Quantization types as one table, and the numpy reference quantize/dequantize of each.
+
+`TYPES` has one row (`QuantType`) per storage type: its name and number, its block layout,
+the numpy reference that defines it, and which kernels edgellm has for it. The loader
+(format.py), validation, the linear kernels (kernels/registry.py), the fused decode step,
+the converter and `edgellm info` read these rows instead of keeping their own lists; adding
+a type is adding a row here plus its kernels (README, Development).
 
 This module is the oracle: the converter writes what it computes and every Numba kernel is
 tested against `dequantize`. Rounding follows llama.cpp's reference C code
@@ -16,6 +22,7 @@ rows contiguous, blocks along the columns.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,66 +31,8 @@ from .errors import QuantizationError
 
 BLOCK_SIZES = (32, 64, 128)
 DEFAULT_BLOCK = 32
-
-
-@dataclass(frozen=True)
-class QuantType:
-    """A storage type: name, whether it is block-quantized, and its block byte layout."""
-
-    name: str
-    quantized: bool
-    header_bytes: int = 0  # f16 scale (and f16 minimum) at the start of each block
-    bits: int = 0  # bits per quantized element
-
-    def block_bytes(self, block_size: int) -> int:
-        """Bytes of one block of `block_size` elements."""
-        return self.header_bytes + block_size * self.bits // 8
-
-    def row_bytes(self, cols: int, block_size: int = DEFAULT_BLOCK) -> int:
-        """Bytes of one stored row of `cols` elements."""
-        if not self.quantized:
-            return cols * FLOAT_ITEMSIZE[self.name]
-        return (cols // block_size) * self.block_bytes(block_size)
-
-    def nbytes(self, shape: tuple[int, ...], block_size: int = DEFAULT_BLOCK) -> int:
-        """Bytes of a whole tensor of `shape` (quantized tensors are 2-D [rows, cols])."""
-        if not self.quantized:
-            return int(np.prod(shape, dtype=np.int64)) * FLOAT_ITEMSIZE[self.name]
-        rows = int(np.prod(shape[:-1], dtype=np.int64))
-        return rows * self.row_bytes(shape[-1], block_size)
-
-
-FLOAT_ITEMSIZE = {"f32": 4, "f16": 2}
-FLOAT_DTYPE = {"f32": np.float32, "f16": np.float16}
-
-TYPES: dict[str, QuantType] = {
-    "f32": QuantType("f32", False),
-    "f16": QuantType("f16", False),
-    "q8_0": QuantType("q8_0", True, header_bytes=2, bits=8),
-    "q4_0": QuantType("q4_0", True, header_bytes=2, bits=4),
-    "q4_1": QuantType("q4_1", True, header_bytes=4, bits=4),
-}
-QUANTIZED = tuple(n for n, t in TYPES.items() if t.quantized)
-
-
-def qtype(name: str) -> QuantType:
-    """The QuantType called `name`; QuantizationError for an unknown name."""
-    try:
-        return TYPES[name]
-    except KeyError:
-        raise QuantizationError(
-            f"unknown quantization type {name!r} (known: {', '.join(TYPES)})"
-        ) from None
-
-
-def check_quantizable(name: str, shape: tuple[int, ...], block_size: int) -> None:
-    """Raise QuantizationError unless a tensor of `shape` can be block-quantized."""
-    if block_size not in BLOCK_SIZES:
-        raise QuantizationError(f"block size {block_size} is not one of {BLOCK_SIZES}")
-    if len(shape) != 2 or shape[-1] % block_size:
-        raise QuantizationError(
-            f"tensor {name}: shape {list(shape)} cannot be split into blocks of {block_size}"
-        )
+F16_MAX = 65504.0
+ACT_BLOCK = 32  # the int8 kernels' activations: blocks of 32 in q8_0's rounding (ActQ8)
 
 
 def _blocks(x: np.ndarray, block_size: int) -> np.ndarray:
@@ -148,7 +97,139 @@ def _quantize_q4_1(xb: np.ndarray) -> np.ndarray:
     )
 
 
-_QUANTIZERS = {"q8_0": _quantize_q8_0, "q4_0": _quantize_q4_0, "q4_1": _quantize_q4_1}
+
+def _f16_at(raw: np.ndarray, off: int) -> np.ndarray:
+    """uint8 [rows, nb, block_bytes] -> float32 [rows, nb, 1]: the f16 at byte off of each block."""
+    return raw[..., off:off + 2].copy().view("<f2")[..., 0].astype(np.float32)[..., None]
+
+
+def _dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
+    return _f16_at(raw, 0) * raw[..., 2:].copy().view(np.int8).astype(np.float32)
+
+
+def _dequantize_q4_0(raw: np.ndarray) -> np.ndarray:
+    q = _unpack_nibbles(raw[..., 2:]).astype(np.float32)
+    return _f16_at(raw, 0) * (q - np.float32(8))
+
+
+def _dequantize_q4_1(raw: np.ndarray) -> np.ndarray:
+    q = _unpack_nibbles(raw[..., 4:]).astype(np.float32)
+    return _f16_at(raw, 0) * q + _f16_at(raw, 2)
+
+
+Blocks = Callable[[np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """One storage type: a row of `TYPES`.
+
+    code          its number where kernels need one (the fused decode step's matrix table)
+    ggml          ggml's name of the same bytes (GGUF tensors of it are copied, not requantized)
+    layout        one block's bytes and the value they stand for
+    bits          bits per quantized element; 0 for a float type (itemsize bytes per element)
+    header_bytes  the f16 scale (and f16 minimum) at the start of each block
+    codes         (lowest, highest) integer code q; affine: value = d q + m, else d q
+    max_abs       the largest |value| it stores (float16 scales), None for no limit
+    quantize_blocks / dequantize_blocks   the reference: float32 [rows, nb, B] <-> uint8
+                  [rows, nb, block_bytes] (float types: None, they are only converted)
+    int8_kernels  matvec / matmul kernels on int8 activation blocks of ACT_BLOCK (ActQ8),
+                  with prefill's 8-row panels (kernels/panel.py)
+    float_kernels matvec / matmul on float32 activations and the embedding lookup
+    The kernels themselves: kernels/registry.py, one entry per type that has them.
+    """
+
+    name: str
+    code: int
+    ggml: str
+    layout: str
+    bits: int = 0
+    itemsize: int = 0
+    header_bytes: int = 0
+    codes: tuple[int, int] = (0, 0)
+    affine: bool = False
+    max_abs: float | None = None
+    quantize_blocks: Blocks | None = None
+    dequantize_blocks: Blocks | None = None
+    int8_kernels: bool = False
+    float_kernels: bool = True
+
+    @property
+    def quantized(self) -> bool:
+        """Block-quantized (stored as uint8 blocks), not a float type."""
+        return self.bits > 0
+
+    @property
+    def dtype(self) -> np.dtype:
+        """numpy dtype of the stored data: uint8 blocks, or the float type's own."""
+        return np.dtype(np.uint8 if self.quantized else FLOAT_DTYPE[self.name])
+
+    def block_bytes(self, block_size: int) -> int:
+        """Bytes of one block of `block_size` elements."""
+        return self.header_bytes + block_size * self.bits // 8
+
+    def bits_per_weight(self, block_size: int = DEFAULT_BLOCK) -> float:
+        """Stored bits per element, scales included."""
+        if not self.quantized:
+            return 8.0 * self.itemsize
+        return 8.0 * self.block_bytes(block_size) / block_size
+
+    def row_bytes(self, cols: int, block_size: int = DEFAULT_BLOCK) -> int:
+        """Bytes of one stored row of `cols` elements."""
+        if not self.quantized:
+            return cols * self.itemsize
+        return (cols // block_size) * self.block_bytes(block_size)
+
+    def nbytes(self, shape: tuple[int, ...], block_size: int = DEFAULT_BLOCK) -> int:
+        """Bytes of a whole tensor of `shape` (quantized tensors are 2-D [rows, cols])."""
+        if not self.quantized:
+            return int(np.prod(shape, dtype=np.int64)) * self.itemsize
+        rows = int(np.prod(shape[:-1], dtype=np.int64))
+        return rows * self.row_bytes(shape[-1], block_size)
+
+
+FLOAT_DTYPE = {"f32": np.float32, "f16": np.float16}
+
+TYPES: dict[str, QuantType] = {t.name: t for t in (
+    QuantType("f32", 0, "F32", "float32 values", itemsize=4),
+    QuantType("f16", 1, "F16", "float16 values", itemsize=2, max_abs=F16_MAX),
+    QuantType("q8_0", 2, "Q8_0", "[f16 d][B x int8 q], value d q", bits=8, header_bytes=2,
+              codes=(-127, 127), max_abs=F16_MAX * 127, quantize_blocks=_quantize_q8_0,
+              dequantize_blocks=_dequantize_q8_0, int8_kernels=True),
+    QuantType("q4_0", 3, "Q4_0", "[f16 d][B/2 bytes of 4-bit q], value d (q - 8)", bits=4,
+              header_bytes=2, codes=(-8, 7), max_abs=F16_MAX * 8,
+              quantize_blocks=_quantize_q4_0, dequantize_blocks=_dequantize_q4_0,
+              int8_kernels=True),
+    QuantType("q4_1", 4, "Q4_1", "[f16 d][f16 m][B/2 bytes of 4-bit q], value d q + m",
+              bits=4, header_bytes=4, codes=(0, 15), affine=True, max_abs=F16_MAX,
+              quantize_blocks=_quantize_q4_1, dequantize_blocks=_dequantize_q4_1,
+              int8_kernels=True),
+)}
+FLOAT_ITEMSIZE = {n: t.itemsize for n, t in TYPES.items() if not t.quantized}
+QUANTIZED = tuple(n for n, t in TYPES.items() if t.quantized)
+MATRIX_TYPES = tuple(n for n, t in TYPES.items() if t.float_kernels)  # what linear() runs
+INT8_TYPES = tuple(n for n, t in TYPES.items() if t.int8_kernels)  # int8 activations too
+FLOAT_TYPES = tuple(n for n, t in TYPES.items() if not t.quantized)
+
+
+def qtype(name: str) -> QuantType:
+    """The QuantType called `name`; QuantizationError for an unknown name."""
+    try:
+        return TYPES[name]
+    except KeyError:
+        raise QuantizationError(
+            f"unknown quantization type {name!r} (known: {', '.join(TYPES)})"
+        ) from None
+
+
+def check_quantizable(name: str, shape: tuple[int, ...], block_size: int) -> None:
+    """Raise QuantizationError unless a tensor of `shape` can be block-quantized."""
+    if block_size not in BLOCK_SIZES:
+        raise QuantizationError(f"block size {block_size} is not one of {BLOCK_SIZES}")
+    if len(shape) != 2 or shape[-1] % block_size:
+        raise QuantizationError(
+            f"tensor {name}: shape {list(shape)} cannot be split into blocks of {block_size}"
+        )
 
 
 def quantize(x: np.ndarray, type_name: str, block_size: int = DEFAULT_BLOCK,
@@ -166,7 +247,7 @@ def quantize(x: np.ndarray, type_name: str, block_size: int = DEFAULT_BLOCK,
     if not t.quantized:
         return np.ascontiguousarray(x, dtype=FLOAT_DTYPE[type_name])
     check_quantizable(name, x.shape, block_size)
-    blocks = _QUANTIZERS[type_name](_blocks(x, block_size))
+    blocks = t.quantize_blocks(_blocks(x, block_size))
     return np.ascontiguousarray(blocks.reshape(x.shape[0], -1))
 
 
@@ -177,20 +258,9 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...],
     if not t.quantized:
         return np.asarray(data, dtype=np.float32).reshape(shape)
     rows, cols = shape
-    nb = cols // block_size
-    raw = np.asarray(data, dtype=np.uint8).reshape(rows, nb, t.block_bytes(block_size))
-    d = raw[..., 0:2].copy().view("<f2")[..., 0].astype(np.float32)[..., None]
-    if type_name == "q8_0":
-        q = raw[..., 2:].copy().view(np.int8).astype(np.float32)
-        out = d * q
-    elif type_name == "q4_0":
-        q = _unpack_nibbles(raw[..., 2:]).astype(np.float32)
-        out = d * (q - np.float32(8))
-    else:
-        m = raw[..., 2:4].copy().view("<f2")[..., 0].astype(np.float32)[..., None]
-        q = _unpack_nibbles(raw[..., 4:]).astype(np.float32)
-        out = d * q + m
-    return out.reshape(rows, cols).astype(np.float32)
+    raw = np.asarray(data, dtype=np.uint8).reshape(rows, cols // block_size,
+                                                   t.block_bytes(block_size))
+    return t.dequantize_blocks(raw).reshape(rows, cols).astype(np.float32)
 
 
 def quantize_activations_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -200,7 +270,7 @@ def quantize_activations_q8(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.n
     The scale stays float32 (not rounded to f16): activations never leave memory.
     """
     x = np.asarray(x, dtype=np.float32)
-    xb = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+    xb = x.reshape(*x.shape[:-1], x.shape[-1] // ACT_BLOCK, ACT_BLOCK)
     amax = np.abs(xb).max(axis=-1)
     d = amax / np.float32(127)
     inv = _inverse(d)

@@ -3,7 +3,7 @@
 One `Sampler` per generation. Each call runs, in this order (llama.cpp's chain order for the
 processors, transformers' order for the filters):
 
-1. logit_bias       logits[id] += bias
+1. logit_bias       logits[id] += bias (-inf bans the id)
 2. repetition       over the distinct ids in the last `repetition_context` ids of `history`
                     (prompt + generated; None = all of it): logit > 0 -> logit / r,
                     logit <= 0 -> logit * r  (transformers / llama.cpp)
@@ -15,6 +15,9 @@ processors, transformers' order for the filters):
                     (mass renormalized over what top-k kept, as in transformers)
 7. min-p            keep tokens with p >= min_p * p_max
 then draw from the kept tokens in proportion to their probabilities.
+
+A constraint's token mask is applied before (generate.py): forbidden ids come in as -inf and
+every step keeps them there; if no id is left, sample raises ConstraintError.
 
 Cost: no sort of the vocabulary, O(V) numpy passes at most. Top-k takes a threshold from
 a strided sample of the logits, then `argpartition` over the few ids above it. Top-p (and
@@ -32,12 +35,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgellm.errors import NonFiniteLogitsError, SamplingError
+from edgellm.errors import ConstraintError, NonFiniteLogitsError, SamplingError
 
 _SAMPLE_SIZE = 4096  # strided sample for top-k thresholds; size of a "small" kept set
 _TOP_P_START = 256  # top-p fallback: first candidate-set size, grows x8
 _BLOCK = 1024  # block size for drawing from the whole vocabulary
 _MAX_DRAWS = 8  # rejection draws before the fallback (top_p >= 0.5: fails < 0.4%)
+
+
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _finite(name: str, value: object) -> float:
@@ -84,7 +90,8 @@ class SamplingParams:
         for key, value in self.logit_bias.items():
             if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
                 raise SamplingError(f"logit_bias keys must be token ids, got {key!r}")
-            _finite(f"logit_bias[{key}]", value)
+            if value != -math.inf:  # -inf bans the id (OpenAI's -100 only discourages it)
+                _finite(f"logit_bias[{key}]", value)
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int) or self.seed < 0):
             raise SamplingError(f"seed must be an int >= 0 or None, got {self.seed!r}")
@@ -124,6 +131,15 @@ def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
                 return cand
             return cand[np.argpartition(x[cand], cand.size - k)[cand.size - k:]]
     return np.argpartition(x, n - k)[n - k:]
+
+
+def _check_max(m: float) -> None:
+    """The largest processed logit must be finite; -inf means every id is forbidden."""
+    if m == -math.inf:
+        raise ConstraintError("every token is forbidden: the constraint and logit_bias "
+                              "(-inf) leave none to sample")
+    if not math.isfinite(m):
+        raise NonFiniteLogitsError("logits contain NaN or +inf")
 
 
 class Sampler:
@@ -199,14 +215,12 @@ class Sampler:
 
     def _choose(self, x: np.ndarray) -> int:
         p = self.params
-        if p.temperature == 0:
+        if p.temperature == 0 or 1.0 / p.temperature > _F32_MAX:  # 1/T would overflow: greedy
             token = int(np.argmax(x))
-            if not math.isfinite(x[token]):
-                raise NonFiniteLogitsError("logits contain NaN or +inf")
+            _check_max(float(x[token]))
             return token
         m = float(x.max())
-        if not math.isfinite(m):
-            raise NonFiniteLogitsError("logits contain NaN or +inf")
+        _check_max(m)
         n = x.size
         if 0 < p.top_k < n:
             return self._draw_among(x, _top_k_ids(x, p.top_k), m)

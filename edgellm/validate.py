@@ -27,8 +27,8 @@ from .arch.registry import spec_for, supported
 from .arch.spec import GLOBAL, VEC
 from .config import ModelArgs, rope_inv_freq
 from .errors import EdgeLLMError, FormatError, SamplingError, UnsupportedArchitectureError
+from .quant import MATRIX_TYPES  # what linear()/embedding() run
 
-MATRIX_TYPES = ("f32", "f16", "q8_0", "q4_0", "q4_1")  # what linear()/embedding() run
 
 # What each named dimension is, for messages.
 DIM_NAMES = {

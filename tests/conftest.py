@@ -37,3 +37,16 @@ def converted(tmp_path_factory):
         return done[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory):
+    """The real SmolLM2-135M-Instruct GGUF converted without requantizing (tests/realmodel.py)."""
+    from realmodel import smollm2_gguf_path
+
+    from converter.gguf_source import open_gguf
+    from converter.pack import convert
+
+    out = tmp_path_factory.mktemp("smollm2") / "smollm2.edgellm"
+    convert(open_gguf(smollm2_gguf_path()), out, "keep", progress=False)
+    return out

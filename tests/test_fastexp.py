@@ -65,7 +65,7 @@ def _exact_expected() -> bool:
     if platform.libc_ver()[0] != "glibc":
         return False
     machine = platform.machine().lower()
-    return machine in ("aarch64", "arm64") or "fma" in simd._target_features()
+    return machine in ("aarch64", "arm64") or "fma" in simd.target_features()
 
 
 # every 7th float32 bit pattern (7 is odd: all low-bit patterns occur), then dense windows

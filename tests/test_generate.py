@@ -21,12 +21,12 @@ def test_greedy_stream_equals_reference(converted):
     ref = reference("llama")
     with edgellm.load(converted("llama", "f32")) as m:
         chunks = list(m.stream(list(ref["input_ids"]), max_tokens=24, temperature=0))
-    ids = [c.token for c in chunks if c.token is not None]
+        ids = [c.token for c in chunks if c.token is not None]
+        assert "".join(c.text for c in chunks) == m.tokenizer.decode(ids)
     assert ids == list(ref["greedy_ids"])
     last = chunks[-1]
     assert last.finish_reason == "length"
     assert last.stats.prompt_tokens == 40 and last.stats.generated_tokens == 24
-    assert "".join(c.text for c in chunks) == m.tokenizer.decode(ids)
 
 
 def test_prompt_forms(llm):

@@ -1,7 +1,7 @@
 """The kernels' machine code still uses the instructions they were written for.
 
-A numba/llvmlite upgrade can silently change what the IR in edgellm.kernels.simd lowers
-to; these tests read the assembly of freshly compiled (uncached) kernels:
+A numba/llvmlite upgrade can silently change what the IR in edgellm.kernels' code generators
+lowers to; these tests read the assembly of freshly compiled (uncached) kernels:
   VNNI path       vpdpbusd in the int8 matvec and matmul kernels
   portable path   (EDGELLM_PORTABLE=1, in a subprocess) vpmaddwd and no vpdpbusd
   precise path    packed float multiply-adds

@@ -20,8 +20,8 @@ from edgellm import numba_setup, quant
 from edgellm.format import Tensor
 from edgellm.kernels import linear as L
 
-QTYPES = ("q8_0", "q4_0", "q4_1")
-FTYPES = ("f32", "f16")
+QTYPES = quant.QUANTIZED  # every row of quant.TYPES: a new type is tested here at once
+FTYPES = quant.FLOAT_TYPES
 RTOL = 2e-5  # of sum |x| |w|
 
 

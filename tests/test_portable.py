@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgellm.kernels import simd
+from edgellm import numba_setup
+from edgellm.kernels import jit, simd
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINE = platform.machine().lower()
@@ -29,17 +30,18 @@ ARM64 = MACHINE in ("aarch64", "arm64")
 
 @pytest.fixture
 def host(monkeypatch):
-    """host(features, cpu_name=None, portable=None) -> simd._select_path() on such a host."""
+    """host(features, cpu_name=None, portable=None) -> the SIMD path on such a host, with
+    EDGELLM_PORTABLE set to `portable` (read as numba_setup reads it for the process)."""
     def select(features: set[str], cpu_name: str | None = None, portable: str | None = None):
         flags = {f: True for f in features}
         monkeypatch.setattr(simd.llb, "get_host_cpu_features", lambda: flags)
-        monkeypatch.setattr(simd, "_target_features", lambda: set(features))
+        monkeypatch.setattr(simd, "target_features", lambda: set(features))
         monkeypatch.setattr(simd.config, "CPU_NAME", cpu_name)
         if portable is None:
             monkeypatch.delenv("EDGELLM_PORTABLE", raising=False)
         else:
             monkeypatch.setenv("EDGELLM_PORTABLE", portable)
-        return simd._select_path()
+        return simd.select_path(portable=numba_setup.env_flag("EDGELLM_PORTABLE"))
     return select
 
 
@@ -59,7 +61,7 @@ def test_path_selection(host):
 def test_aarch64_runs_the_portable_path():
     assert simd.SIMD_PATH == "portable" and not simd.VNNI
     assert simd.NATIVE_F16  # aarch64 converts f16 in hardware
-    assert "-portable" in simd.CACHE_TAG
+    assert "-portable" in jit.CACHE_TAG
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -4,22 +4,11 @@ float32 outputs on the same weights (tests/fixtures/smollm2/reference.npz)."""
 import json
 
 import numpy as np
-import pytest
-from realmodel import SMOLLM2_FIXTURE, smollm2_gguf_path
+from realmodel import SMOLLM2_FIXTURE
 
 import edgellm
 
 REF = dict(np.load(SMOLLM2_FIXTURE / "reference.npz"))
-
-
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    from converter.gguf_source import open_gguf
-    from converter.pack import convert
-
-    out = tmp_path_factory.mktemp("smollm2") / "smollm2.edgellm"
-    convert(open_gguf(smollm2_gguf_path()), out, "keep", progress=False)
-    return out
 
 
 def greedy(llm, prompt, n):

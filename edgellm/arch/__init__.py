@@ -10,9 +10,10 @@ from .registry import spec_for, supported
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
-          chunk: int = 64, fused: bool = True):
+          chunk: int = 64, kv_type: str = "f32", fused: bool = True):
     """The runnable model of a packed file; fused: decode through the fused step where the
-    model's weights allow it (arch/fused.py), else the per-operation path."""
+    model's weights allow it (arch/fused.py) and the KV cache is f32 (the step reads f32
+    caches only), else the per-operation path."""
     model_type = packed.architecture
     spec = spec_for(model_type)
     if spec is None:
@@ -20,8 +21,11 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
             f"{packed.path}: architecture {model_type!r} is not supported "
             f"(supported: {', '.join(supported())})")
     args = ModelArgs.from_dict(packed.config)
-    model = spec.model(packed, args, precise=precise, context=context, chunk=chunk)
-    if fused and isinstance(model, Transformer):  # decoders: one compiled step per token
+    if not issubclass(spec.model, Transformer):  # encoders (bert.py): no KV cache
+        return spec.model(packed, args, precise=precise, context=context, chunk=chunk)
+    model = spec.model(packed, args, precise=precise, context=context, chunk=chunk,
+                       kv_type=kv_type)
+    if fused and kv_type == "f32":  # decoders: one compiled step per token
         from .fused import FusedDecoder
 
         model.fused = FusedDecoder.build(model)

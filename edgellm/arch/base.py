@@ -10,7 +10,6 @@ import numpy as np
 from ..config import ModelArgs, rope_inv_freq
 from ..errors import ContextError, FormatError
 from ..format import PackedModel, Tensor
-from ..kernels.attention import attention
 from ..kernels.linear import ActQ8, embedding, linear, quantize_act
 from ..kernels.norms import rmsnorm, rmsnorm_heads
 from ..kernels.rope import apply_rope, rope_tables
@@ -75,7 +74,8 @@ class Transformer:
     logit_scale = 1.0  # output logits multiplied by this (granite: 1 / logits_scaling)
 
     def __init__(self, packed: PackedModel, args: ModelArgs, precise: bool = False,
-                 context: int | None = None, chunk: int = 64, n_keep: int = 4):
+                 context: int | None = None, chunk: int = 64, n_keep: int = 4,
+                 kv_type: str = "f32"):
         self.packed, self.args, self.precise = packed, args, precise
         self.context = int(context or min(args.max_position_embeddings, 4096))
         if self.context < 8:
@@ -95,7 +95,7 @@ class Transformer:
         self._rope_memo: dict = {}  # this chunk's cos/sin tables by frequency set
         self.cache = KVCache([args.layer_window(i) for i in range(args.num_hidden_layers)],
                              self.context, args.num_key_value_heads, args.head_dim,
-                             [inv for inv, _ in self.rope], n_keep=n_keep)
+                             [inv for inv, _ in self.rope], n_keep=n_keep, kv_type=kv_type)
         self.buffers = Buffers(args, self.chunk, self.ffn_width())
         self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
         self.tokens: list[int] = []  # the ids the cache holds, in order
@@ -182,9 +182,8 @@ class Transformer:
         apply_rope(q, cos, sin)
         apply_rope(k, cos, sin)
         layer = self.cache.layers[i]
-        n = min(layer.written, layer.cap)  # slots written so far: the rest are empty
-        attention(q, k, v, positions, layer.k[:n], layer.v[:n], layer.pos[:n], layer.window,
-                  self.attn_scale(), self.attn_softcap, out.reshape(T, Hq, Dh))
+        layer.attend(q, k, v, positions, self.attn_scale(), self.attn_softcap,
+                     out.reshape(T, Hq, Dh))
         layer.store(k, v, positions)
 
     def _rope_tables(self, i: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

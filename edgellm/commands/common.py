@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from ..errors import SamplingError
+from ..errors import ArgumentError, ContextError, ContextWarning, SamplingError
 from ..llm import LLM
 from ..pull import resolve
 from ..sampling import SamplingParams
@@ -25,6 +25,35 @@ def int_at_least(lo: int, what: str = "an integer"):
             raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
         return value
     return parse
+
+
+def text_argument(what: str = "text", empty: bool = True):
+    """argparse type: a string that is valid UTF-8 (undecodable bytes in argv arrive as
+    lone surrogates) and, unless `empty`, not empty."""
+    def parse(text: str) -> str:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise argparse.ArgumentTypeError(
+                f"{what} is not valid UTF-8 (undecodable byte at character {e.start})"
+            ) from None
+        if not empty and not text:
+            raise argparse.ArgumentTypeError(f"{what} must not be empty")
+        return text
+    return parse
+
+
+def read_stdin_text() -> str:
+    """All of stdin, decoded as UTF-8; invalid UTF-8 is refused (ArgumentError, exit 1)
+    rather than replaced, naming the first bad byte's offset."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ArgumentError(f"stdin is not valid UTF-8: byte 0x{data[e.start]:02x} at offset "
+                            f"{e.start}") from None
 
 
 def _threads(text: str) -> int:
@@ -55,6 +84,7 @@ def _sampling(name: str, kind: type):
 
 def add_model_arguments(p) -> None:
     p.add_argument("-m", "--model", default=None,
+                   type=text_argument("model name or path", empty=False),
                    help="model file or catalog name (default: the default model)")
     p.add_argument("-t", "--threads", type=_threads, default=None,
                    help="threads (default: all cores)")
@@ -63,6 +93,14 @@ def add_model_arguments(p) -> None:
     p.add_argument("--precise", action="store_true",
                    help="float activations for quantized weights: matches the float model "
                         "where int8 rounding would flip a near-tie (slower)")
+    add_kv_type_argument(p)
+
+
+def add_kv_type_argument(p) -> None:
+    from ..kv_types import KV_TYPES
+
+    p.add_argument("--kv-type", choices=KV_TYPES, default="f32",
+                   help="how the KV cache stores K and V (default: f32)")
 
 
 def add_sampling_arguments(p) -> None:
@@ -101,9 +139,17 @@ def open_model(args) -> LLM:
     kernels are being compiled (the first run on a machine)."""
     from ..kernels.warmup import compile_notice
 
+    import warnings
+
     path = resolve(args.model, say=say)
     with compile_notice(say):
-        llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise,
-                  fused=fused_default())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ContextWarning)  # --ctx beyond the model: refused
+            try:
+                llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise,
+                          kv_type=getattr(args, "kv_type", "f32"),
+                          fused=fused_default())
+            except ContextWarning as w:
+                raise ContextError(str(w)) from None
         llm.model.warmup()
     return llm

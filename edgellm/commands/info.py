@@ -11,8 +11,10 @@ from collections import Counter
 
 import numpy as np
 
+from .. import quant
 from ..errors import EdgeLLMError, FormatError
 from ..format import PackedModel
+from ..kv_types import KV_TYPES
 from ..memory_plan import default_context, largest_context, plan
 from ..validate import check_model
 
@@ -28,6 +30,8 @@ def add_arguments(p) -> None:
                    help="memory budget (e.g. 512MB, 1GB): without --ctx, plan the largest "
                         "context that fits it (default for --ctx auto: the memory this "
                         "machine has available now)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default="f32",
+                   help="KV cache type for the memory plan (default: f32)")
 
 
 def parse_size(text: str) -> int:
@@ -71,16 +75,17 @@ def available_memory() -> int:
     return 512 * 2**20
 
 
-def _memory(packed: PackedModel, args, ctx_arg: str | None, max_memory: str | None) -> dict:
+def _memory(packed: PackedModel, args, ctx_arg: str | None, max_memory: str | None,
+            kv_type: str = "f32") -> dict:
     """The memory plan for --ctx / --max-memory, with the budget and whether it fits."""
     budget = parse_size(max_memory) if max_memory is not None else None
     if ctx_arg == "auto" or (ctx_arg is None and budget is not None):
         if budget is None:
             budget = available_memory()
-        ctx = largest_context(packed, args, budget)
+        ctx = largest_context(packed, args, budget, kv_type)
         if ctx == 0:
             least = min(256, args.max_position_embeddings)
-            need = plan(packed, args, least).total
+            need = plan(packed, args, least, kv_type).total
             raise EdgeLLMError(f"{packed.path}: does not fit in {_mb(budget)} even at a "
                                f"context of {least} tokens (needs {_mb(need)})")
     elif ctx_arg is None:
@@ -90,19 +95,20 @@ def _memory(packed: PackedModel, args, ctx_arg: str | None, max_memory: str | No
             ctx = int(ctx_arg)
         except ValueError:
             raise FormatError(f"--ctx must be a number or 'auto', not {ctx_arg!r}") from None
-    memory = plan(packed, args, ctx).to_json()
+    memory = plan(packed, args, ctx, kv_type).to_json()
     if budget is not None:
         memory["budget"] = budget
         memory["fits"] = memory["total"] <= budget
     return memory
 
 
-def describe(packed: PackedModel, ctx_arg: str | None, max_memory: str | None) -> dict:
+def describe(packed: PackedModel, ctx_arg: str | None, max_memory: str | None,
+             kv_type: str = "f32") -> dict:
     args = check_model(packed)  # the config and every tensor's shape, as loading checks them
     params = sum(int(np.prod(t.shape)) for t in packed.tensors.values())
     data = sum(t.nbytes for t in packed.tensors.values())
     by_type = Counter(t.type for t in packed.tensors.values())
-    memory = _memory(packed, args, ctx_arg, max_memory)
+    memory = _memory(packed, args, ctx_arg, max_memory, kv_type)
     return {
         "path": str(packed.path),
         "architecture": packed.architecture,
@@ -112,10 +118,23 @@ def describe(packed: PackedModel, ctx_arg: str | None, max_memory: str | None) -
         "bits_per_weight": 8 * data / max(params, 1),
         "quantization": packed.header.get("quantization", {}),
         "tensors_by_type": dict(by_type),
+        "types": {ty: _type_info(packed, ty) for ty in by_type},
         "tensors": {n: {"type": t.type, "shape": list(t.shape), "block_size": t.block_size}
                     for n, t in packed.tensors.items()},
         "memory": memory,
     }
+
+
+def _type_info(packed: PackedModel, type_name: str) -> dict:
+    """A stored type's row of quant.TYPES, with its block sizes and bits per weight here."""
+    t = quant.TYPES[type_name]
+    mine = [x for x in packed.tensors.values() if x.type == type_name]
+    params = sum(int(np.prod(x.shape)) for x in mine)
+    info = {"layout": t.layout, "ggml": t.ggml,
+            "bits_per_weight": 8 * sum(x.nbytes for x in mine) / max(params, 1)}
+    if t.quantized:
+        info["block_sizes"] = sorted({x.block_size for x in mine})
+    return info
 
 
 def _mb(n: int) -> str:
@@ -124,7 +143,7 @@ def _mb(n: int) -> str:
 
 def run(args) -> int:
     with PackedModel(args.model) as packed:
-        info = describe(packed, args.ctx, args.max_memory)
+        info = describe(packed, args.ctx, args.max_memory, args.kv_type)
         bad = packed.verify() if args.verify else []
     if args.verify:
         info["verified"] = not bad
@@ -140,9 +159,14 @@ def run(args) -> int:
               f"{c.get('num_attention_heads')}/{c.get('num_key_value_heads')}, "
               f"vocab {c.get('vocab_size')}")
         print("  tensors: " + ", ".join(f"{n} {t}" for t, n in info["tensors_by_type"].items()))
+        for name, t in info["types"].items():
+            blocks = f", blocks of {'/'.join(map(str, t['block_sizes']))}" \
+                if "block_sizes" in t else ""
+            print(f"    {name}: {t['layout']}{blocks}, {t['bits_per_weight']:.2f} bits per "
+                  f"weight")
         print(f"  memory at context {m['context']} (peak resident): {_mb(m['total'])} = weights "
               f"{_mb(m['weights'])}"
-              f" (mapped) + KV cache {_mb(m['kv_cache'])} + buffers {_mb(m['buffers'])} + "
+              f" (mapped) + KV cache {_mb(m['kv_cache'])} ({m['kv_type']}) + buffers {_mb(m['buffers'])} + "
               f"tokenizer {_mb(m['tokenizer'])} + runtime {_mb(m['baseline'])}")
         if "budget" in m:
             print(f"  {'fits in' if m['fits'] else 'does NOT fit in'} the budget of "

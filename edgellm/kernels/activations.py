@@ -4,7 +4,7 @@ import numpy as np
 from numba import prange
 
 from .fastexp import exp32
-from .simd import kernel
+from .jit import kernel
 
 
 @kernel(exact=True)

@@ -1,10 +1,16 @@
-"""Causal grouped-query attention over a KV cache plus the current chunk."""
+"""Causal grouped-query attention over a KV cache plus the current chunk.
+
+`attention` reads a float32 cache; `attention_rows` a cache stored as f16 or q8_0 rows
+(kv_cache.py), dequantizing one key or value row at a time, never the whole cache.
+"""
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from .fastexp import MASKED, exp_shift
-from .simd import kernel
+from .jit import kernel
+from .tiles import row_f16, row_q8_0
 
 NEG = MASKED  # the score of a key a query does not see
 
@@ -100,3 +106,77 @@ def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale
             combine(q[t, h], Dh, kt[kvh], row)  # scores against keys 0..n-1
             _softmax_row(row, n, kpos, q_pos[t], window, sc32, cap32)
             combine(row, n, vals[kvh], out[t, h])
+
+
+def _stored_row(rows, r, out):
+    """out[0, :] = row r of a stored cache (f16 bits or q8_0 blocks) as float32."""
+
+
+@overload(_stored_row)
+def _stored_row_impl(rows, r, out):
+    if rows.dtype == types.uint16:
+        return lambda rows, r, out: row_f16(rows, 32, r, out, 0)
+    if rows.dtype == types.uint8:
+        return lambda rows, r, out: row_q8_0(rows, 32, r, out, 0)
+    return None
+
+
+TILE = 16  # query rows that share one dequantization of each cached row
+
+
+@kernel(parallel=True)
+def attention_rows(q, k_new, v_new, q_pos, k_rows, v_rows, cache_pos, window, scale, softcap,
+                   out):
+    """`attention` over a stored cache: k_rows/v_rows [cap * Hkv, width] hold slot s, KV head
+    h at row s * Hkv + h, as the bits of float16 (uint16, width Dh) or ggml q8_0 blocks
+    (uint8, width Dh/32 * 34); cache_pos [cap]. Work items are (KV head, tile of TILE query
+    rows): each cached row is dequantized once per item into a [1, Dh] buffer."""
+    T, Hq, Dh = q.shape
+    Hkv = k_new.shape[1]
+    G = Hq // Hkv
+    cap = cache_pos.shape[0]
+    kpos = np.empty(cap + T, dtype=np.int64)
+    for s in range(cap + T):
+        kpos[s] = cache_pos[s] if s < cap else q_pos[s - cap]
+    sc32, cap32 = np.float32(scale), np.float32(softcap)
+    tiles = (T + TILE - 1) // TILE
+    for item in prange(tiles * Hkv):
+        kvh = item % Hkv
+        t0 = (item // Hkv) * TILE
+        t1 = min(T, t0 + TILE)
+        n = cap + t1  # keys the tile's last row sees; row t sees the first cap + t + 1
+        scores = np.empty(((t1 - t0) * G, n), dtype=np.float32)
+        buf = np.empty((1, Dh), dtype=np.float32)
+        for s in range(n):
+            if s < cap:
+                _stored_row(k_rows, s * Hkv + kvh, buf)
+                key = buf[0]
+            else:
+                key = k_new[s - cap, kvh]
+            for t in range(max(t0, s - cap), t1):
+                for g in range(G):
+                    qh = q[t, kvh * G + g]
+                    acc = np.float32(0.0)
+                    for i in range(Dh):
+                        acc += qh[i] * key[i]
+                    scores[(t - t0) * G + g, s] = acc
+        for t in range(t0, t1):
+            for g in range(G):
+                row = scores[(t - t0) * G + g]
+                _softmax_row(row, cap + t + 1, kpos, q_pos[t], window, sc32, cap32)
+                o = out[t, kvh * G + g]
+                for i in range(Dh):
+                    o[i] = 0.0
+        for s in range(n):
+            if s < cap:
+                _stored_row(v_rows, s * Hkv + kvh, buf)
+                val = buf[0]
+            else:
+                val = v_new[s - cap, kvh]
+            for t in range(max(t0, s - cap), t1):
+                for g in range(G):
+                    w = scores[(t - t0) * G + g, s]
+                    if w != 0.0:
+                        o = out[t, kvh * G + g]
+                        for i in range(Dh):
+                            o[i] += w * val[i]

@@ -39,10 +39,12 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
+from .. import quant
 from .act_quant import quantize_rows
 from .activations import geglu_tanh, swiglu_row
 from .dots import LANES, dots16
 from .fastexp import MASKED, exp_shift
+from .jit import kernel
 from .matvec import (
     mv_rows_q4_0,
     mv_rows_q4_1,
@@ -55,13 +57,13 @@ from .matvec import (
 from .moe import route, scatter_add
 from .norms import add_inplace, rmsnorm, rmsnorm_heads
 from .rope import apply_rope
-from .simd import kernel
 from .sync import barrier
 
-# Matrix kinds the step reads (f32 only where a step asks for float activations: routers).
+# Matrix kinds the step has kernels for (f32 only where a step asks for float activations:
+# routers); each kind's code is its row's in the quant table (quant.TYPES[name].code).
 KINDS = ("q8_0", "q4_0", "q4_1", "f32")
-Q8_0, Q4_0, Q4_1, F32 = range(len(KINDS))
-KIND_CODE = {name: code for code, name in enumerate(KINDS)}
+KIND_CODE = {name: quant.TYPES[name].code for name in KINDS}
+Q8_0, Q4_0, Q4_1, F32 = (KIND_CODE[n] for n in ("q8_0", "q4_0", "q4_1", "f32"))
 # mats[m] = (offset in the file, rows, row bytes, kind, block size)
 MAT_OFF, MAT_ROWS, MAT_ROW_BYTES, MAT_KIND, MAT_BLOCK = range(5)
 MAT_WIDTH = 5

@@ -19,7 +19,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from .simd import F32, FAST, _c, _i64, _load, _loop, _pick, _Rows, _splat, _v
+from .ir import F32, FAST, _c, _i64, _load, _loop, _pick, _Rows, _splat, _v
 
 LANES = 16  # keys per call, and float32 lanes per vector
 

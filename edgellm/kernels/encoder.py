@@ -20,7 +20,7 @@ from numba import prange
 
 from .attention import combine
 from .fastexp import exp_shift
-from .simd import kernel
+from .jit import kernel
 
 _F32 = np.dtype(np.float32)
 

@@ -27,7 +27,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .simd import kernel
+from .jit import kernel
 
 N = 32
 # tab[i] = bits(2^(i/N)) - (i << 47): bits(2^(k/N)) = tab[k % N] + (k << 47) for |k| < 150 N

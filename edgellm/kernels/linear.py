@@ -4,7 +4,8 @@
     embedding(w, ids, out)       out[T, D] = rows `ids` of W[V, D], dequantized
 
 Weights are the zero-copy views `format.Tensor` hands out (read-only memmaps): uint8 ggml
-blocks for q8_0/q4_0/q4_1 with block size 32, 64 or 128, float32/float16 [N, K] for f32/f16.
+blocks of a quant.TYPES block type with block size 32, 64 or 128, float32/float16 [N, K] for
+f32/f16. Which kernels run each type: registry.py.
 They are never copied or dequantized as a whole.
 
 Precision of quantized weights:
@@ -28,7 +29,7 @@ import numba
 import numpy as np
 
 from .. import numba_setup, quant
-from . import act_quant, matmul, matvec
+from . import act_quant, registry
 
 try:  # for _threads(); numba.get_num_threads() is the fallback
     from numba.np.ufunc import parallel as _parallel
@@ -38,11 +39,8 @@ except ImportError:  # pragma: no cover
 __all__ = ["ActQ8", "quantize_act", "linear", "embedding"]
 
 BLOCK_SIZES = quant.BLOCK_SIZES
-QUANTIZED = ("q8_0", "q4_0", "q4_1")
-_FLOAT_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
 _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
-_LAYOUT = {(k, b): quant.TYPES[k].block_bytes(b) for k in QUANTIZED for b in BLOCK_SIZES}
 PARALLEL_QUANT_T = 16  # quantize activations with a parallel kernel from this many rows
 
 
@@ -146,27 +144,27 @@ def _check_weight(w):
     N, K = shape
     if not isinstance(data, np.ndarray):
         raise ValueError(f"tensor {w.name}: data is {type(data).__name__}, not a numpy array")
-    layout = _LAYOUT.get((kind, block)) if kind in QUANTIZED else None
-    if layout is not None:
+    t = quant.TYPES.get(kind) if isinstance(kind, str) else None
+    if t is None or not t.float_kernels:
+        raise ValueError(f"tensor {w.name}: type {kind!r} has no kernel "
+                         f"({', '.join(quant.MATRIX_TYPES)})")
+    if t.quantized:
+        if block not in BLOCK_SIZES:
+            raise ValueError(f"tensor {w.name}: {kind} block size {block} is not one of "
+                             f"{BLOCK_SIZES}")
         if K % block:
             raise ValueError(f"tensor {w.name}: {kind} K={K} does not split into blocks of "
                              f"{block}")
-        want = (N, K // block * layout)
+        want = (N, K // block * t.block_bytes(block))
         if data.dtype != _U8 or data.shape != want:
             raise ValueError(f"tensor {w.name}: {kind} data must be uint8 {list(want)}, got "
                              f"{data.dtype} {list(data.shape)}")
-    elif kind in _FLOAT_DTYPE:
-        if data.dtype != _FLOAT_DTYPE[kind] or data.shape != (N, K):
-            raise ValueError(f"tensor {w.name}: {kind} data must be {_FLOAT_DTYPE[kind]} "
+    else:
+        if data.dtype != t.dtype or data.shape != (N, K):
+            raise ValueError(f"tensor {w.name}: {kind} data must be {t.dtype} "
                              f"[{N}, {K}], got {data.dtype} {list(data.shape)}")
         if kind == "f16":
             data = data.view(np.uint16)  # numba has no float16: the kernels convert the bits
-    elif kind in QUANTIZED:
-        raise ValueError(f"tensor {w.name}: {kind} block size {block} is not one of "
-                         f"{BLOCK_SIZES}")
-    else:
-        raise ValueError(f"tensor {w.name}: type {kind!r} has no kernel "
-                         f"(f32, f16, {', '.join(QUANTIZED)})")
     if not data.flags.c_contiguous:
         raise ValueError(f"tensor {w.name}: data is not C-contiguous")
     if type(data) is not np.ndarray:  # np.memmap: numba types a plain ndarray faster
@@ -187,15 +185,6 @@ def _threads() -> int:
     n = numba.get_num_threads()  # starts the thread pool
     numba_setup.check_threading_layer()
     return n
-
-
-# type -> kernels: int8 matvec (serial rows, parallel), int8 matmul; float matvec
-# (serial rows, parallel), float matmul
-_INT8 = {k: (getattr(matvec, f"mv_rows_{k}"), getattr(matvec, f"mv_{k}"),
-             getattr(matmul, f"mm_{k}")) for k in QUANTIZED}
-_FLOAT = {k: (getattr(matvec, f"mvp_rows_{k}"), getattr(matvec, f"mvp_{k}"),
-              getattr(matmul, f"mmp_{k}")) for k in QUANTIZED + ("f32", "f16")}
-_EMBED = {k: getattr(matvec, f"embed_{k}") for k in QUANTIZED + ("f32", "f16")}
 
 
 def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
@@ -221,7 +210,7 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
         raise ValueError("out overlaps x")
     if T == 0:
         return
-    if kind in _INT8 and not precise:
+    if kind in registry.INT8 and not precise:
         if act is None:
             act = quantize_act(x, _scratch_act(T, K))
         elif not isinstance(act, ActQ8):
@@ -229,7 +218,7 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
         elif act.K != K or act.T != T:
             raise ValueError(f"act holds {act.T} quantized rows of K={act.K}; x is "
                              f"{list(x.shape)} (call quantize_act(x, act) first)")
-        rows, par, mm = _INT8[kind]
+        rows, par, mm = registry.INT8[kind]
         if T > 1:
             mm(data, block, act.xq, act.xd, act.xs, act.xds, out, T, _threads())
         elif _threads() == 1:
@@ -237,7 +226,8 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
         else:
             par(data, block, act.xq, act.xd, act.xds, out)
         return
-    rows, par, mm = _FLOAT[kind]
+    k = registry.FLOAT[kind]
+    rows, par, mm = k.rows, k.parallel, k.matmul
     if T > 1:
         mm(data, block, x, out)
     elif _threads() == 1:
@@ -262,4 +252,4 @@ def embedding(w, ids: np.ndarray, out: np.ndarray) -> None:
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= V:
         raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {V})")
-    _EMBED[kind](data, block, np.ascontiguousarray(ids, dtype=np.int64), out)
+    registry.FLOAT[kind].embed(data, block, np.ascontiguousarray(ids, dtype=np.int64), out)

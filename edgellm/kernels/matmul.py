@@ -5,7 +5,7 @@ int8 activations: each group of 8 weight rows is packed once into a panel (panel
 then meets all T tokens, four at a time (the last T % 4 one at a time): the packing is
 paid once per matrix product, and the tiles need no horizontal sums. Threads take
 contiguous ranges of row groups, each with its own panel. Rows past the last whole group
-(N % 8) use simd.py's one-row tiles.
+(N % 8) use tiles.py's one-row tiles.
 float activations: a chunk of ROWS rows stays in L1 while it meets the tokens four at a
 time (one row x 4 tokens per weight unpack).
   mm_rows_<type>(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
@@ -33,8 +33,9 @@ from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     ptile_q8_0_8x1,
     ptile_q8_0_8x4,
 )
-from .simd import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
-    GROUP,
+from .codegen_int8 import GROUP
+from .jit import kernel
+from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     ftile_f16_1x1,
     ftile_f16_1x4,
     ftile_f32_1x1,
@@ -45,7 +46,6 @@ from .simd import (  # noqa: F401  (intrinsics, resolved by numba at compile tim
     ftile_q4_1_1x4,
     ftile_q8_0_1x1,
     ftile_q8_0_1x4,
-    kernel,
     tile_q4_0_1x1,
     tile_q4_0_1x4,
     tile_q4_1_1x1,

@@ -8,12 +8,12 @@ ActQ8 buffer of any T_max serves.
 Per weight type and mode, two entry points with the same leading arguments:
   *_rows_<type>(..., r0, r1)  serial, output rows r0..r1-1 only: call it directly on one
                               thread, or from a fused kernel that splits rows by hand
-                              (define that one with simd.kernel: see simd.py, caching)
+                              (define that one with jit.kernel: see jit.py, caching)
   <prefix>_<type>(...)        parallel: chunks of CHUNK rows, an equal run per thread
-mv_*  int8 activations (xq, xd, xds from act_quant). q4_0 / q4_1: row groups (simd.py's
+mv_*  int8 activations (xq, xd, xds from act_quant). q4_0 / q4_1: row groups (codegen_int8's
       GROUP rows per tile, the per-block float work done once for the group, the next
       group prefetched: the rows side by side are not one stream the hardware prefetches);
-      the last rows one at a time. q8_0: four rows at a time (simd.py's
+      the last rows one at a time. q8_0: four rows at a time (codegen_int8's
       _q8act_row_codegen: the activation side shared, one xor per row and block instead of
       the sign trick, the next rows prefetched), the last ones alone; 8-row groups with
       their per-block reduction had measured 10% slower here.
@@ -25,14 +25,14 @@ Callers validate shapes and ids first (linear.py): these kernels do not check bo
 
 from numba import prange
 
-from .simd import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
-    GROUP,
+from .codegen_int8 import GROUP
+from .jit import kernel
+from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     ftile_f16_1x1,
     ftile_f32_1x1,
     ftile_q4_0_1x1,
     ftile_q4_1_1x1,
     ftile_q8_0_1x1,
-    kernel,
     row_f16,
     row_f32,
     row_q4_0,

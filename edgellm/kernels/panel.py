@@ -1,6 +1,6 @@
 """Prefill's int8 tiles on packed weight panels (B = 32): no horizontal sums per token.
 
-The row-group tile of simd.py dots each of 8 weight rows with a token separately and then
+The row-group tile of codegen_int8.py dots each of 8 weight rows with a token separately and then
 reduces the 8 dot-product vectors to one (vphaddd): per block and token, the reduction
 costs as much as the dot products. A matrix product meets every weight block T times, so
 prefill first packs 8 rows into a panel once (`pack_<type>`) and then runs the tokens
@@ -14,7 +14,7 @@ over it (`ptile_<type>_8x<RT>`):
 A token's 4 activation bytes 4c..4c+3, broadcast to all lanes, times chunk c is one
 vpdpbusd whose lane r accumulates row r: after 8 of them each lane holds its row's whole
 block dot product, and the float work (scales, offsets, the multiply-add) is done once
-for the 8 rows as one vector, as simd.py's row-group tile does it: the same integers and
+for the 8 rows as one vector, as codegen_int8.py's row-group tile does it: the same integers and
 the same float operations in the same order. q8_0's +128 is taken back exactly in the
 integers: each block's sum starts at -128 * (the sum of the token's 32 activation bytes),
 ActQ8's xs. Measured against the row-group tiles (1536x576, 64 tokens): bit for bit the
@@ -24,7 +24,8 @@ differently there), the same error against the float64 product.
   pack_<type>(w, i, panel, scales, g)                      rows i..i+7 -> panel row g
   ptile_<type>_8x<RT>(panel, scales, g, xq, xd, xs, xds, t, out, i)
                                                            out[t+s, i+r], s < RT, r < 8
-Callers validate shapes (linear.py, matmul.py): these do not check bounds.
+Callers validate shapes (linear.py, matmul.py): these do not check bounds. Each intrinsic
+is defined by name at the end of this file; a new type with int8 kernels adds its lines.
 """
 
 from __future__ import annotations
@@ -32,14 +33,13 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import types
 
-from .simd import (
+from .codegen_int8 import GROUP, group_blocks, scale_block
+from .ir import (
     BLOCK_BYTES,
     F32,
-    GROUP,
     I8,
     I16,
     I32,
-    KINDS,
     _by_block,
     _c,
     _dot_acc,
@@ -53,9 +53,12 @@ from .simd import (
     _splat,
     _typed,
     _v,
-    group_blocks,
-    scale_block,
 )
+
+__all__ = ["PANEL_BLOCK", "SCALES_BLOCK",
+           "pack_q8_0", "pack_q4_0", "pack_q4_1",
+           "ptile_q8_0_8x1", "ptile_q8_0_8x4", "ptile_q4_0_8x1", "ptile_q4_0_8x4",
+           "ptile_q4_1_8x1", "ptile_q4_1_8x4"]
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
@@ -176,23 +179,28 @@ def _ptile_codegen(kind, RT):
     return codegen
 
 
-def _make_pack(kind):
+def make_pack(kind):
+    """The intrinsic pack_<kind>(w, block, i, panel, scales, g)."""
     name = f"pack_{kind}"
     codegen = _by_block(lambda B: _pack_codegen(kind, B))
-    return name, _typed(name, codegen, {0: types.uint8, 3: types.uint8, 4: types.float32},
-                        ints=(1, 2, 5))
+    return _typed(name, codegen, {0: types.uint8, 3: types.uint8, 4: types.float32},
+                  ints=(1, 2, 5))
 
 
-def _make_ptile(kind, RT):
+def make_ptile(kind, RT):
+    """The intrinsic ptile_<kind>_8x<RT>(panel, scales, g, xq, xd, xs, xds, t, out, i)."""
     name = f"ptile_{kind}_{GROUP}x{RT}"
     arrays = {0: types.uint8, 1: types.float32, 3: types.int8, 4: types.float32,
               5: types.int32, 6: types.float32, 8: types.float32}
-    return name, _typed(name, _ptile_codegen(kind, RT), arrays, ints=(2, 7, 9))
+    return _typed(name, _ptile_codegen(kind, RT), arrays, ints=(2, 7, 9))
 
 
-for _kind in KINDS:
-    _n, _f = _make_pack(_kind)
-    globals()[_n] = _f
-    for _rt in (1, 4):
-        _n, _f = _make_ptile(_kind, _rt)
-        globals()[_n] = _f
+pack_q8_0 = make_pack("q8_0")
+pack_q4_0 = make_pack("q4_0")
+pack_q4_1 = make_pack("q4_1")
+ptile_q8_0_8x1 = make_ptile("q8_0", 1)
+ptile_q8_0_8x4 = make_ptile("q8_0", 4)
+ptile_q4_0_8x1 = make_ptile("q4_0", 1)
+ptile_q4_0_8x4 = make_ptile("q4_0", 4)
+ptile_q4_1_8x1 = make_ptile("q4_1", 1)
+ptile_q4_1_8x4 = make_ptile("q4_1", 4)

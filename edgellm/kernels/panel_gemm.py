@@ -23,7 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .matvec import embed_f16, embed_f32, embed_q4_0, embed_q4_1, embed_q8_0
-from .simd import kernel
+from .jit import kernel
 
 W = 16  # panel width: output features per group (two <8 x f32> vectors)
 RT = 6  # tokens per register tile (12 accumulators)
@@ -175,14 +175,11 @@ def gemm_f16(w, block, x, out):
             _tail(rows, x, out, g * W)
 
 
-GEMM = {"q8_0": gemm_q8_0, "q4_0": gemm_q4_0, "q4_1": gemm_q4_1, "f32": gemm_f32,
-        "f16": gemm_f16}
-
-
 def gemm(w, x: np.ndarray, out: np.ndarray) -> None:
     """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (any type linear() runs),
     float activations; validated as linear() validates, then one kernel call."""
     from .linear import _check_x, _weight
+    from .registry import FLOAT
 
     kind, N, K, block, data = _weight(w)
     _check_x(x)
@@ -195,4 +192,4 @@ def gemm(w, x: np.ndarray, out: np.ndarray) -> None:
     if np.may_share_memory(x, out):
         raise ValueError("out overlaps x")
     if x.shape[0]:
-        GEMM[kind](data, block, x, out)
+        FLOAT[kind].gemm(data, block, x, out)

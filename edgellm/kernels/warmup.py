@@ -11,7 +11,7 @@ from pathlib import Path
 import numba
 
 from ..numba_setup import CACHE_DIR
-from .simd import CACHE_TAG
+from .jit import CACHE_TAG
 
 
 def _marker() -> Path:

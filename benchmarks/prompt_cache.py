@@ -1,0 +1,184 @@
+"""Prompt reuse, sessions and KV cache types on SmolLM2-135M, each measured in one run with
+the alternatives alternating (medians of --rounds).
+
+    python benchmarks/prompt_cache.py [--model FILE] [--threads 1] [--rounds 5] [--json OUT]
+
+1. Time to first token for a 1,000-token shared system prompt + a 20-token question:
+   cold (an empty cache: all 1,020 prefilled) against reused (the LLM's last sequence
+   shared the system prompt: only the question is prefilled).
+2. Loading a saved session of those 1,000 tokens (llm.load_session) against prefilling them.
+3. Greedy continuation after save_session / load_session in a fresh process against the
+   same continuation without the round trip, for kv_type f32, f16 and q8_0 (32 tokens).
+4. Decode tokens/s at a 2,000-token context (context 2048) for each kv_type, and f32 on
+   the per-operation path (the fused decode step reads f32 caches only).
+Text: Python's pydoc_data.topics (as benchmarks/quality.py), tokenized once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout
+
+DEFAULT_MODEL = Path.home() / ".cache" / "edgellm" / "models" / "smollm2-135m-instruct.edgellm"
+
+CONTINUE = r"""
+import json, sys
+from edgellm.llm import LLM
+model, kv_type, session, n, more = sys.argv[1:6]
+llm = LLM(model, threads=1, context=2048, kv_type=kv_type)
+llm.load_session(session)
+ids = [c.token for c in llm.stream_ids(json.loads(more), keep_cache=True, max_tokens=int(n),
+                                       temperature=0)]
+print(json.dumps(ids))
+"""
+
+
+def text_ids(llm) -> list[int]:
+    from pydoc_data.topics import topics
+
+    return llm.tokenizer.encode("\n\n".join(topics[k] for k in sorted(topics)))
+
+
+def ttft(llm, ids) -> float:
+    for chunk in llm.stream_ids(ids, max_tokens=1, temperature=0):
+        if chunk.stats is not None:
+            return chunk.stats.ttft_s
+    raise AssertionError("no stats")
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def reuse_and_sessions(model: Path, threads: int, rounds: int, ids: list[int], tmp: Path):
+    from edgellm.llm import LLM
+
+    system = ids[:1000]
+    questions = [ids[2000 + 20 * k:2020 + 20 * k] for k in range(2 * rounds + 1)]
+    llm = LLM(model, threads=threads, context=2048)
+    llm.model.warmup()
+    cold, reused = [], []
+    ttft(llm, system + questions[-1])
+    for r in range(rounds):
+        llm.model.reset()
+        cold.append(ttft(llm, system + questions[2 * r]))
+        reused.append(ttft(llm, system + questions[2 * r + 1]))  # after a shared prefix
+        assert llm.prompt_cache.reused == 1000, llm.prompt_cache.reused
+    session = tmp / "system.session"
+    llm.model.reset()
+    llm.model.forward(system, want="none")
+    llm.save_session(session)
+    prefill, load = [], []
+    for _ in range(rounds):
+        llm.model.reset()
+        prefill.append(timed(lambda: llm.model.forward(system, want="last")))
+        llm.model.reset()
+        load.append(timed(lambda: llm.load_session(session)))
+        assert llm.model.tokens == system
+    llm.close()
+    return {"ttft_cold_s": statistics.median(cold), "ttft_reused_s": statistics.median(reused),
+            "ttft_speedup": statistics.median(cold) / statistics.median(reused),
+            "prefill_1000_s": statistics.median(prefill),
+            "load_session_s": statistics.median(load),
+            "load_speedup": statistics.median(prefill) / statistics.median(load),
+            "session_bytes": session.stat().st_size,
+            "session_disk_bytes": session.stat().st_blocks * 512}
+
+
+def round_trips(model: Path, ids: list[int], tmp: Path, n: int = 32) -> dict:
+    from edgellm.llm import LLM
+
+    out = {}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for kv_type in ("f32", "f16", "q8_0"):
+        with LLM(model, threads=1, context=2048, kv_type=kv_type) as llm:
+            list(llm.stream_ids(ids[:500], max_tokens=8, temperature=0))
+            path = tmp / f"{kv_type}.session"
+            llm.save_session(path)
+            more = ids[500:504]  # mid-text: the continuation runs on, no end of sequence
+            want = [c.token for c in llm.stream_ids(more, keep_cache=True, max_tokens=n,
+                                                    temperature=0)]
+        done = subprocess.run([sys.executable, "-c", CONTINUE, str(model), kv_type, str(path),
+                               str(n), json.dumps(more)], env=env, capture_output=True,
+                              text=True, check=True)
+        got = json.loads(done.stdout)
+        out[kv_type] = {"same": got == want, "tokens": len(want)}
+    return out
+
+
+def decode_speed(model: Path, threads: int, rounds: int, ids: list[int], n: int = 32) -> dict:
+    """Each cache filled once with 2,000 tokens; each round decodes n tokens after them
+    and cuts the cache back (the variants alternating)."""
+    import numpy as np
+
+    from edgellm.llm import LLM
+
+    llms = {kv_type: LLM(model, threads=threads, context=2048, kv_type=kv_type)
+            for kv_type in ("f32", "f16", "q8_0")}
+    fused = llms["f32"].model.fused
+    variants = {"f32 (fused step)": ("f32", fused), "f32 (per-op)": ("f32", None),
+                "f16": ("f16", None), "q8_0": ("q8_0", None)}
+    first = {}
+    for kv_type, llm in llms.items():
+        llm.model.warmup()
+        first[kv_type] = int(np.argmax(llm.model.forward(ids[:2000], want="last")))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, (kv_type, step) in variants.items():
+            m = llms[kv_type].model
+            m.fused = step
+            token = first[kv_type]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                token = int(np.argmax(m.forward([token], want="last")))
+            times[name].append(n / (time.perf_counter() - t0))
+            m.truncate(2000)
+    for llm in llms.values():
+        llm.close()
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", nargs="*", default=["reuse", "roundtrip", "decode"])
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    from edgellm.llm import LLM
+
+    with LLM(a.model, threads=1, context=64) as llm:
+        ids = text_ids(llm)
+    result: dict = {"load_before": os.getloadavg()[0]}
+    with tempfile.TemporaryDirectory() as tmp:
+        if "reuse" in a.only:
+            result["reuse"] = reuse_and_sessions(a.model, a.threads, a.rounds, ids, Path(tmp))
+            print(json.dumps(result["reuse"]), flush=True)
+        if "roundtrip" in a.only:
+            result["round_trip"] = round_trips(a.model, ids, Path(tmp))
+            print(json.dumps(result["round_trip"]), flush=True)
+        if "decode" in a.only:
+            result["decode_tok_s_at_2000"] = decode_speed(a.model, a.threads,
+                                                          a.rounds, ids)
+            print(json.dumps(result["decode_tok_s_at_2000"]), flush=True)
+    result["load_after"] = os.getloadavg()[0]
+    print(json.dumps(result, indent=1))
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

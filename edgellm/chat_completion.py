@@ -1,0 +1,245 @@
+"""`LLM.create_chat_completion`: OpenAI's chat.completion objects, as llama-cpp-python returns.
+
+    llm.create_chat_completion(messages, tools=None, tool_choice=None, response_format=None,
+                               stream=False, max_tokens=None, stop=(), enable_thinking=None,
+                               chat_template_kwargs=None, max_reasoning_tokens=None,
+                               parallel_tool_calls=True, **sampling)
+
+returns {"id", "object": "chat.completion", "created", "model", "choices": [{"index": 0,
+"message": {"role": "assistant", "content", "tool_calls"?, "reasoning_content"?},
+"finish_reason": "stop" | "length" | "tool_calls"}], "usage": {...}}; with stream=True, an
+iterator of "chat.completion.chunk" dicts whose deltas carry "reasoning_content" and
+"content" as they come (with tools, the content is held until the end, where it is either
+parsed into "tool_calls" or sent as content).
+
+Everything is checked, the prompt rendered and the constraint compiled before the first
+token (errors raise at the call, also with stream=True). A generation may run in phases on
+one KV cache: thinking free, then the answer under the constraint (response_format or a
+tool call); max_reasoning_tokens closes the thinking block by writing "</think>" for the
+model.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import arguments, reasoning, tool_calls
+from .errors import ArgumentError, ConstraintError
+
+
+@dataclass
+class _Plan:
+    ids: list[int]
+    constraint: Any  # Constraint | None
+    fmt: str
+    tool_mode: str  # "none", "auto", "required"
+    thinking: bool  # the template knows <think> blocks
+    inside: bool  # the prompt ends inside an open <think>
+    max_tokens: int
+    max_reasoning_tokens: int | None
+    stop: list[str]
+    sampling: dict = field(default_factory=dict)
+
+
+def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
+          enable_thinking, chat_template_kwargs, max_reasoning_tokens, sampling,
+          parallel_tool_calls: bool = True) -> _Plan:
+    from .constraints import ConstraintSpec, spec_from
+
+    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) \
+            or not all(isinstance(m, Mapping) for m in messages):
+        raise ArgumentError("messages must be a list of {'role': ..., 'content': ...}")
+    # the plain arguments first, so that a wrong type is named before any work
+    max_tokens = arguments.integer(max_tokens, "max_tokens", 0, none=True)
+    max_reasoning_tokens = arguments.integer(max_reasoning_tokens, "max_reasoning_tokens", 0,
+                                             none=True)
+    parallel_tool_calls = arguments.flag(parallel_tool_calls, "parallel_tool_calls")
+    if enable_thinking is not None:
+        enable_thinking = arguments.flag(enable_thinking, "enable_thinking")
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, Mapping):
+        raise ArgumentError("chat_template_kwargs must be a dict or None, got "
+                            f"{type(chat_template_kwargs).__name__}")
+    stop = arguments.stops(stop)
+    template = llm.packed.chat_template
+    fmt = tool_calls.detect_format(template)
+    tools = tool_calls.check_tools(tools) if tools is not None else []
+    mode, callable_tools = tool_calls.chosen(tools, tool_choice)
+    kwargs = dict(chat_template_kwargs or {})
+    if enable_thinking is not None:
+        kwargs["enable_thinking"] = enable_thinking
+    use_tools = callable_tools if mode != "none" else []
+    msgs = tool_calls.prepare_messages(messages, use_tools, fmt)
+    if use_tools and fmt != "generic":
+        kwargs["tools"] = use_tools
+    text = llm.apply_chat_template(msgs, add_generation_prompt=True, **kwargs)
+    ids = llm._encode(text)  # the template wrote the special tokens
+    spec = spec_from(response_format=response_format)
+    if use_tools:
+        if spec is not None and mode == "required":
+            raise ConstraintError("response_format and tool_choice 'required' cannot both "
+                                  "constrain the answer")
+        grammar = tool_calls.grammar(callable_tools, fmt, mode, llm.constraint_engine.token_id,
+                                     parallel=bool(parallel_tool_calls))
+        if grammar is not None and spec is None:
+            from .constraints import lark_grammar
+
+            spec = ConstraintSpec("tools", lark_grammar(grammar))
+    if max_tokens is None:
+        max_tokens = int(llm.packed.generation_config.get("max_new_tokens") or 256)
+    thinking = reasoning.supports_thinking(template) and enable_thinking is not False
+    return _Plan(ids=ids, constraint=llm.constraint(spec) if spec is not None else None,
+                 fmt=fmt, tool_mode=mode if use_tools else "none", thinking=thinking,
+                 inside=thinking and reasoning.opens_thinking(text), max_tokens=max_tokens,
+                 max_reasoning_tokens=max_reasoning_tokens,
+                 stop=stop, sampling=sampling)
+
+
+def _events(llm, plan: _Plan) -> Iterator[tuple[str, str]]:
+    """("reasoning" | "content", text) pieces, then ("finish", reason) and ("usage", n)."""
+    splitter = reasoning.ReasoningSplitter(inside=plan.inside)
+    ids = list(plan.ids)
+    # With a constraint, a thinking model thinks freely first: open the block for it (a
+    # lazy tool grammar, tool_choice "auto", leaves the model free anyway).
+    free_first = plan.thinking and plan.constraint is not None and plan.tool_mode != "auto"
+    if free_first and not plan.inside:
+        ids += llm.tokenizer.encode(reasoning.OPEN + "\n")
+        splitter.inside = True
+    constraint = None if free_first else plan.constraint
+    generated = reasoning_tokens = phase = 0
+    finish = "length"
+    keep = False
+    while True:
+        sampling = dict(plan.sampling)
+        if phase and sampling.get("seed") is not None:
+            sampling["seed"] = sampling["seed"] + phase  # a fresh draw sequence per phase
+        budget = plan.max_tokens - generated
+        if budget <= 0:
+            break
+        chunks = llm.stream_ids(ids, max_tokens=budget, stop=plan.stop, keep_cache=keep,
+                                constraint=constraint, **sampling)
+        switch = None
+        for chunk in chunks:
+            if chunk.token is not None:
+                generated += 1
+                if splitter.inside and plan.thinking:
+                    reasoning_tokens += 1
+            was_inside = splitter.inside
+            for piece in (splitter.feed(chunk.text) if plan.thinking else
+                          [("content", chunk.text)] if chunk.text else []):
+                yield piece
+            if chunk.finish_reason is not None:
+                finish = chunk.finish_reason
+                if finish == "stop" and splitter.inside and free_first and constraint is None \
+                        and not plan.stop:
+                    switch, last = "close", None  # EOS while thinking: the answer is due
+                break
+            if splitter.inside and plan.max_reasoning_tokens is not None \
+                    and reasoning_tokens >= plan.max_reasoning_tokens:
+                switch = "close"
+            elif was_inside and not splitter.inside and free_first and constraint is None:
+                switch = "answer"
+            if switch:
+                last = chunk.token
+                break
+        chunks.close()
+        if switch is None:
+            break
+        # the last sampled token is not in the cache yet: run it, then what we write
+        tail = "\n" + reasoning.CLOSE + "\n\n" if switch == "close" else "\n\n"
+        ids = ([last] if last is not None else []) + llm.tokenizer.encode(tail)
+        splitter.inside = False
+        constraint = plan.constraint
+        keep = True
+        phase += 1
+    for piece in splitter.flush():
+        yield piece
+    yield "finish", finish
+    yield "usage", generated
+
+
+def _base(llm, kind: str) -> dict:
+    return {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": kind,
+            "created": int(time.time()), "model": llm.packed.path.name}
+
+
+def _finish_tools(plan: _Plan, content: str) -> tuple[str | None, list[dict]]:
+    if plan.tool_mode == "none":
+        return content, []
+    text, calls = tool_calls.parse(content, plan.fmt)
+    return (text or None) if calls else content, [c.to_openai() for c in calls]
+
+
+def _usage(plan: _Plan, completion: int) -> dict:
+    return {"prompt_tokens": len(plan.ids), "completion_tokens": completion,
+            "total_tokens": len(plan.ids) + completion}
+
+
+def _completion(llm, plan: _Plan) -> dict:
+    parts: dict[str, list[str]] = {"reasoning": [], "content": []}
+    finish, completion = "length", 0
+    for kind, value in _events(llm, plan):
+        if kind == "finish":
+            finish = value
+        elif kind == "usage":
+            completion = value
+        else:
+            parts[kind].append(value)
+    content, calls = _finish_tools(plan, "".join(parts["content"]))
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+        finish = "tool_calls"
+    if parts["reasoning"]:
+        message["reasoning_content"] = "".join(parts["reasoning"]).strip()
+    return {**_base(llm, "chat.completion"),
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish}],
+            "usage": _usage(plan, completion)}
+
+
+def _chunks(llm, plan: _Plan) -> Iterator[dict]:
+    base = _base(llm, "chat.completion.chunk")
+
+    def chunk(delta: dict, finish: str | None = None, **extra: Any) -> dict:
+        return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                     "finish_reason": finish}], **extra}
+
+    yield chunk({"role": "assistant", "content": ""})
+    held: list[str] = []
+    finish = "length"
+    for kind, value in _events(llm, plan):
+        if kind == "finish":
+            finish = value
+        elif kind == "usage":
+            completion = value
+        elif kind == "reasoning":
+            yield chunk({"reasoning_content": value})
+        elif plan.tool_mode != "none":
+            held.append(value)
+        else:
+            yield chunk({"content": value})
+    if plan.tool_mode != "none":
+        content, calls = _finish_tools(plan, "".join(held))
+        if calls:
+            finish = "tool_calls"
+            yield chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+        if content:
+            yield chunk({"content": content})
+    yield chunk({}, finish, usage=_usage(plan, completion))
+
+
+def create_chat_completion(llm, messages, tools=None, tool_choice=None, response_format=None,
+                           stream: bool = False, max_tokens: int | None = None, stop=(),
+                           enable_thinking: bool | None = None,
+                           chat_template_kwargs: Mapping | None = None,
+                           max_reasoning_tokens: int | None = None,
+                           parallel_tool_calls: bool = True, **sampling):
+    """See the module docstring."""
+    plan = _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
+                 enable_thinking, chat_template_kwargs, max_reasoning_tokens, sampling,
+                 parallel_tool_calls)
+    return _chunks(llm, plan) if arguments.flag(stream, "stream") else _completion(llm, plan)

@@ -1,0 +1,425 @@
+"""Code generators of the int8-activation tiles: quantized weights x int8 activation blocks.
+
+Each codegen computes a tile of outputs, RW consecutive weight rows i.. times RT
+consecutive activation rows t.., over all K columns, and stores them to out[t + s, i + r].
+`make_tile(kind, RW, RT)` makes the intrinsic (tiles.py names them).
+
+Row groups (B = 32): the 8x1 tile (decode) reduces the 8 rows' int8 dot products of a
+block to one <8 x i32> (vphaddd), so scales, offsets and the multiply-add are done once per
+block for 8 rows as vectors; it prefetches the next group's bytes (8 rows side by side
+are 8 streams the hardware prefetcher follows badly). See _group_codegen. Prefill packs
+row groups into panels instead (panel.py), where no horizontal sums are needed.
+
+Activation side (blocks of 32): xq int8 [T, K], xd float32 [T, K/32] scales,
+xds float32 [T, K/32] = xd * (sum of the block's xq) (ggml's q8_1 "s"). With it the q4_0
+offset and the q4_1 minimum cost one multiply-add per block and row:
+  q4_0: sum_j d(q_j - 8) dx x_j = d dx (q . x) - 8 d xds
+  q4_1: sum_j (d q_j + m) dx x_j = d dx (q . x) + m xds
+Block sizes 64 and 128 reuse the 32-element activation blocks: a weight block's scale
+multiplies the sum over its 2 or 4 activation sub-blocks, each with its own dx.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+
+from .ir import (
+    BLOCK_BYTES,
+    F32,
+    FAST,
+    I8,
+    I16,
+    I32,
+    _by_block,
+    _c,
+    _dot_acc,
+    _f16,
+    _for,
+    _h2f,
+    _hadd,
+    _hsum,
+    _i64,
+    _load,
+    _loop,
+    _nibbles,
+    _pair16,
+    _pick,
+    _prefetch_ahead,
+    _Rows,
+    _signed_dot,
+    _splat,
+    _store,
+    _typed,
+    _v,
+    _weight_dot,
+)
+from .simd import VNNI
+
+__all__ = ["GROUP", "group_blocks", "make_tile", "scale_block"]
+
+GROUP = 8  # weight rows of a row-group tile (B = 32)
+PF_ROWS = 2  # prefetch distance of the q8_0 multi-row tile, in tiles
+PF_GROUPS = 2  # prefetch distance of the row-group tiles, in groups (1: 4-7% slower from DRAM)
+# the output lane of each row after _group_reduce: pairs of rows share a vector
+_PAIR_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+
+
+def _q8act_codegen(kind, B, RW, RT):
+    """Tile codegen for int8 activations.
+
+    The loop works on 64 columns per dot product (vpdpbusd on 512 bits): two activation
+    blocks, from two weight blocks (B = 32), one (B = 64) or half of one (B = 128). The
+    per-block scales travel as pairs: sum += dot_lanes * (dw dx) with lanes 0-7 of the
+    first block and 8-15 of the second. With B = 32 an odd block count leaves one block,
+    done at the end on 256 bits.
+    """
+    hdr, per_byte = BLOCK_BYTES[kind]
+    BB = hdr + B // per_byte
+    E = max(64, B)  # columns per loop step
+    NW = E // B  # weight blocks per step
+    U = E // 64  # 64-column units per step
+    q4 = kind != "q8_0"
+
+    def units(b, p):
+        """The weight step at p: [(<64 x i8> weights, <2 x f32> scales, <2 x f32> minima)]."""
+        if B == 32:
+            p1 = b.gep(p, [_i64(BB)], inbounds=True)
+            h = [_load(b, q, 0, I16) for q in (p, p1)]
+            d2 = _pair16(b, h[0], h[1])
+            m2 = _pair16(b, _load(b, p, 2, I16), _load(b, p1, 2, I16)) if kind == "q4_1" else None
+            if kind == "q8_0":
+                w = _pick(b, _load(b, p, 2, _v(I8, 32)), range(64), _load(b, p1, 2, _v(I8, 32)))
+            else:
+                raw = _pick(b, _load(b, p, hdr, _v(I8, 16)), range(32),
+                            _load(b, p1, hdr, _v(I8, 16)))
+                lo = b.and_(raw, _c(_v(I8, 32), [15] * 32))
+                hi = b.lshr(raw, _c(_v(I8, 32), [4] * 32))
+                order = [*range(16), *range(32, 48), *range(16, 32), *range(48, 64)]
+                w = _pick(b, lo, order, hi)
+            return [(w, d2, m2)]
+        d2 = _splat(b, _f16(b, p, 0), 2)
+        m2 = _splat(b, _f16(b, p, 2), 2) if kind == "q4_1" else None
+        if kind == "q8_0":
+            ws = [_load(b, p, 2 + 64 * h, _v(I8, 64)) for h in range(U)]
+        else:
+            full = _nibbles(b, p, hdr, B)
+            ws = [full] if B == 64 else [_pick(b, full, range(64 * h, 64 * h + 64))
+                                         for h in range(U)]
+        return [(w, d2, m2) for w in ws]
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
+        K = xq.cols
+        wrow = [w.row(b.add(i, _i64(r))) for r in range(RW)]
+        xrow = [xq.row(b.add(t, _i64(r))) for r in range(RT)]
+        drow = [xd.row(b.add(t, _i64(r))) for r in range(RT)]
+        srow = [xds.row(b.add(t, _i64(r))) for r in range(RT)]
+        n = RW * RT
+        init = [_c(_v(F32, 16), [0.0] * 16)] * n + ([_c(_v(F32, 2), [0.0] * 2)] * n if q4 else [])
+        expand = [0] * 8 + [1] * 8
+
+        def body(k, st):
+            acc, fix = list(st[:n]), list(st[n:])
+            a0 = b.mul(k, _i64(E // 32))  # first activation block of the step
+            ablk = [b.add(a0, _i64(2 * h)) for h in range(U)]
+            # activation side, shared by the RW rows: int8 vectors, scales as 16 lanes
+            xs = [[_load(b, xrow[s], b.mul(a, _i64(32)), _v(I8, 64)) for a in ablk]
+                  for s in range(RT)]
+            dx = [[_pick(b, _load(b, drow[s], b.mul(a, _i64(4)), _v(F32, 2)), expand)
+                   for a in ablk] for s in range(RT)]
+            ds = [[_load(b, srow[s], b.mul(a, _i64(4)), _v(F32, 2)) if q4 else None
+                   for a in ablk] for s in range(RT)]
+            for r in range(RW):
+                us = units(b, b.gep(wrow[r], [b.mul(k, _i64(NW * BB))], inbounds=True))
+                for h, (wv, d2, m2) in enumerate(us):
+                    dot = _weight_dot(b, kind, wv)
+                    dw = _pick(b, d2, expand)  # shared by the RT tokens
+                    for s in range(RT):
+                        j = r * RT + s
+                        f = b.fmul(b.sitofp(dot(xs[s][h]), _v(F32, 16)), dx[s][h], flags=FAST)
+                        acc[j] = b.fadd(acc[j], b.fmul(f, dw, flags=FAST), flags=FAST)
+                        if q4:
+                            fm = d2 if kind == "q4_0" else m2
+                            fix[j] = b.fadd(fix[j], b.fmul(fm, ds[s][h], flags=FAST),
+                                            flags=FAST)
+            return acc + fix
+
+        nstep = b.sdiv(K, _i64(E))
+        states = _loop(b, nstep, init, body, unroll=2 if n == 1 else 1)
+        final = states[0]
+        for st in states[1:]:
+            final = [b.fadd(u, v, flags=FAST) for u, v in zip(final, st, strict=True)]
+        res = []
+        for j in range(n):
+            v = _hsum(b, final[j])
+            if q4:
+                f = b.fadd(b.extract_element(final[n + j], _c(I32, 0)),
+                           b.extract_element(final[n + j], _c(I32, 1)), flags=FAST)
+                if kind == "q4_0":
+                    f = b.fmul(f, _c(F32, -8.0), flags=FAST)
+                v = b.fadd(v, f, flags=FAST)
+            res.append(v)
+        if B == 32:  # the last block when K / 32 is odd
+            res = _for(b, b.mul(nstep, _i64(2)), b.sdiv(K, _i64(32)), res,
+                       lambda bi, st: _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT))
+        for r in range(RW):
+            for s in range(RT):
+                _store(b, out, b.add(t, _i64(s)), b.add(i, _i64(r)), res[r * RT + s])
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
+
+def _q8act_row_codegen(kind, RW=1):
+    """Tile codegen for RW weight rows (RW > 1: q8_0 only) x one token, B = 32, on 256 bits
+    per block.
+
+    With nothing to share between rows or tokens, the 64-column units of _q8act_codegen
+    lose to this: their 512-bit ops take two cycles each on Zen 4, against a scalar
+    dw * dx broadcast over 8 lanes per block here (notes/qmv_sketch.py's scheme).
+    q8_0 on VNNI with RW > 1: the rows share the activation block and its -128 sum(x) (one
+    vpdpbusd per block), and each row's dot is (w + 128) . x from there: one xor per row
+    instead of the |w| . sign(w) x trick's three operations. The lane sums are the same
+    integers either way, so the results are too.
+    """
+    hdr, per_byte = BLOCK_BYTES[kind]
+    BB = hdr + 32 // per_byte
+    q4 = kind != "q8_0"
+    assert RW == 1 or not q4
+    flip_trick = VNNI and RW > 1
+    v8 = _v(F32, 8)
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
+        wrows = [w.row(b.add(i, _i64(r))) for r in range(RW)]
+        xrow, drow, srow = xq.row(t), xd.row(t), xds.row(t)
+        init = [_c(v8, [0.0] * 8)] * RW + ([_c(F32, 0.0)] if q4 else [])
+        zero_i = _c(_v(I32, 8), [0] * 8)
+        flip = _c(_v(I8, 32), [-128] * 32)
+        nxt = w.row(b.add(i, _i64(PF_ROWS * RW)))  # the rows PF_ROWS tiles ahead
+
+        def body(bi, st):
+            x = _load(b, xrow, b.mul(bi, _i64(32)), _v(I8, 32))
+            dx = _load(b, drow, b.mul(bi, _i64(4)), F32)
+            if RW > 1:
+                _prefetch_ahead(b, nxt, bi, RW * BB)
+            if flip_trick:
+                bias = b.sub(zero_i, _dot_acc(b, zero_i, flip, x))
+            out = []
+            for r in range(RW):
+                p = b.gep(wrows[r], [b.mul(bi, _i64(BB))], inbounds=True)
+                dw = _f16(b, p, 0)
+                if flip_trick:
+                    dot = _dot_acc(b, bias, b.xor(_load(b, p, 2, _v(I8, 32)), flip), x)
+                else:
+                    wv = _load(b, p, 2, _v(I8, 32)) if kind == "q8_0" else _nibbles(b, p, hdr, 32)
+                    dot = _weight_dot(b, kind, wv)(x)
+                scale = _splat(b, b.fmul(dw, dx, flags=FAST), 8)
+                out.append(b.fadd(st[r], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
+                                  flags=FAST))
+            if q4:  # RW == 1: p and dw are the row's
+                fm = dw if kind == "q4_0" else _f16(b, p, 2)
+                ds = _load(b, srow, b.mul(bi, _i64(4)), F32)
+                out.append(b.fadd(st[RW], b.fmul(fm, ds, flags=FAST), flags=FAST))
+            return out
+
+        states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=2)
+        for r in range(RW):
+            res = b.fadd(_hsum(b, states[0][r]), _hsum(b, states[1][r]), flags=FAST)
+            if q4:
+                fix = b.fadd(states[0][RW], states[1][RW], flags=FAST)
+                if kind == "q4_0":
+                    fix = b.fmul(fix, _c(F32, -8.0), flags=FAST)
+                res = b.fadd(res, fix, flags=FAST)
+            _store(b, out, t, b.add(i, _i64(r)), res)
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
+
+def group_blocks(b, nblocks, RT, body, out, t, i, order):
+    """Run body(block, acc) over the blocks with RT <8 x f32> accumulators (two chains when
+    RT == 1), then store lane k of token s's sum to out[t + s, i + order[k]]."""
+    init = [_c(_v(F32, 8), [0.0] * 8)] * RT
+    states = _loop(b, nblocks, init, body, unroll=2 if RT == 1 else 1)
+    final = states[0]
+    for st in states[1:]:
+        final = [b.fadd(u, v, flags=FAST) for u, v in zip(final, st, strict=True)]
+    for s in range(RT):
+        for lane, r in enumerate(order):
+            _store(b, out, b.add(t, _i64(s)), b.add(i, _i64(r)),
+                   b.extract_element(final[s], _c(I32, lane)))
+
+
+def scale_block(b, kind, tot, drow, srow, foff, dw, mw, acc):
+    """acc + one block's <8 x i32> int8 dot products `tot` (a lane per weight row) as floats:
+    tot dx dw, minus 8 dw xds (q4_0) or plus mw xds (q4_1); dx and xds at byte offset foff
+    of the activation rows drow, srow; dw, mw <8 x f32>. The row-group and panel tiles' float
+    work per block, in this order in both."""
+    v8 = _v(F32, 8)
+    dx = _splat(b, _load(b, drow, foff, F32), 8)
+    f = b.fmul(b.sitofp(tot, v8), dx, flags=FAST)
+    if kind == "q4_0":
+        ds = _load(b, srow, foff, F32)
+        f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -8.0), flags=FAST), 8), flags=FAST)
+    acc = b.fadd(acc, b.fmul(f, dw, flags=FAST), flags=FAST)
+    if kind == "q4_1":
+        ds = _splat(b, _load(b, srow, foff, F32), 8)
+        acc = b.fadd(acc, b.fmul(mw, ds, flags=FAST), flags=FAST)
+    return acc
+
+
+
+def _group_codegen(kind, RT):
+    """Tile codegen for GROUP weight rows x RT tokens, B = 32: one vector per block.
+
+    Per block the int8 dot products of all rows are reduced to one <8 x i32> (one lane a
+    row), so the per-block float work (scales, the q4 offset, the multiply-add) is done
+    once for the 8 rows as vectors, not once per row. q4: two rows share a 256-bit
+    vector ([row a's 16 nibble bytes | row b's]), low nibbles against the activation's
+    first 16 values broadcast to both halves and high nibbles against its last 16, so each
+    row's sum sits in 4 lanes; q8_0: one row per vector, on VNNI as (w + 128) . x (the
+    weights made unsigned by one xor per row, shared by the tokens) with each sum started
+    at -128 sum(x) (one vpdpbusd per token): exactly w . x in the integers.
+    """
+    hdr, per_byte = BLOCK_BYTES[kind]
+    BB = hdr + 32 // per_byte
+    R = GROUP
+    q4 = kind != "q8_0"
+    order = _PAIR_ORDER if q4 else tuple(range(R))
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
+        wrow = [w.row(b.add(i, _i64(r))) for r in range(R)]
+        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        zero_i = _c(_v(I32, 8), [0] * 8)
+        low16 = _c(_v(I8, 32), [15] * 32)
+        four = _c(_v(I8, 32), [4] * 32)
+        flip = _c(_v(I8, 32), [-128] * 32)
+
+        def gather16(ps, off):
+            v = ir.Constant(_v(I16, R), ir.Undefined)
+            for lane, r in enumerate(order):
+                v = b.insert_element(v, _load(b, ps[r], off, I16), _c(I32, lane))
+            return _h2f(b, v)
+
+        nxt = w.row(b.add(i, _i64(PF_GROUPS * R)))  # the rows PF_GROUPS groups ahead
+
+        def body(bi, st):
+            ps = [b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True) for row in wrow]
+            _prefetch_ahead(b, nxt, bi, R * BB)
+            xoff = b.mul(bi, _i64(32))
+            foff = b.mul(bi, _i64(4))
+            dots = [[] for _ in range(RT)]
+            if q4:
+                xs = []
+                for s in range(RT):
+                    xl = _load(b, xrow[s], xoff, _v(I8, 16))
+                    xh = _load(b, xrow[s], b.add(xoff, _i64(16)), _v(I8, 16))
+                    xs.append((_pick(b, xl, list(range(16)) * 2),
+                               _pick(b, xh, list(range(16)) * 2)))
+                for r in range(0, R, 2):
+                    raw = _pick(b, _load(b, ps[r], hdr, _v(I8, 16)), range(32),
+                                _load(b, ps[r + 1], hdr, _v(I8, 16)))
+                    lo = b.and_(raw, low16)
+                    hi = b.lshr(raw, four)
+                    for s in range(RT):
+                        dots[s].append(_dot_acc(b, _dot_acc(b, zero_i, lo, xs[s][0]), hi,
+                                                xs[s][1]))
+            elif VNNI:  # (w + 128) . x - 128 sum(x): the second term starts each sum
+                xs = [_load(b, xrow[s], xoff, _v(I8, 32)) for s in range(RT)]
+                bias = [b.sub(zero_i, _dot_acc(b, zero_i, flip, x)) for x in xs]
+                for r in range(R):
+                    wu = b.xor(_load(b, ps[r], hdr, _v(I8, 32)), flip)
+                    for s in range(RT):
+                        dots[s].append(_dot_acc(b, bias[s], wu, xs[s]))
+            else:
+                xs = [_load(b, xrow[s], xoff, _v(I8, 32)) for s in range(RT)]
+                for r in range(R):
+                    dot = _signed_dot(b, _load(b, ps[r], hdr, _v(I8, 32)))
+                    for s in range(RT):
+                        dots[s].append(dot(xs[s]))
+            dw = gather16(ps, 0)
+            mw = gather16(ps, 2) if kind == "q4_1" else None
+            new = []
+            for s in range(RT):
+                d = dots[s]
+                while len(d) > 2:
+                    d = [_hadd(b, d[k], d[k + 1]) for k in range(0, len(d), 2)]
+                if q4:
+                    tot = _hadd(b, d[0], d[1])  # lanes: rows in `order`
+                else:  # d[0] lanes: rows 0-3 low half, 0-3 high half: add the halves
+                    tot = b.add(_pick(b, d[0], (0, 1, 2, 3, 8, 9, 10, 11), d[1]),
+                                _pick(b, d[0], (4, 5, 6, 7, 12, 13, 14, 15), d[1]))
+                new.append(scale_block(b, kind, tot, drow[s], srow[s], foff, dw, mw, st[s]))
+            return new
+
+        group_blocks(b, b.sdiv(xq.cols, _i64(32)), RT, body, out, t, i, order)
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
+
+def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT):
+    """Add one 32-column block (index bi, B = 32) to the scalar results st."""
+    hdr, per_byte = BLOCK_BYTES[kind]
+    BB = hdr + 32 // per_byte
+    st = list(st)
+    for r, row in enumerate(wrow):
+        p = b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True)
+        dw = _f16(b, p, 0)
+        wv = _load(b, p, 2, _v(I8, 32)) if kind == "q8_0" else _nibbles(b, p, hdr, 32)
+        dot = _weight_dot(b, kind, wv)
+        for s in range(RT):
+            x = _load(b, xrow[s], b.mul(bi, _i64(32)), _v(I8, 32))
+            dx = _load(b, drow[s], b.mul(bi, _i64(4)), F32)
+            v = b.fmul(_hsum(b, b.sitofp(dot(x), _v(F32, 8))), b.fmul(dw, dx, flags=FAST),
+                       flags=FAST)
+            if kind != "q8_0":
+                ds = _load(b, srow[s], b.mul(bi, _i64(4)), F32)
+                fm = b.fmul(dw, _c(F32, -8.0), flags=FAST) if kind == "q4_0" else _f16(b, p, 2)
+                v = b.fadd(v, b.fmul(fm, ds, flags=FAST), flags=FAST)
+            st[r * RT + s] = b.fadd(st[r * RT + s], v, flags=FAST)
+    return st
+
+
+
+def _stacked(kind, B, RT):
+    """A GROUP x RT tile as GROUP / 2 tiles of 2 x RT (block sizes 64 and 128)."""
+    pair = _q8act_codegen(kind, B, 2, RT)
+
+    def codegen(ctx, b, sig, args):
+        for r in range(0, GROUP, 2):
+            pair(ctx, b, sig, [*args[:1], b.add(args[1], _i64(r)), *args[2:]])
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
+def make_tile(kind, RW, RT):
+    """The intrinsic tile_<kind>_<RW>x<RT>(W, block, i, xq, xd, xds, t, out) (tiles.py)."""
+    name = f"tile_{kind}_{RW}x{RT}"
+    def make(B):
+        # decode's one-row tile: 256-bit blocks measured faster for q8_0 and q4_0 (79 vs 92,
+        # 87 vs 97 us at 2560x960, hot cache), 64-column units for q4_1 (96 vs 100 us)
+        # q8_0: 4 rows (shared activation work, prefetched: 25 vs 36 us at 1536x576, hot,
+        # 0.78 vs 1.13 ms at 49152x576)
+        if B == 32 and RT == 1 and (RW == 1 and kind != "q4_1" or RW == 4 and kind == "q8_0"):
+            return _q8act_row_codegen(kind, RW)
+        if RW == GROUP:
+            return _group_codegen(kind, RT) if B == 32 else _stacked(kind, B, RT)
+        return _q8act_codegen(kind, B, RW, RT)
+
+    codegen = _by_block(make)
+    arrays = {0: types.uint8, 3: types.int8, 4: types.float32, 5: types.float32,
+              7: types.float32}
+    return _typed(name, codegen, arrays, ints=(1, 2, 6))

@@ -1,0 +1,56 @@
+"""Which kernels run each stored matrix type: one entry per type, each function named.
+
+  INT8[type]   Int8Kernels: matvec on int8 activation blocks (ActQ8), serial over rows and
+               parallel, and the matmul on packed panels; for quant.INT8_TYPES
+  FLOAT[type]  FloatKernels: the same on float32 activations, the embedding lookup and
+               the encoders' panel GEMM (panel_gemm.py); for quant.MATRIX_TYPES
+quant.TYPES says which types have which kernels; this says which functions they are, and
+checks at import that the two agree. linear.py dispatches through it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from .. import quant
+from . import matmul, matvec, panel_gemm
+
+__all__ = ["FLOAT", "INT8", "FloatKernels", "Int8Kernels"]
+
+
+class Int8Kernels(NamedTuple):
+    rows: Any  # (w, block, xq, xd, xds, out, r0, r1): serial, output rows r0..r1-1
+    parallel: Any  # (w, block, xq, xd, xds, out)
+    matmul: Any  # (w, block, xq, xd, xs, xds, out, T, threads)
+
+
+class FloatKernels(NamedTuple):
+    rows: Any  # (w, block, x, out, r0, r1)
+    parallel: Any  # (w, block, x, out)
+    matmul: Any  # (w, block, x, out)
+    embed: Any  # (w, block, ids, out)
+    gemm: Any  # (w, block, x, out): the encoders' matmul on dequantized panels
+
+
+INT8 = {
+    "q8_0": Int8Kernels(matvec.mv_rows_q8_0, matvec.mv_q8_0, matmul.mm_q8_0),
+    "q4_0": Int8Kernels(matvec.mv_rows_q4_0, matvec.mv_q4_0, matmul.mm_q4_0),
+    "q4_1": Int8Kernels(matvec.mv_rows_q4_1, matvec.mv_q4_1, matmul.mm_q4_1),
+}
+FLOAT = {
+    "f32": FloatKernels(matvec.mvp_rows_f32, matvec.mvp_f32, matmul.mmp_f32, matvec.embed_f32,
+                        panel_gemm.gemm_f32),
+    "f16": FloatKernels(matvec.mvp_rows_f16, matvec.mvp_f16, matmul.mmp_f16, matvec.embed_f16,
+                        panel_gemm.gemm_f16),
+    "q8_0": FloatKernels(matvec.mvp_rows_q8_0, matvec.mvp_q8_0, matmul.mmp_q8_0,
+                         matvec.embed_q8_0, panel_gemm.gemm_q8_0),
+    "q4_0": FloatKernels(matvec.mvp_rows_q4_0, matvec.mvp_q4_0, matmul.mmp_q4_0,
+                         matvec.embed_q4_0, panel_gemm.gemm_q4_0),
+    "q4_1": FloatKernels(matvec.mvp_rows_q4_1, matvec.mvp_q4_1, matmul.mmp_q4_1,
+                         matvec.embed_q4_1, panel_gemm.gemm_q4_1),
+}
+
+if set(INT8) != set(quant.INT8_TYPES) or set(FLOAT) != set(quant.MATRIX_TYPES):
+    raise ImportError(f"kernels/registry.py disagrees with quant.TYPES: int8 kernels for "
+                      f"{sorted(INT8)} (table: {sorted(quant.INT8_TYPES)}), float kernels "
+                      f"for {sorted(FLOAT)} (table: {sorted(quant.MATRIX_TYPES)})")

@@ -1,0 +1,125 @@
+"""Prefix reuse across calls: a prompt that starts like a sequence already computed
+prefills only the rest.
+
+The model's live cache holds its last sequence (prompt + generated ids). Before a call
+prefills `ids`, `PromptCache.prepare` finds the longest prefix of `ids` that can be reused
+exactly: from the live cache, or from a snapshot in an LRU of earlier sequences kept within
+`budget` bytes (0: the live cache alone). A sequence can be reused up to its common prefix
+with `ids`, as far as `kv_cache.truncatable` allows (sliding-window layers only hold their
+last W positions; a shifted cache is never reused), and never to the last id: its logits
+are what the call samples first. When the live sequence is about to be cut back or
+replaced, a snapshot of it goes into the LRU first, so an app alternating between two
+long system prompts finds both; where a model has sliding windows, whose rings the
+generated ids overwrite, a snapshot is also taken as soon as the prompt is prefilled.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .kv_cache import CacheState, truncatable
+
+
+@dataclass
+class Snapshot:
+    """A computed sequence: its ids and the cache state that holds them."""
+
+    tokens: tuple[int, ...]
+    state: CacheState
+
+    def reusable(self, model, n: int) -> bool:
+        c = model.cache
+        return truncatable(c.windows, c.caps, self.state.written, self.state.next_pos,
+                           self.state.n_tokens, n)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def longest_reusable(ok, common: int) -> int:
+    """The largest n <= common with ok(n) (0 if none). `truncatable` only fails for a
+    shorter cut where it fails for a longer one (a window that lost its start needs n
+    large), so that is `common` or nothing; a shorter prefix comes from an older
+    snapshot."""
+    return common if common > 0 and ok(common) else 0
+
+
+class PromptCache:
+    """The live cache's sequence plus an LRU of snapshots (at most `budget` bytes)."""
+
+    def __init__(self, model, budget: int = 0):
+        self.model = model
+        self.budget = max(0, int(budget))
+        self.entries: OrderedDict[tuple[int, ...], Snapshot] = OrderedDict()
+        self.reused = 0  # ids the last prepare() took from a cache
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.state.nbytes for s in self.entries.values())
+
+    def prepare(self, ids: Sequence[int]) -> list[int]:
+        """Make the model's cache hold the longest reusable prefix of `ids`; returns the ids
+        that still have to be prefilled (at least the last one)."""
+        model, ids = self.model, list(ids)
+        limit = len(ids) - 1
+        live = longest_reusable(model.cache.can_truncate,
+                                min(common_prefix(model.tokens, ids), limit))
+        best, best_n = None, live
+        for key, snap in self.entries.items():
+            common = min(common_prefix(snap.tokens, ids), limit)
+            if common > best_n:
+                n = longest_reusable(lambda k, s=snap: s.reusable(model, k), common)
+                if n > best_n:
+                    best, best_n = key, n
+        if best is not None or live < len(model.tokens):
+            self.remember()  # the live sequence is about to be cut back or replaced
+        if best is not None:
+            self.entries.move_to_end(best)
+            snap = self.entries[best]
+            model.cache.restore(snap.state)
+            model.tokens[:] = snap.tokens
+        model.truncate(best_n)  # resets for 0
+        self.reused = best_n
+        return ids[best_n:]
+
+    def watch(self, chunks: Iterator) -> Iterator:
+        """`chunks` of a generation, with a snapshot taken when the first arrives (the
+        prompt is prefilled, no generated id run yet) where the model has sliding windows:
+        the generation will overwrite what a later prompt sharing this one needs."""
+        windowed = bool(self.budget) and any(self.model.cache.windows)
+        for i, chunk in enumerate(chunks):
+            if i == 0 and windowed:
+                self.remember()
+            yield chunk
+
+    def remember(self) -> None:
+        """Put a snapshot of the live sequence into the LRU (if it fits the budget)."""
+        model = self.model
+        tokens = tuple(model.tokens)
+        cache = model.cache
+        if not tokens or cache.next_pos != cache.n_tokens or self.budget == 0:
+            return
+        if tokens in self.entries:
+            self.entries.move_to_end(tokens)
+            return
+        snap = Snapshot(tokens, cache.state(copy=True))
+        if snap.state.nbytes > self.budget:
+            return
+        for key in [k for k in self.entries if tokens[:len(k)] == k]:
+            if snap.reusable(model, len(key)):  # the new snapshot reproduces it exactly
+                del self.entries[key]
+        self.entries[tokens] = snap
+        while self.nbytes > self.budget:
+            self.entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self.entries.clear()

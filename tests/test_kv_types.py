@@ -1,0 +1,124 @@
+"""KV cache types f16 and q8_0 (kv_types.py, kv_cache.py, kernels/attention.attention_rows)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import reference
+
+import edgellm
+from edgellm import memory_plan, quant
+from edgellm.errors import CacheTypeError
+from edgellm.format import PackedModel
+from edgellm.kernels.attention import attention, attention_rows
+from edgellm.kv_cache import decode_rows, encode_rows
+from edgellm.validate import check_model
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("T,cap,window,softcap", [(1, 37, 0, 0.0), (5, 0, 0, 0.0),
+                                                   (20, 50, 16, 0.0), (33, 9, 0, 30.0)])
+def test_attention_rows_is_attention_over_the_dequantized_cache(kv_type, T, cap, window,
+                                                                softcap):
+    rng = np.random.default_rng(T + cap)
+    Hq, Hkv, Dh = 6, 2, 64
+    q = rng.standard_normal((T, Hq, Dh), dtype=np.float32)
+    k_new, v_new = (rng.standard_normal((T, Hkv, Dh), dtype=np.float32) for _ in range(2))
+    k_cache, v_cache = (rng.standard_normal((cap, Hkv, Dh), dtype=np.float32)
+                        for _ in range(2))
+    pos = np.arange(cap, dtype=np.int64)
+    if cap > 3:
+        pos[2] = -1  # an empty slot
+    q_pos = np.arange(cap, cap + T, dtype=np.int64)
+    ks, vs = encode_rows(k_cache, kv_type), encode_rows(v_cache, kv_type)
+    want = np.zeros((T, Hq, Dh), np.float32)
+    attention(q, k_new, v_new, q_pos, decode_rows(ks, kv_type, Dh),
+              decode_rows(vs, kv_type, Dh), pos, window, 0.125, softcap, want)
+    got = np.zeros((T, Hq, Dh), np.float32)
+    attention_rows(q, k_new, v_new, q_pos, ks.reshape(cap * Hkv, ks.shape[-1]),
+                   vs.reshape(cap * Hkv, vs.shape[-1]), pos, window, 0.125, softcap, got)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_stored_rows_are_ggmls_bytes():
+    x = np.random.default_rng(1).standard_normal((7, 2, 64), dtype=np.float32)
+    q8 = encode_rows(x, "q8_0")
+    assert q8.shape == (7, 2, 68) and q8.dtype == np.uint8
+    assert np.array_equal(q8.reshape(14, 68), quant.quantize(x.reshape(14, 64), "q8_0", 32))
+    f16 = encode_rows(x, "f16")
+    assert np.array_equal(f16.view(np.float16), x.astype(np.float16))
+    np.testing.assert_allclose(decode_rows(q8, "q8_0", 64), x, atol=0.02)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "llama"])
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_models_match_transformers_with_a_smaller_cache(converted, name, kv_type):
+    ref = reference(name)
+    head_dim = check_model(PackedModel(converted(name))).head_dim
+    if kv_type == "q8_0" and head_dim % 32:
+        with pytest.raises(CacheTypeError, match="multiple of 32"):
+            edgellm.load(converted(name), kv_type=kv_type)
+        return
+    with edgellm.load(converted(name), context=64, kv_type=kv_type) as llm:
+        assert llm.model.fused is None  # the fused step reads f32 caches only
+        ids = [int(i) for i in ref["input_ids"]]
+        logits = llm.logits(ids)
+        np.testing.assert_allclose(logits, ref["logits"], atol=5e-3 if kv_type == "f16" else 6e-2)
+        llm.model.reset()
+        out = [c.token for c in llm.stream_ids(ids, max_tokens=len(ref["greedy_ids"]),
+                                               temperature=0) if c.token is not None]
+        agree = np.mean(np.array(out) == ref["greedy_ids"][:len(out)])
+        assert agree == 1.0 if kv_type == "f16" else agree >= 0.5
+
+
+def test_context_shift_re_ropes_stored_keys(converted):
+    ids = [int(i) for i in reference("llama")["input_ids"]]
+    keys = {}
+    for kv_type in ("f32", "f16"):
+        with edgellm.load(converted("llama"), context=32, kv_type=kv_type) as llm:
+            m = llm.model
+            m.forward(ids[:30], want="none")
+            m.forward(ids[30:34], want="last")  # does not fit: shifts
+            layer = m.cache.layers[0]
+            n = min(layer.written, layer.cap)
+            keys[kv_type] = decode_rows(layer.k[:n], kv_type, layer.head_dim)
+    np.testing.assert_allclose(keys["f16"], keys["f32"], atol=2e-2)
+
+
+@pytest.mark.parametrize("name,context", [("qwen3", 128), ("gemma3", 100)])
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_memory_plan_counts_the_stored_bytes(converted, name, context, kv_type):
+    path = converted(name)
+    with PackedModel(path) as packed:
+        args = check_model(packed)
+        p = memory_plan.plan(packed, args, context, kv_type)
+        f32 = memory_plan.plan(packed, args, context)
+    with edgellm.load(path, context=context, kv_type=kv_type) as llm:
+        assert p.kv_cache == llm.model.cache.nbytes
+    ratio = f32.kv_cache / p.kv_cache
+    assert (1.9 < ratio < 2.0) if kv_type == "f16" else (3.4 < ratio < 3.8)
+
+
+def test_unknown_kv_type_is_a_typed_error(converted):
+    with pytest.raises(CacheTypeError, match="kv_type must be one of"):
+        edgellm.load(converted("llama"), kv_type="q4_0")
+
+
+def test_encoders_are_numpys_float16_and_quants_q8_0_bit_for_bit():
+    from edgellm.kernels.kv_store import encode_f16
+
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**32, size=(300, 512), dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32)
+    edge = np.array([0.0, -0.0, np.inf, -np.inf, 65504, 65519, 65520, 65536, 6.1e-5,
+                     5.96e-8, 2.98e-8, 1e-30], np.float32)
+    x = np.concatenate([x.reshape(-1), edge])
+    x = x[~np.isnan(x)]
+    got = np.empty(x.size, np.uint16)
+    encode_f16(x.view(np.uint32)[None], got[None])
+    with np.errstate(over="ignore"):
+        assert np.array_equal(got, x.astype(np.float16).view(np.uint16))
+    y = rng.standard_normal((50, 3, 64)).astype(np.float32) * 10.0 ** rng.integers(-6, 4)
+    y[1] = 0.0  # a block of zeros: scale 0
+    want = quant.quantize(y.reshape(150, 64), "q8_0", 32)
+    assert np.array_equal(encode_rows(y, "q8_0").reshape(150, 68), want)

@@ -1,0 +1,74 @@
+"""quant.TYPES against gguf's own type tables, and the kernels' registries against it.
+
+Every row's ggml name, block size and bytes are gguf's (GGML_QUANT_SIZES); every type the
+table gives kernels has them in kernels/registry.py; every intrinsic or kernel a kernel
+module calls is defined by name (`name = make_...(...)` or `def name`) somewhere under
+edgellm/kernels, so that `git grep` finds it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgellm import quant
+
+KERNELS = Path(__file__).resolve().parents[1] / "edgellm" / "kernels"
+
+
+@pytest.mark.parametrize("name", list(quant.TYPES))
+def test_row_matches_gguf(name):
+    gguf = pytest.importorskip("gguf")
+    t = quant.TYPES[name]
+    g = gguf.GGMLQuantizationType[t.ggml]
+    block, nbytes = gguf.GGML_QUANT_SIZES[g]
+    if t.quantized:
+        assert (block, nbytes) == (quant.DEFAULT_BLOCK, t.block_bytes(quant.DEFAULT_BLOCK))
+        lo, hi = t.codes
+        assert hi - lo < 2 ** t.bits
+        x = np.random.default_rng(1).standard_normal((3, 4 * block)).astype(np.float32)
+        raw = t.quantize_blocks(x.reshape(3, 4, block))
+        assert raw.shape == (3, 4, nbytes) and raw.dtype == np.uint8
+        np.testing.assert_array_equal(t.dequantize_blocks(raw).reshape(x.shape),
+                                      gguf.quants.dequantize(raw.reshape(3, -1), g))
+    else:
+        assert (block, nbytes) == (1, t.itemsize) and t.dtype.itemsize == t.itemsize
+    assert len({r.code for r in quant.TYPES.values()}) == len(quant.TYPES)
+
+
+def test_registry_covers_the_table():
+    from edgellm.kernels import registry
+
+    assert set(registry.INT8) == set(quant.INT8_TYPES)
+    assert set(registry.FLOAT) == set(quant.MATRIX_TYPES)
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_every_kernel_name_has_a_definition():
+    calls, defined = {}, set()
+    for path in sorted(KERNELS.glob("*.py")):
+        src = path.read_text()
+        tree = ast.parse(src)
+        defined |= _defined(tree)
+        assert "globals()" not in src, f"{path.name} registers names through globals()"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                calls.setdefault(node.func.id, path.name)
+    kernel_like = re.compile(r"^(f?tile|ptile|pack|row|mvp?|mmp?|embed)_\w+$|^quant_row$")
+    missing = {n: f for n, f in calls.items() if kernel_like.match(n) and n not in defined}
+    assert not missing, missing
+    tiles = [n for n in defined if re.match(r"^(f?tile|ptile|pack|row)_", n)]
+    assert len(tiles) >= 30, tiles  # the registries were read

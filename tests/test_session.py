@@ -1,0 +1,203 @@
+"""Sessions on disk (edgellm/session.py): a round trip through a fresh process continues
+token for token; bad files are one-line SessionErrors that leave the model as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import reference
+
+from edgellm.chat import ChatSession
+from edgellm.errors import SessionError
+from edgellm.llm import LLM
+from edgellm.session import PREAMBLE
+
+ROOT = Path(__file__).resolve().parent.parent
+CTX = 64
+# gemma3: head_dim 32 (q8_0 works), sliding and full layers (per-layer arrays);
+# qwen3: head_dim 32, full attention only (one uniform array, the fused decode step at f32)
+CASES = [("gemma3", "f32"), ("gemma3", "f16"), ("gemma3", "q8_0"), ("qwen3", "f32"),
+         ("qwen3", "q8_0")]
+
+CONTINUE = r"""
+import json, sys
+from edgellm.llm import LLM
+out = []
+for model, kv_type, session in json.loads(sys.argv[1]):
+    llm = LLM(model, context=%d, chunk=16, kv_type=kv_type)
+    llm.load_session(session)
+    out.append([c.token for c in llm.stream_ids([7], keep_cache=True, max_tokens=12,
+                                                temperature=0)])
+print(json.dumps(out))
+""" % CTX
+
+
+def _ids(name: str) -> list[int]:
+    return [int(i) for i in reference(name)["input_ids"]]
+
+
+def _greedy(llm: LLM, ids, n: int = 12, keep: bool = True) -> list[int]:
+    return [c.token for c in llm.stream_ids(ids, keep_cache=keep, max_tokens=n, temperature=0)]
+
+
+def test_round_trip_in_a_fresh_process_continues_token_for_token(converted, tmp_path):
+    jobs, want = [], []
+    for name, kv_type in CASES:
+        with LLM(converted(name), context=CTX, chunk=16, kv_type=kv_type) as llm:
+            _greedy(llm, _ids(name)[:30], n=6, keep=False)  # prompt + generated ids
+            path = tmp_path / f"{name}-{kv_type}.session"
+            llm.save_session(path)
+            want.append(_greedy(llm, [7]))
+        jobs.append([str(converted(name)), kv_type, str(path)])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", CONTINUE, json.dumps(jobs)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == want
+
+
+def test_loading_maps_the_file_instead_of_copying(converted, tmp_path):
+    with LLM(converted("qwen3"), context=CTX, chunk=16) as llm:
+        _greedy(llm, _ids("qwen3")[:20], n=2, keep=False)
+        llm.save_session(tmp_path / "s")
+        llm.model.reset()
+        llm.load_session(tmp_path / "s")
+        assert str(tmp_path / "s") in Path("/proc/self/maps").read_text()  # mapped
+        k = llm.model.cache.k_all
+        assert np.shares_memory(llm.model.cache.layers[1].k, k)  # layers view the one array
+        assert np.array_equal(llm.model.cache.layers[0].pos[:20], np.arange(20))
+
+
+def test_chat_session_saves_and_resumes_its_messages(converted, tmp_path):
+    with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
+        chat = llm.chat(system="be brief")
+        chat.ask("def f(x):", max_tokens=4, temperature=0)
+        chat.save(tmp_path / "chat")
+        want = chat.ask("return", max_tokens=6, temperature=0)
+        prefilled = chat.last_prefill_tokens
+        messages = list(chat.messages)
+    with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
+        chat = ChatSession.load(llm, tmp_path / "chat")
+        assert chat.system == "be brief" and len(chat.messages) == 3
+        assert chat.ask("return", max_tokens=6, temperature=0) == want
+        assert chat.last_prefill_tokens == prefilled  # only the new turn was prefilled
+        assert chat.messages == messages
+
+
+def _session(converted, tmp_path) -> tuple[Path, bytes]:
+    with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
+        _greedy(llm, _ids("gemma3")[:24], n=4, keep=False)
+        path = llm.save_session(tmp_path / "good.session", messages=[{"role": "user",
+                                                                       "content": "hi"}])
+    return path, path.read_bytes()
+
+
+def _rewrite_header(raw: bytes, edit) -> bytes:
+    """raw with its JSON header edited by `edit` and its checksum made to match again."""
+    magic, version, flags, hlen, _, res = PREAMBLE.unpack(raw[:PREAMBLE.size])
+    header = json.loads(raw[PREAMBLE.size:PREAMBLE.size + hlen])
+    edit(header)
+    new = json.dumps(header, separators=(",", ":")).encode()
+    new = new.ljust(hlen) if len(new) <= hlen else new  # keep the data's offset when it fits
+    pre = PREAMBLE.pack(magic, version, flags, len(new), hashlib.sha256(new).digest(), res)
+    return pre + new + raw[PREAMBLE.size + hlen:]
+
+
+def _lies():
+    def layer_written(h):
+        h["layers"][1]["written"] = 10_000
+    def tokens(h):
+        h["tokens"] = h["tokens"][:-1]
+    def region(h):
+        h["regions"]["k"]["nbytes"] *= 2
+    def offset(h):
+        h["regions"]["v"]["offset"] += 64
+    def vocab(h):
+        h["tokens"][0] = 10**9
+    def kind(h):
+        h["kv_type"] = "q8_0"
+    def context(h):
+        h["context"] = 128
+    def model(h):
+        h["model"]["file_size"] += 1
+    def layers(h):
+        h["layers"] = h["layers"][:2]
+    def chat(h):
+        h["chat"] = {"messages": [{"role": 1}]}
+    def pos(h):
+        h["next_pos"] = -5
+    return [layer_written, tokens, region, offset, vocab, kind, context, model, layers, chat,
+            pos]
+
+
+def test_bad_session_files_are_typed_errors_and_change_nothing(converted, tmp_path):
+    path, raw = _session(converted, tmp_path)
+    rng = np.random.default_rng(0)
+    bad: list[bytes] = [raw[:n] for n in (0, 10, 63, 64, 100, len(raw) // 2, len(raw) - 1)]
+    for _ in range(40):  # flipped bytes anywhere: header, regions, the holes between
+        b = bytearray(raw)
+        i = int(rng.integers(0, len(raw)))
+        b[i] ^= 1 << int(rng.integers(0, 8))
+        bad.append(bytes(b))
+    bad += [_rewrite_header(raw, lie) for lie in _lies()]
+    newer = bytearray(raw)
+    newer[8:12] = struct.pack("<I", 99)
+    bad += [bytes(newer), converted("gemma3").read_bytes()[:4096], b"EDGESESS" + raw[8:40]]
+    with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
+        _greedy(llm, _ids("gemma3")[5:25], n=3, keep=False)
+        before, state = list(llm.model.tokens), llm.model.cache.state()
+
+        def back():  # the state before the load (a cut back past a sliding window: no)
+            llm.model.cache.restore(state)
+            llm.model.tokens[:] = before
+
+        want = _greedy(llm, [9], n=5)
+        back()
+        errors = 0
+        for k, data in enumerate(bad):
+            f = tmp_path / f"bad{k}"
+            f.write_bytes(data)
+            try:
+                llm.load_session(f)
+            except SessionError as e:
+                errors += 1
+                assert "\n" not in str(e) and str(f) in str(e)
+                assert llm.model.tokens == before
+                assert _greedy(llm, [9], n=5) == want  # still generates as before
+            else:  # a flip where nothing reads it (a hole, the reserved bytes): still valid
+                assert llm.model.tokens == _load_tokens(raw)
+                _greedy(llm, [1], n=1)
+                llm.model.reset()
+            back()
+        assert errors >= len(bad) - 15
+
+
+def _load_tokens(raw: bytes) -> list[int]:
+    hlen = PREAMBLE.unpack(raw[:PREAMBLE.size])[3]
+    return json.loads(raw[PREAMBLE.size:PREAMBLE.size + hlen])["tokens"]
+
+
+@pytest.mark.parametrize("mismatch", ["kv_type", "context", "model"])
+def test_another_setup_is_refused_with_a_clear_error(converted, tmp_path, mismatch):
+    path, _ = _session(converted, tmp_path)
+    kw = {"context": CTX, "chunk": 16}
+    model = converted("gemma3")
+    if mismatch == "kv_type":
+        kw["kv_type"] = "f16"
+    elif mismatch == "context":
+        kw["context"] = 96
+    else:
+        model = converted("gemma3", "q8_0")
+    with LLM(model, **kw) as llm:
+        with pytest.raises(SessionError, match={"kv_type": "KV cache is f32",
+                                                "context": "context of 64",
+                                                "model": "another model"}[mismatch]):
+            llm.load_session(path)

@@ -84,6 +84,20 @@ def test_fused_is_an_option_of_load(converted, monkeypatch):
     assert fused_default()
 
 
+def test_model_code_reads_no_environment():
+    """Choices reach arch/ and kernels/ as arguments (load(fused=...), threads=...): the
+    environment is read by the CLI (EDGELLM_FUSED) and numba_setup.py (EDGELLM_PORTABLE,
+    the cache and threading settings) only."""
+    import re
+    from pathlib import Path
+
+    root = Path(edgellm.__file__).parent
+    files = sorted((root / "arch").glob("*.py")) + sorted((root / "kernels").glob("*.py"))
+    assert len(files) > 20
+    for f in files:
+        assert not re.search(r"\benviron\b|getenv", f.read_text()), f.name
+
+
 def test_fused_follows_the_reference_at_q8_0(converted):
     ref = reference("qwen2")
     with edgellm.load(converted("qwen2", "q8_0"), precise=True) as llm:

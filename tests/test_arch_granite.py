@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
-from conftest import reference
-from reference_checks import check_f32_matches_transformers, check_precise_is_exact
-
-import edgellm
+from reference_checks import (
+    check_f32_matches_transformers,
+    check_fused_equals_per_operation,
+    check_precise_is_exact,
+)
 
 NAME = "granite"
 
@@ -20,14 +20,4 @@ def test_precise_path_is_exact_on_quantized_weights(converted, tmp_path):
 
 
 def test_decodes_through_the_fused_step(converted):
-    ids = reference(NAME)["input_ids"]
-    with edgellm.load(converted(NAME, "q4_0"), precise=True) as llm:
-        m = llm.model
-        assert m.fused is not None
-        m.reset()
-        fused = np.stack([m.forward([t], want="last").copy() for t in ids])
-        keep, m.fused = m.fused, None
-        m.reset()
-        per_op = np.stack([m.forward([t], want="last").copy() for t in ids])
-        m.fused = keep
-    assert np.abs(fused - per_op).max() < 1e-4
+    check_fused_equals_per_operation(converted(NAME, "q4_0"), NAME)

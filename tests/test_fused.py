@@ -5,6 +5,7 @@ import numba
 import numpy as np
 import pytest
 from conftest import LLAMA_FAMILY, reference
+from reference_checks import check_fused_equals_per_operation, decode_fused_or_not
 
 import edgellm
 from edgellm import numba_setup
@@ -12,29 +13,11 @@ from edgellm.kernels import sync
 from edgellm.kernels.sync import SPIN_TICKS, atomic_add, barrier, ticks
 
 
-def decode_all(llm, ids, fused):
-    m = llm.model
-    keep, m.fused = m.fused, (m.fused if fused else None)
-    try:
-        m.reset()
-        return np.stack([m.forward([t], want="last").copy() for t in ids])
-    finally:
-        m.fused = keep
-
-
 @pytest.mark.parametrize("name", LLAMA_FAMILY)
 @pytest.mark.parametrize("kind", ["q8_0", "q4_0", "q4_1"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fused_equals_per_operation_path(name, kind, threads, converted):
-    ids = reference(name)["input_ids"]
-    with edgellm.load(converted(name, kind), precise=True, threads=threads) as llm:
-        assert llm.model.fused is not None
-        a, b = decode_all(llm, ids, True), decode_all(llm, ids, False)
-        assert np.abs(a - b).max() < 1e-4
-    with edgellm.load(converted(name, kind), threads=threads) as llm:
-        a, b = decode_all(llm, ids, True), decode_all(llm, ids, False)
-        # int8 activations: the two paths round the same values, so they agree closely
-        assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
+    check_fused_equals_per_operation(converted(name, kind), name, threads)
 
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3", "qwen3-moe", "mixtral"])
@@ -44,14 +27,7 @@ def test_every_architecture_decodes_through_the_fused_step(name, kind, threads, 
     """Gemma 3 (sliding and global caches, two RoPE bases, sandwich norms), Phi-3 (fused
     projections, partial RoPE) and the MoE models (routed experts) reach the fused step,
     and it computes what their per-operation path computes."""
-    ids = reference(name)["input_ids"]
-    with edgellm.load(converted(name, kind), precise=True, threads=threads) as llm:
-        assert llm.model.fused is not None
-        a, b = decode_all(llm, ids, True), decode_all(llm, ids, False)
-        assert np.abs(a - b).max() < 1e-4
-    with edgellm.load(converted(name, kind), threads=threads) as llm:
-        a, b = decode_all(llm, ids, True), decode_all(llm, ids, False)
-        assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
+    check_fused_equals_per_operation(converted(name, kind), name, threads)
 
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3", "qwen3-moe", "olmo2"])
@@ -69,7 +45,7 @@ def test_fused_step_matches_layer_by_layer(name, converted):
             m.layers, m._layer_steps = layers[:n], steps[:n]
             m.fused = FusedDecoder.build(m)
             assert m.fused is not None
-            a, b = decode_all(llm, ids, True), decode_all(llm, ids, False)
+            a, b = decode_fused_or_not(llm, ids, True), decode_fused_or_not(llm, ids, False)
             assert np.abs(a - b).max() < 1e-4, n
 
 
@@ -113,8 +89,8 @@ def test_fused_follows_the_reference_at_q8_0(converted):
 def test_fused_through_context_shifts(converted):
     ids = reference("llama")["input_ids"]
     with edgellm.load(converted("llama", "q8_0"), context=16, precise=True) as llm:
-        a = decode_all(llm, ids, True)
-        b = decode_all(llm, ids, False)
+        a = decode_fused_or_not(llm, ids, True)
+        b = decode_fused_or_not(llm, ids, False)
     assert np.abs(a - b).max() < 1e-4
 
 

@@ -48,7 +48,7 @@ def test_default_path_keeps_the_float_models_answers(smollm2, record_property):
     print(f"default: top-1 {agree}/37, max |diff| {diff:.3f}, story first divergence {div}, "
           f"answer {text!r}")
     assert agree == 37
-    assert diff < 0.1  # int8 activations: 2.3
+    assert diff < 0.05  # measured 0.014 (precise: 0.015; int8 activations: 2.3)
     assert answer == list(REF["greedy_ids"])
     assert text.startswith("The capital of France is Paris.")
     assert div >= 90

@@ -216,6 +216,12 @@ class Program:
                 raise Unsupported(f"{s.w.name}: outputs {widths} of {N} rows")
             float_acts = s.float_acts or s.w.type == "f32"
             slot = 0 if float_acts else self.quantized(s.src, K)
+            delta = m.lora.get(s.w.name)
+            if delta is not None:  # LoRA: each worker's t = A @ src, whole (rank floats)
+                R = delta.rank
+                src = self.read(s.src)
+                t = self.write("lora_t", R, 0, private=True)
+                self.emit(ds.LORA_A, src=src, cols=K, a=self.param(delta.A), rank=R, dst=t)
             row0 = 0
             for name, rows in zip(outs, widths):
                 src = self.read(s.src)
@@ -224,6 +230,9 @@ class Program:
                 dst = self.write(name, rows, rows)
                 self.emit(ds.PROJ, mat=mat, row0=row0, rows=rows, cols=K, src=src, slot=slot,
                           dst=dst, bias=bias, float_acts=float_acts)
+                if delta is not None:  # dst rows += BT[:, rows] . t, on the split PROJ wrote
+                    self.emit(ds.LORA_B, t=t, bt=self.param(delta.BT), rank=delta.rank, n=N,
+                              row0=row0, rows=rows, dst=dst)
                 row0 += rows
         elif isinstance(s, Attend):
             Hq, Dh = a.num_attention_heads, a.head_dim
@@ -331,7 +340,7 @@ class FusedDecoder:
 
     def __init__(self, model, prog: Program, threads: int | None = None):
         a = model.args
-        self.model, self.program = model, prog
+        self.model, self.program, self.threads = model, prog, threads
         self.blob = model.packed._mm
         self.prog = np.array([row + [0] * (ds.WIDTH - len(row)) for row in prog.ops], np.int64)
         self.mats = np.stack(prog.mats)

@@ -14,6 +14,8 @@ Python calls `decode_parallel` (or `decode_serial`) once per generated token; in
   ATTEND  q/k norm, RoPE, attention over the layer's cache plus this token (query heads
           split between workers, one KV group at a time), barrier, then the owner of each
           KV head's first query head stores its k, v in the cache
+  LORA_A  private t[R] = A @ src (a LoRA's down projection)  every worker, whole vector
+  LORA_B  dst[r] += BT[:, row0 + r] . t (its up projection)  rows split (as its PROJ's)
   ROUTE   private top-k experts of router logits (kernels/moe.route)
   MOE     for each selected expert, ascending: gate/up rows, act | barrier | down rows,
           dst[r] += weight * y[r] | barrier  (only the selected experts' bytes are read)
@@ -77,8 +79,9 @@ I_ZERO, I_KMAX = 0, 1
 
 # op codes and their operands (prog[i, 0] = op, prog[i, 1:] = operands in this order)
 OPS = ("BARRIER", "NORM", "QUANT", "PROJ", "ADD", "ACT", "SCALE", "SOFTCAP", "ATTEND",
-       "ROUTE", "MOE")
-BARRIER, NORM, QUANT, PROJ, ADD, ACT, SCALE, SOFTCAP, ATTEND, ROUTE, MOE = range(len(OPS))
+       "ROUTE", "MOE", "LORA_A", "LORA_B")
+(BARRIER, NORM, QUANT, PROJ, ADD, ACT, SCALE, SOFTCAP, ATTEND, ROUTE, MOE, LORA_A,
+ LORA_B) = range(len(OPS))
 OPERANDS = {
     NORM: ("src", "dst", "n", "weight"),  # weight: offset in `params`
     QUANT: ("src", "n", "slot"),
@@ -92,6 +95,8 @@ OPERANDS = {
     ROUTE: ("logits", "experts", "top_k", "renorm", "idx", "weights"),  # idx: ints offset
     MOE: ("mat", "top_k", "src", "slot", "gate", "up", "ffn", "y", "dst", "idx", "weights",
           "inner", "act"),  # mat: first expert's gate; then up, down, next expert's gate...
+    LORA_A: ("src", "cols", "a", "rank", "dst"),  # a: params offset of A [rank, cols]
+    LORA_B: ("t", "bt", "rank", "n", "row0", "rows", "dst"),  # bt: of BT [rank, n]
 }
 WIDTH = 1 + max(len(v) for v in OPERANDS.values())
 SLOTS = 2  # int8 activation slots per worker (xq rows tid * SLOTS ..)
@@ -356,6 +361,27 @@ def _moe(tid, nt, op, model, bufs, precise):
 
 
 @kernel
+def _lora_down(params, a, R, K, src, t):
+    """t[j] = A[j] . src for A [R, K] at params[a:] (row-major)."""
+    for j in range(R):
+        row = params[a + j * K:a + (j + 1) * K]
+        acc = np.float32(0.0)
+        for i in range(K):
+            acc += row[i] * src[i]
+        t[j] = acc
+
+
+@kernel
+def _lora_up(params, bt, R, N, row0, t, out, r0, r1):
+    """out[r] += sum_j t[j] BT[j, row0 + r] for r in [r0, r1), BT [R, N] at params[bt:]."""
+    for j in range(R):
+        c = t[j]
+        b = params[bt + j * N + row0:bt + j * N + row0 + r1]
+        for r in range(r0, r1):
+            out[r] += c * b[r]
+
+
+@kernel
 def _worker(tid, nt, model, bufs, kv, p, precise):
     """Worker tid's run of the whole program (see the module docstring)."""
     prog, mats, consts, params, ints, blob = model
@@ -428,6 +454,17 @@ def _worker(tid, nt, model, bufs, kv, p, precise):
                   _row(mem, shared, private, tid, op[6], k))
         elif code == MOE:
             _moe(tid, nt, op, model, bufs, precise)
+        elif code == LORA_A:
+            K, R = op[2], op[4]
+            _lora_down(params, op[3], R, K, _vec(mem, shared, private, tid, op[1], K),
+                       _vec(mem, shared, private, tid, op[5], R))
+        elif code == LORA_B:
+            rows = op[6]
+            r0, r1 = _split(rows, tid, nt)
+            if r1 > r0:
+                R = op[3]
+                _lora_up(params, op[2], R, op[4], op[5], _vec(mem, shared, private, tid, op[1], R),
+                         _vec(mem, shared, private, tid, op[7], rows), r0, r1)
 
 
 @kernel(parallel=True)

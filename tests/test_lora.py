@@ -260,3 +260,16 @@ def test_bad_lora_arguments(base):
         edgellm.load(base("llama"), lora=[(LORA / "llama", float("nan"))])
     with pytest.raises(AdapterError, match="lora must be"):
         edgellm.load(base("llama"), lora=3)
+
+
+def test_session_bound_to_adapters(base, tmp_path):
+    from edgellm.errors import SessionError
+
+    with edgellm.load(base("llama"), lora=LORA / "llama") as llm:
+        llm.generate([5, 6, 7], max_tokens=2, temperature=0)
+        llm.save_session(tmp_path / "s.session")
+        llm.set_lora(None)
+        with pytest.raises(SessionError, match="saved with LoRA adapters"):
+            llm.load_session(tmp_path / "s.session")
+        llm.set_lora(LORA / "llama")
+        llm.load_session(tmp_path / "s.session")

@@ -273,3 +273,24 @@ def test_session_bound_to_adapters(base, tmp_path):
             llm.load_session(tmp_path / "s.session")
         llm.set_lora(LORA / "llama")
         llm.load_session(tmp_path / "s.session")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "perplexity"])
+def test_lora_flag_in_commands(command):
+    from edgellm.cli import build_parser
+
+    need = {"generate": ["-p", "x"], "perplexity": ["-f", "t.txt"]}.get(command, [])
+    args = build_parser().parse_args([command, *need, "--lora", "a", "--lora", "b:0.25"])
+    assert args.lora == [("a", 1.0), ("b", 0.25)]
+
+
+def test_perplexity_with_lora(base, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("def fibonacci(n):\n    return n if n < 2 else n * 2\n" * 8)
+    cmd = [sys.executable, "-m", "edgellm", "perplexity", "-m", str(base("llama")), "-f",
+           str(text), "--ctx", "32", "--json"]
+    runs = [subprocess.run(cmd + extra, cwd=ROOT, capture_output=True, text=True)
+            for extra in ([], ["--lora", str(LORA / "llama")])]
+    assert all(r.returncode == 0 for r in runs), runs[1].stderr
+    ppl = [json.loads(r.stdout)["ppl"] for r in runs]
+    assert ppl[0] != ppl[1]

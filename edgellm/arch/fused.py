@@ -281,7 +281,8 @@ class Program:
         vector; returns (t's buffer name, B's offset in the LoRA table). Each projection
         has its own t, so that the up projections of a group (q, k, v) can wait for the
         group's first read (flush_lora): one barrier for the group."""
-        R, K = delta.rank, s.w.shape[1]
+        R, (N, K) = delta.rank, s.w.shape
+        assert delta.A.shape == (R, K) and delta.BT.shape == (R, N), s.w.name  # attach.check
         a, b = self.lora_matrix(delta.A), self.lora_matrix(delta.BT.T)
         name = f"lora_t {s.w.name}"
         x = self.read(s.src)

@@ -76,7 +76,10 @@ def model_identity(llm) -> dict:
     """What binds a session to a model file: its header's sha256 and its size."""
     packed = llm.packed
     digest = bytes(packed._mm[24:56]).hex() if packed._mm is not None else ""
-    return {"header_sha256": digest, "file_size": int(packed.file_size)}
+    ident = {"header_sha256": digest, "file_size": int(packed.file_size)}
+    if getattr(llm, "lora", None):  # the cache holds what these adapters computed
+        ident["lora"] = [[str(p), float(s)] for p, s in llm.lora]
+    return ident
 
 
 def _layout(cache) -> dict:
@@ -231,6 +234,10 @@ def _check(llm, where: str, header: dict, mm, data_start: int, size: int, path: 
     cache = model.cache
     ident = model_identity(llm)
     saved = header.get("model")
+    if isinstance(saved, dict) and saved.get("lora") != ident.get("lora"):
+        raise SessionError(f"{where}: saved with LoRA adapters {saved.get('lora') or 'none'}, "
+                           f"the model has {ident.get('lora') or 'none'} (load it with the "
+                           "same --lora / set_lora)")
     if saved != ident:
         raise SessionError(f"{where}: made with another model file than "
                            f"{llm.packed.path.name} (its header checksum or size differs)")

@@ -24,6 +24,7 @@ import numpy as np
 
 from edgellm import format as fmt
 from edgellm import quant
+from edgellm import tokenizer_store
 from edgellm.errors import EdgeLLMError, FormatError, QuantizationError, SourceError
 from edgellm.validate import check_model
 
@@ -162,11 +163,32 @@ def _temp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.tmp-{os.getpid()}")
 
 
-def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None) -> dict:
+def stored_tokenizer(source: Source) -> tuple[dict | None, bytes]:
+    """(header field tokenizer.stored without its offset, blob) of the source's tokenizer;
+    (None, b"") without one."""
+    if not source.tokenizer_json:
+        return None, b""
+    try:
+        return tokenizer_store.store(source.tokenizer_json)
+    except Exception as e:  # tokenizers raises bare Exceptions from Rust
+        raise SourceError(f"tokenizer.json is invalid: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
+def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None,
+          blob_offset: int = 0) -> dict:
+    """The header fields; the stored tokenizer is placed at `blob_offset` of the data."""
+    stored, _ = stored_tokenizer(source)
+    tokenizer = {"config": source.tokenizer_config}
+    if stored is not None:
+        tokenizer["stored"] = {**stored, "offset": blob_offset}
     meta = {
         "architecture": source.config.get("model_type", ""),
         "config": source.config,
-        "tokenizer": {"json": source.tokenizer_json, "config": source.tokenizer_config},
+        "tokenizer": tokenizer,
         "chat_template": source.chat_template,
         "generation_config": source.generation_config,
         "quantization": {"recipe": recipe, "block_size": block_size, **(meta_extra or {})},
@@ -202,7 +224,9 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
     infos = fmt.plan_tensors([(name, ty, tuple(t.shape), block_size if quant.TYPES[ty].quantized
                                else quant.DEFAULT_BLOCK) for t, name, ty in planned])
     _check_model(source, infos)
-    meta = _meta(source, recipe, block_size, meta_extra)
+    blob_offset = fmt.align(infos[-1].offset + infos[-1].nbytes)
+    meta = _meta(source, recipe, block_size, meta_extra, blob_offset)
+    _, blob = stored_tokenizer(source)
     summary = Summary(str(out))
     tmp = _temp_path(out)
     try:
@@ -233,6 +257,10 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
                 final.append(fmt.TensorInfo(info.name, info.type, info.shape, info.block_size,
                                             info.offset, info.nbytes, crc))
             end = data_start + (infos[-1].offset + infos[-1].nbytes)
+            if blob:
+                f.seek(data_start + blob_offset)
+                f.write(blob)
+                end = data_start + blob_offset + len(blob)
             f.truncate(end)
             header = fmt.encode_header(meta, final)  # same length: crc32s are fixed-width
             f.seek(0)

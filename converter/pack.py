@@ -178,13 +178,12 @@ def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0]
 
 
-def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None,
-          blob_offset: int = 0) -> dict:
-    """The header fields; the stored tokenizer is placed at `blob_offset` of the data."""
+def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None) -> dict:
+    """The header fields; the stored tokenizer starts the data section."""
     stored, _ = stored_tokenizer(source)
     tokenizer = {"config": source.tokenizer_config}
     if stored is not None:
-        tokenizer["stored"] = {**stored, "offset": blob_offset}
+        tokenizer["stored"] = {**stored, "offset": 0}
     meta = {
         "architecture": source.config.get("model_type", ""),
         "config": source.config,
@@ -221,12 +220,11 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
         planned, folded = norm_fold.fold_norms(planned, source.config, block_size)
     if folded:
         meta_extra = {**(meta_extra or {}), "norms_folded": folded}
+    _, blob = stored_tokenizer(source)  # first in the data section, the tensors after it
     infos = fmt.plan_tensors([(name, ty, tuple(t.shape), block_size if quant.TYPES[ty].quantized
-                               else quant.DEFAULT_BLOCK) for t, name, ty in planned])
+                               else quant.DEFAULT_BLOCK) for t, name, ty in planned], len(blob))
     _check_model(source, infos)
-    blob_offset = fmt.align(infos[-1].offset + infos[-1].nbytes)
-    meta = _meta(source, recipe, block_size, meta_extra, blob_offset)
-    _, blob = stored_tokenizer(source)
+    meta = _meta(source, recipe, block_size, meta_extra)
     summary = Summary(str(out))
     tmp = _temp_path(out)
     try:
@@ -235,6 +233,8 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
             f.write(fmt.encode_preamble(header))
             f.write(header)
             data_start = fmt.align(fmt.PREAMBLE.size + len(header))
+            f.seek(data_start)
+            f.write(blob)
             final = []
             for (t, name, ty), info in _progress(list(zip(planned, infos, strict=True)), progress):
                 stats = summary.by_type[ty]
@@ -257,10 +257,6 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
                 final.append(fmt.TensorInfo(info.name, info.type, info.shape, info.block_size,
                                             info.offset, info.nbytes, crc))
             end = data_start + (infos[-1].offset + infos[-1].nbytes)
-            if blob:
-                f.seek(data_start + blob_offset)
-                f.write(blob)
-                end = data_start + blob_offset + len(blob)
             f.truncate(end)
             header = fmt.encode_header(meta, final)  # same length: crc32s are fixed-width
             f.seek(0)

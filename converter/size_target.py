@@ -40,7 +40,7 @@ from .recipes import TARGET_TYPES
 DEFAULT_CANDIDATES = TARGET_TYPES
 SENSITIVITY_TOKENS = 256  # calibration tokens each sensitivity measurement runs
 HEADER_SLACK = 32  # bytes per tensor: the header's numbers change length with the types
-ALIGN_SLACK = 64  # the stored tokenizer starts on a 64-byte boundary after the tensors
+ALIGN_SLACK = 64  # the tensors start on a 64-byte boundary after the stored tokenizer
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 10**3,
           "m": 10**6, "g": 10**9, "t": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,

@@ -10,8 +10,9 @@ Layout (all integers little-endian):
   64  .. header: UTF-8 JSON object (see `build_header`)
   ..     tensor data; the data section starts at the first 64-byte boundary after the
          header, and each tensor's `offset` (relative to that start) is a multiple of 64.
-  ..     (version 2) the stored tokenizer, after the tensors: header field
-         `tokenizer.stored` gives its place and kind (edgellm/tokenizer_store.py).
+         (version 2) The stored tokenizer comes first in the data section, the tensors
+         after it: header field `tokenizer.stored` gives its place and kind
+         (edgellm/tokenizer_store.py).
 Version 1 files keep the tokenizer.json text in the header (`tokenizer.json`); version 2
 files may do either, and this reader reads both versions.
 Quantized tensors are stored as `edgellm.quant` describes (ggml block bytes, rows
@@ -87,9 +88,11 @@ class Tensor:
         return quant.dequantize(self.data, self.type, self.shape, self.block_size)
 
 
-def plan_tensors(entries: list[tuple[str, str, tuple[int, ...], int]]) -> list[TensorInfo]:
-    """Lay out (name, type, shape, block_size) entries back to back, 64-byte aligned."""
-    infos, offset = [], 0
+def plan_tensors(entries: list[tuple[str, str, tuple[int, ...], int]],
+                 start: int = 0) -> list[TensorInfo]:
+    """Lay out (name, type, shape, block_size) entries back to back, 64-byte aligned, from
+    offset `start` of the data section."""
+    infos, offset = [], align(start)
     for name, type_name, shape, block_size in entries:
         nbytes = quant.qtype(type_name).nbytes(tuple(shape), block_size)
         infos.append(TensorInfo(name, type_name, tuple(int(s) for s in shape), block_size,

@@ -5,8 +5,8 @@ A tokenizer.json is ~60 bytes per token of JSON (Gemma 3's 262k tokens and 514k 
 document: building Gemma 3's from JSON peaks at +365 MiB. So the file (format version 2)
 keeps it in the data section as one zlib-compressed blob, described by the header's
 `tokenizer.stored` = {"kind", "offset", "nbytes", "size", "crc32", "tokens", "merges"}
-(offset relative to the data section, 64-byte aligned, after the tensors; size: the
-decompressed bytes). Two kinds:
+(offset relative to the data section: the converter puts it first, the tensors after it;
+size: the decompressed bytes). Two kinds:
 
   "bpe"   a BPE model whose ids are 0..n-1, as tables (all integers little-endian):
             u32 n_tokens, u32 n_merges, u32 rest_bytes, u32 0

@@ -28,14 +28,15 @@ Measured with scripts/memory-cap.py on x86-64 (Python 3.11, numpy 2.4, numba 0.6
 llvmlite 0.50, tokenizers 0.23), kernels already cached:
   - a tiny model (weights, cache and tokenizer all < 1 MiB) peaks at 178 MiB: BASELINE.
     Of it, the imports are ~97 MiB and the loaded kernels ~80 MiB.
-  - the tokenizer, built from its stored tables (tokenizer_store.py: tokenizers.models.BPE,
-    then malloc_trim): SmolLM2-135M's (49k tokens, 49k merges) 12.2 MiB, Gemma 3's (262k
-    tokens, 514k merges) 72.3 MiB, of which the merges 2.2 and 15.3 MiB: ~224 bytes per
-    token (TOKENIZER_PER_TOKEN) and ~32 per merge (TOKENIZER_PER_MERGE). Built from a
-    tokenizer.json instead (kind "json", or the header's text in a version 1 file, which
-    the header also keeps): ~8 and ~11 bytes per byte of JSON (SmolLM2: 1.6 MiB; Gemma 3:
-    15.2 MiB, 161 MiB in a version 1 file). Before, the JSON in the header and the parse's
-    transient kept in the heap cost SmolLM2 34 MiB and Gemma 3 319 MiB.
+  - the tokenizer (benchmarks/tokenizer_memory.py), built from its stored tables
+    (tokenizer_store.py: tokenizers.models.BPE, then malloc_trim): SmolLM2-135M's (49k
+    tokens, 49k merges) 11-12 MiB, Gemma 3's (262k tokens, 514k merges) 72 MiB, of which
+    the merges 2.2 and 15.3 MiB: ~224 bytes per token (TOKENIZER_PER_TOKEN) and ~32 per
+    merge (TOKENIZER_PER_MERGE). Built from a stored tokenizer.json (kind "json"): ~8
+    bytes per byte of JSON; from the header's text of a version 1 file, which the header
+    keeps in memory too: ~11 (Gemma 3's 15.2 MiB of JSON: 161 MiB). Before format
+    version 2, the header's JSON and the parse's transient left in the heap cost SmolLM2
+    41 MiB and Gemma 3 421 MiB.
   - SmolLM2-135M q4_0 at context 2048, filled (a 1984-token prompt, 64 generated):
     VmHWM 386 MiB; this plan: 392 MiB (+1.7%).
 tests/test_memory_plan.py checks the KV cache and buffer terms against the arrays the

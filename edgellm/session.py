@@ -97,11 +97,16 @@ def _layout(cache) -> dict:
             "pos_bytes": slots * 8, "end": pos_off + slots * 8}
 
 
+def _bytes(a: np.ndarray) -> memoryview:
+    """An array's bytes without a copy (also for an empty array, which cast() refuses)."""
+    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+
+
 def _crc(parts) -> int:
     """crc32 of arrays' bytes, one after another."""
     crc = 0
     for a in parts:
-        crc = zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"), crc)
+        crc = zlib.crc32(_bytes(a), crc)
     return crc
 
 
@@ -153,7 +158,7 @@ def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path
                 start = data_start + off
                 for layer, part in zip(cache.layers, parts):  # unwritten slots: a hole
                     f.seek(start)
-                    f.write(memoryview(np.ascontiguousarray(part)).cast("B"))
+                    f.write(_bytes(part))
                     start += layer.cap * lay["n_kv"] * lay["width"] * lay["item"]
             f.seek(data_start + lay["pos_offset"])
             f.write(pos.tobytes())

@@ -1,8 +1,9 @@
 """GGUF names -> Hugging Face names: tensor table, Q/K row order, config.json from metadata.
 
 Everything here is llama.cpp convention written down as data: how `convert_hf_to_gguf.py`
-renames tensors, which architectures it stores with permuted Q/K rows, and which metadata
-keys carry the hyperparameters. `gguf_source` applies it to a file.
+renames tensors (each architecture's tensor table in edgellm/arch/ carries its GGUF names),
+which architectures it stores with permuted Q/K rows, and which metadata keys carry the
+hyperparameters. `gguf_source` applies it to a file.
 """
 
 from __future__ import annotations
@@ -14,58 +15,31 @@ from typing import Any
 
 import numpy as np
 
+from edgellm.arch.registry import specs
+from edgellm.arch.spec import GLOBAL
 from edgellm.errors import SourceError, UnsupportedArchitectureError
 
-# general.architecture -> (HF model_type, HF architectures entry).
-ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "llama": ("llama", "LlamaForCausalLM"),
-    "mistral": ("mistral", "MistralForCausalLM"),
-    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
-    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
-    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
-}
+
+def _tables() -> tuple[dict, dict]:
+    """From every architecture's spec (edgellm/arch/spec.py): general.architecture ->
+    (HF model_type, HF architectures entry), and -> (whole-model names, per-block names
+    without the "blk.N." prefix), GGUF name -> HF name."""
+    archs, tables = {}, {}
+    global_names = {t.gguf: t.name for t in GLOBAL if t.gguf}
+    for spec in dict.fromkeys(specs().values()):
+        block = {t.gguf: t.name for t in spec.tensors if t.gguf}
+        for arch, entry in spec.gguf.items():
+            archs[arch] = entry
+            tables[arch] = (global_names, block)
+    return archs, tables
+
+
+ARCHITECTURES, TENSOR_TABLES = _tables()
 
 # llama.cpp's LlamaModel.permute reorders the rows of Q and K (weights and biases) so that
 # its interleaved ("normal") RoPE applies to HF's rotate-half layout. Qwen2/Qwen3 use NEOX
 # RoPE in llama.cpp and are stored unpermuted.
 PERMUTED_QK_ARCHS = frozenset({"llama", "mistral"})
-
-_LLAMA_GLOBAL = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LLAMA_BLOCK = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-
-# Gemma 3's sandwich norms: llama.cpp's ffn_norm is the pre-feed-forward norm here.
-_GEMMA3_BLOCK = {
-    **{k: v for k, v in _LLAMA_BLOCK.items() if k.startswith(("attn_", "ffn_gate", "ffn_up",
-                                                              "ffn_down"))},
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-}
-
-# architecture -> (whole-model names, per-block names without the "blk.N." prefix).
-TENSOR_TABLES: dict[str, tuple[dict[str, str], dict[str, str]]] = {
-    **{arch: (_LLAMA_GLOBAL, _LLAMA_BLOCK) for arch in ("llama", "mistral", "qwen2", "qwen3")},
-    "gemma3": (_LLAMA_GLOBAL, _GEMMA3_BLOCK),
-}
 
 # llama.cpp stores Gemma's (1 + weight) RMSNorm weights with the 1 added (every tensor named
 # *norm.weight); HF keeps the bare weight: value_offset(...) is what to add to get it back.

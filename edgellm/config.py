@@ -10,14 +10,6 @@ import numpy as np
 
 from .errors import FormatError
 
-ARCH_ALIASES = {
-    "llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "llama",
-    "smollm": "llama", "smollm2": "llama", "smollm3": "llama",
-    "gemma3_text": "gemma3", "phi3": "phi3", "qwen3_moe": "moe", "mixtral": "moe",
-    "bert": "bert", "roberta": "bert", "xlm-roberta": "bert",  # encoders: arch/bert.py
-}
-SUPPORTED = tuple(sorted(ARCH_ALIASES))
-
 
 @dataclass
 class ModelArgs:
@@ -102,7 +94,11 @@ class ModelArgs:
 
     @property
     def family(self) -> str:
-        return ARCH_ALIASES.get(self.model_type, self.model_type)
+        """The architecture family serving this model_type (arch/registry.py)."""
+        from .arch.registry import spec_for
+
+        spec = spec_for(self.model_type)
+        return spec.family if spec is not None else self.model_type
 
     def layer_window(self, layer: int) -> int:
         """Sliding-window length of `layer` (0 = full attention)."""

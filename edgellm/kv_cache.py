@@ -162,19 +162,24 @@ class KVCache:
         caps = [min(w, context) if w else context for w in layer_windows]
         self.caps = np.array(caps, dtype=np.int64)
         self.windows = np.array(layer_windows, dtype=np.int64)
-        self.uniform = len(set(caps)) == 1
-        if self.uniform:  # one array for all layers: the fused decode step indexes it
-            shape = (len(caps), caps[0], n_kv, width)
-            self.k, self.v = lazy_zeros(shape, dtype), lazy_zeros(shape, dtype)
-            self.pos = np.full(shape[:2], -1, dtype=np.int64)
-            parts = [(self.k[i], self.v[i], self.pos[i]) for i in range(len(caps))]
-        else:  # each layer as long as its window (Gemma's sliding layers)
-            parts = [(lazy_zeros((c, n_kv, width), dtype), lazy_zeros((c, n_kv, width), dtype),
-                      np.full(c, -1, np.int64)) for c in caps]
+        # One array of slots for all layers, layer i's at starts[i]..starts[i] + caps[i]
+        # (sliding layers hold only their window): the fused decode step indexes it, a
+        # session file stores it as it is.
+        self.starts = np.concatenate([[0], np.cumsum(caps)[:-1]]).astype(np.int64)
+        total = int(sum(caps))
+        self.k_all = lazy_zeros((total, n_kv, width), dtype)
+        self.v_all = lazy_zeros((total, n_kv, width), dtype)
+        self.pos_all = np.full(total, -1, dtype=np.int64)
         self.layers = [LayerCache(k, v, pos, w, kv_type, head_dim)
-                       for (k, v, pos), w in zip(parts, layer_windows)]
+                       for (k, v, pos), w in zip(self._parts(self.k_all, self.v_all),
+                                                 layer_windows)]
         self.next_pos = 0  # position of the next token
         self.n_tokens = 0  # tokens that full-attention layers hold
+
+    def _parts(self, k_all: np.ndarray, v_all: np.ndarray) -> list[tuple]:
+        """Each layer's (k, v, pos) slots of the all-layer arrays."""
+        return [(k_all[s:s + c], v_all[s:s + c], self.pos_all[s:s + c])
+                for s, c in zip(self.starts.tolist(), self.caps.tolist())]
 
     @property
     def nbytes(self) -> int:
@@ -223,13 +228,13 @@ class KVCache:
             layer.written = written
         self.next_pos, self.n_tokens = st.next_pos, st.n_tokens
 
-    def adopt(self, k, v, st: CacheState) -> None:
-        """Use the arrays k, v (e.g. mapped from a session file) in place of the cache's own,
-        holding `st` (whose k/v are ignored): [L, cap, n_kv, width] arrays for a uniform
-        cache, else lists of per-layer [cap_i, n_kv, width] arrays."""
-        if self.uniform:
-            self.k, self.v = k, v
-        for layer, lk, lv, pos, written in zip(self.layers, k, v, st.pos, st.written):
+    def adopt(self, k_all, v_all, st: CacheState) -> None:
+        """Use the arrays k_all, v_all [slots, n_kv, width] (every layer's slots in order, as
+        the cache's own; e.g. mapped from a session file) in place of the cache's own,
+        holding `st` (whose k/v are ignored)."""
+        self.k_all, self.v_all = k_all, v_all
+        for layer, (lk, lv, _), pos, written in zip(self.layers, self._parts(k_all, v_all),
+                                                    st.pos, st.written):
             layer.k, layer.v = lk, lv
             layer.pos[:] = -1
             layer.pos[:pos.shape[0]] = pos

@@ -48,7 +48,7 @@ class LLM:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
                  context: int | None = None, precise: bool = False, chunk: int = 64,
-                 kv_type: str = "f32", prompt_cache_bytes: int = 0):
+                 kv_type: str = "f32", prompt_cache_bytes: int = 0, fused: bool = True):
         import numba
 
         from .numba_setup import set_threads
@@ -57,6 +57,7 @@ class LLM:
         threads = arguments.integer(threads, "threads", 1, none=True)
         context = arguments.integer(context, "context", 8, 1 << 24, none=True)  # as validate.py
         precise = arguments.flag(precise, "precise")
+        fused = arguments.flag(fused, "fused")
         chunk = arguments.integer(chunk, "chunk", 1)
         prompt_cache_bytes = arguments.integer(prompt_cache_bytes, "prompt_cache_bytes", 0)
         self.threads = numba.config.NUMBA_NUM_THREADS if threads is None else threads
@@ -71,9 +72,7 @@ class LLM:
             check_model(self.packed)  # every shape against the config, before any kernel
             self._check_context(context)
             self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk,
-                                    kv_type=kv_type)
-            if kv_type != "f32":
-                self.model.fused = None  # the fused decode step reads f32 caches only
+                                    kv_type=kv_type, fused=fused)
         except (MemoryError, OSError) as e:
             self.packed.close()
             if isinstance(e, OSError) and e.errno != errno.ENOMEM:
@@ -396,16 +395,19 @@ class LLM:
 
 
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,
-         precise: bool = False, kv_type: str = "f32", prompt_cache_bytes: int = 0) -> LLM:
+         precise: bool = False, kv_type: str = "f32", prompt_cache_bytes: int = 0,
+         fused: bool = True) -> LLM:
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
     activations for quantized weights (matches the float model; slower); kv_type: how
     the KV cache stores K and V ("f32", "f16", "q8_0"); prompt_cache_bytes: memory for
     snapshots of earlier sequences whose prefixes later prompts reuse (0: only the last
-    sequence's cache is reused). A context beyond the model's max_position_embeddings
-    warns (ContextWarning)."""
+    sequence's cache is reused); fused: decode each token in one compiled parallel step
+    where the weights and an f32 KV cache allow it (False: one kernel call per operation,
+    the reference path; the CLI's default is EDGELLM_FUSED). A context beyond the model's
+    max_position_embeddings warns (ContextWarning)."""
     return LLM(path, threads=threads, context=context, precise=precise, kv_type=kv_type,
-               prompt_cache_bytes=prompt_cache_bytes)
+               prompt_cache_bytes=prompt_cache_bytes, fused=fused)
 
 
 __all__ = ["LLM", "load", "EdgeLLMError"]

@@ -109,8 +109,10 @@ def chunk_buffer_bytes(args: ModelArgs, inner: int, chunk: int) -> int:
 def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
                         threads: int = PLAN_THREADS) -> int:
     """As arch/fused.py allocates them (where a model has the fused step; planned for every
-    model with int8 activations): the step's rows, its per-thread scratch, and its copies of
-    the norms, biases and matrix table."""
+    model with int8 activations): the arena of the step's rows (shared, and one normed row
+    per thread), the per-thread int8 slots and attention scratch, and its tables (the
+    program, matrix table and the copies of the norms and biases: bounded, ~32 operations
+    per layer)."""
     D, F, V, Dh = args.hidden_size, inner, args.vocab_size, args.head_dim
     if D % 32:
         return 0
@@ -119,11 +121,29 @@ def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
     L = args.num_hidden_layers
     cap = min(context, max((args.layer_window(i) or context) for i in range(L)))
     group = max(1, args.num_attention_heads // args.num_key_value_heads)
-    total = 4 * (2 * D + 2 * qd + 2 * kvd + 2 * F + V)  # x, tmp, q, attn, k, v, gate, ffn
-    per_thread = D + (1 + group) * Dh + (group + 2) * max(cap, group)
-    total += 4 * threads * per_thread  # h, k and q heads, softmax weights and stats
-    total += sum(_act_bytes(threads, k) for k in (D, qd, F)) + 64  # + the barrier's words
-    return total + 4 * L * (2 * D + 3 * max(qd, kvd) + 2 * Dh) + 8 * L * 35
+    rows = 2 * _pad(D) + 2 * _pad(qd) + 2 * _pad(kvd) + 3 * _pad(F) + _pad(V)
+    total = 4 * (rows + threads * _pad(D))  # x h q attn k v gate up ffn logits; private h
+    kmax = max(D, qd, F)
+    total += threads * 2 * (kmax + 12 * (kmax // 32))  # two int8 slots per thread
+    total += 4 * threads * ((1 + group) * Dh + (group + 1) * max(cap, group)) + 24
+    return total + fused_table_bytes(args)
+
+
+def fused_table_bytes(args: ModelArgs) -> int:
+    """A bound on the fused step's tables: program rows (decode_step.WIDTH int64 each),
+    matrix table, constants, norm and bias copies, layer table and RoPE rows."""
+    D, Dh, L = args.hidden_size, args.head_dim, args.num_hidden_layers
+    qd = args.num_attention_heads * Dh
+    kvd = args.num_key_value_heads * Dh
+    ops = 32 * L + 8
+    vectors = L * (4 * _pad(D) + _pad(qd) + 2 * _pad(kvd) + 2 * _pad(Dh)) + _pad(D)
+    return (8 * 14 * ops + 40 * (8 * L + 1) + 8 * (3 * L + 8) + 4 * vectors
+            + 8 * (16 + Dh) + 40 * L + 8 * Dh)
+
+
+def _pad(n: int) -> int:
+    """arch/fused.py's regions: whole 64-byte lines of float32."""
+    return (n + 15) // 16 * 16
 
 
 def _act_bytes(rows: int, k: int) -> int:

@@ -56,8 +56,8 @@ class Session:
     path: Path
     tokens: list[int]
     state: CacheState  # positions and counts (k/v: the live slots of the mapped regions)
-    k: object  # [L, cap, n_kv, width] (uniform cache) or a list of per-layer arrays
-    v: object
+    k: np.ndarray  # [slots, n_kv, width]: every layer's slots in order (KVCache.k_all)
+    v: np.ndarray
     chat: dict | None = None
     messages: list[dict] = field(default_factory=list)
 
@@ -311,11 +311,8 @@ def _check(llm, where: str, header: dict, mm, data_start: int, size: int, path: 
         if _crc(_live(arrays, written, cache.layers)) != crcs[name]:
             raise SessionError(f"{where}: checksum mismatch in the {name.upper()} cache: "
                                "file is corrupt")
-    if cache.uniform:
-        shape = (len(cache.layers), int(cache.caps[0]), lay["n_kv"], lay["width"])
-        k, v = k_all.reshape(shape), v_all.reshape(shape)
-    else:
-        k, v = ks, vs
+    shape = (slots, lay["n_kv"], lay["width"])
+    k, v = k_all.reshape(shape), v_all.reshape(shape)
     state = CacheState(_live(ks, written, cache.layers), _live(vs, written, cache.layers),
                        _live(ps, written, cache.layers), written, next_pos, n_tokens)
     messages = _messages(where, chat)

@@ -9,10 +9,11 @@ the runtime will index is checked here first:
     check_config(packed) -> ModelArgs     the config's own sanity (types, ranges, heads)
     check_shapes(packed, args)            every tensor against what its family expects
 
-Each family's tensors are data (`GLOBAL`, `LAYER`, `SPARSE_MLP`): a name under
-"model.layers.N.", its role (an f32 vector, or a matrix of a type the linear kernels run)
-and its shape in named dimensions (`dims`). Every error is a FormatError naming the file
-and the field or tensor. The converter runs the same checks on what it is about to write.
+Each architecture's tensors are data in its own module (arch/spec.py's `TensorSpec`: a
+name under "model.layers.N.", its role (an f32 vector, or a matrix of a type the linear
+kernels run) and its shape in named dimensions (`DIM_NAMES`)), found by model_type.
+Every error is a FormatError naming the file and the field or tensor. The converter runs
+the same checks on what it is about to write.
 """
 
 from __future__ import annotations
@@ -22,79 +23,12 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .config import ARCH_ALIASES, SUPPORTED, ModelArgs, rope_inv_freq
+from .arch.registry import spec_for, supported
+from .arch.spec import GLOBAL, VEC
+from .config import ModelArgs, rope_inv_freq
 from .errors import EdgeLLMError, FormatError, SamplingError, UnsupportedArchitectureError
 from .quant import MATRIX_TYPES  # what linear()/embedding() run
 
-VEC, MAT = "vector", "matrix"
-REQ, OPT = True, False
-
-# Tensors outside the layers: name -> (role, shape, required).
-GLOBAL = {
-    "model.embed_tokens.weight": (MAT, ("vocab", "hidden"), REQ),
-    "model.norm.weight": (VEC, ("hidden",), REQ),
-    "lm_head.weight": (MAT, ("vocab", "hidden"), OPT),  # absent: tied to the embedding
-}
-
-_ATTN = (
-    ("input_layernorm.weight", VEC, ("hidden",), REQ),
-    ("self_attn.q_proj.weight", MAT, ("q", "hidden"), REQ),
-    ("self_attn.k_proj.weight", MAT, ("kv", "hidden"), REQ),
-    ("self_attn.v_proj.weight", MAT, ("kv", "hidden"), REQ),
-    ("self_attn.o_proj.weight", MAT, ("hidden", "q"), REQ),
-    ("self_attn.q_proj.bias", VEC, ("q",), OPT),
-    ("self_attn.k_proj.bias", VEC, ("kv",), OPT),
-    ("self_attn.v_proj.bias", VEC, ("kv",), OPT),
-    ("self_attn.q_norm.weight", VEC, ("head_dim",), OPT),
-    ("self_attn.k_norm.weight", VEC, ("head_dim",), OPT),
-    ("post_attention_layernorm.weight", VEC, ("hidden",), REQ),
-)
-_DENSE_MLP = (
-    ("mlp.gate_proj.weight", MAT, ("inter", "hidden"), REQ),
-    ("mlp.up_proj.weight", MAT, ("inter", "hidden"), REQ),
-    ("mlp.down_proj.weight", MAT, ("hidden", "inter"), REQ),
-)
-_QK_NORM_REQUIRED = tuple((n, r, s, REQ if n.endswith(("q_norm.weight", "k_norm.weight")) else p)
-                          for n, r, s, p in _ATTN)
-
-# Per-layer tensors of each family (names under "model.layers.N.").
-LAYER = {
-    "llama": _ATTN + _DENSE_MLP,
-    "gemma3": _QK_NORM_REQUIRED + (
-        ("pre_feedforward_layernorm.weight", VEC, ("hidden",), REQ),
-        ("post_feedforward_layernorm.weight", VEC, ("hidden",), REQ),
-    ) + _DENSE_MLP,
-    "phi3": (
-        ("input_layernorm.weight", VEC, ("hidden",), REQ),
-        ("self_attn.qkv_proj.weight", MAT, ("qkv", "hidden"), REQ),
-        ("self_attn.o_proj.weight", MAT, ("hidden", "q"), REQ),
-        ("post_attention_layernorm.weight", VEC, ("hidden",), REQ),
-        ("mlp.gate_up_proj.weight", MAT, ("gate_up", "hidden"), REQ),
-        ("mlp.down_proj.weight", MAT, ("hidden", "inter"), REQ),
-    ),
-    # Dense layers (qwen3_moe's mlp_only_layers); sparse ones swap the MLP for SPARSE_MLP.
-    # transformers sizes a dense MLP by intermediate_size; the runtime sizes its buffers
-    # by the first dense layer, so any width is safe if all dense layers agree.
-    "moe": _ATTN + tuple((n, r, tuple("dense_inter" if d == "inter" else d for d in s), p)
-                         for n, r, s, p in _DENSE_MLP),
-}
-
-# The sparse MLP of MoE layers, by model_type ("{e}" runs over the experts); as arch/moe.py
-# names them.
-SPARSE_MLP = {
-    "qwen3_moe": (
-        ("mlp.gate.weight", MAT, ("experts", "hidden"), REQ),
-        ("mlp.experts.{e}.gate_proj.weight", MAT, ("expert_inter", "hidden"), REQ),
-        ("mlp.experts.{e}.up_proj.weight", MAT, ("expert_inter", "hidden"), REQ),
-        ("mlp.experts.{e}.down_proj.weight", MAT, ("hidden", "expert_inter"), REQ),
-    ),
-    "mixtral": (
-        ("block_sparse_moe.gate.weight", MAT, ("experts", "hidden"), REQ),
-        ("block_sparse_moe.experts.{e}.w1.weight", MAT, ("expert_inter", "hidden"), REQ),
-        ("block_sparse_moe.experts.{e}.w3.weight", MAT, ("expert_inter", "hidden"), REQ),
-        ("block_sparse_moe.experts.{e}.w2.weight", MAT, ("hidden", "expert_inter"), REQ),
-    ),
-}
 
 # What each named dimension is, for messages.
 DIM_NAMES = {
@@ -157,10 +91,10 @@ def check_model(packed, runtime: bool = True) -> ModelArgs:
     if not model_type:
         raise FormatError(f"{where}: the model names no architecture (config field "
                           "'model_type' is missing)")
-    if ARCH_ALIASES.get(model_type) is None:
+    if spec_for(model_type) is None:
         raise UnsupportedArchitectureError(
             f"{where}: architecture {_short(model_type)} is not supported "
-            f"(supported: {', '.join(SUPPORTED)})")
+            f"(supported: {', '.join(supported())})")
     declared = packed.config.get("model_type")
     if declared is not None and declared != model_type:
         raise FormatError(f"{where}: architecture {_short(model_type)} contradicts the config's "
@@ -211,17 +145,16 @@ def check_shapes(packed, args: ModelArgs) -> None:
 def check_table(where: str, table: Mapping[str, tuple[str, tuple[int, ...]]],
                 args: ModelArgs) -> None:
     """check_shapes on a plain {name: (type, shape)} table (the converter's plan)."""
-    spec = _encoder_spec(args)
-    if args.family not in LAYER and spec is None or (
-            args.family == "moe" and args.model_type not in SPARSE_MLP):
+    arch = spec_for(args.model_type)
+    if arch is None:
         raise UnsupportedArchitectureError(f"{where}: architecture {_short(args.model_type)} "
-                                           f"is not supported (supported: {', '.join(SUPPORTED)})")
-    if spec is not None:
-        spec.check_config(where, args)
-    dims = _dims(args) if spec is None else spec.dims(args)
+                                           f"is not supported (supported: "
+                                           f"{', '.join(supported())})")
+    if arch.expected is not None and arch.check is not None:  # a whole-model table (encoders)
+        arch.check(where, args)
+    dims = _dims(args)
     expected = {}
-    tensors = expected_tensors(args) if spec is None else spec.expected_tensors(args)
-    for name, role, shape, required in tensors:
+    for name, role, shape, required in expected_tensors(args):
         if required and name not in table:  # stops a config that asks for 10**9 tensors
             raise FormatError(f"{where}: tensor {name} is missing (a {args.model_type} model "
                               f"with this config needs it)")
@@ -234,7 +167,7 @@ def check_table(where: str, table: Mapping[str, tuple[str, tuple[int, ...]]],
                 raise FormatError(f"{where}: tensor {name}: the config has "
                                   f"num_hidden_layers {args.num_hidden_layers}")
             raise FormatError(f"{where}: tensor {name} is not part of a {args.model_type} "
-                              f"model ({args.family} family) with this config")
+                              f"model ({arch.family} family) with this config")
         role, want_dims = spec
         for d, n in zip(want_dims, shape, strict=False):
             if dims.get(d, 0) is None:  # a free dimension: the first tensor using it sets it
@@ -255,20 +188,20 @@ def check_table(where: str, table: Mapping[str, tuple[str, tuple[int, ...]]],
 
 def expected_tensors(args: ModelArgs) -> Iterator[tuple[str, str, tuple[str, ...], bool]]:
     """(name, role, shape in named dims, required) of every tensor args' model may have."""
-    family = args.family
-    for name, (role, shape, required) in GLOBAL.items():
-        yield name, role, shape, required
-    n_experts = _n_experts(args) if family == "moe" else 0
+    spec = spec_for(args.model_type)
+    if spec.expected is not None:  # the architecture lists all its tensors itself
+        yield from spec.expected(args)
+        return
+    for t in GLOBAL:
+        yield t.name, t.role, t.shape, t.required
+    n_experts = (spec.dims(args) if spec.dims else {}).get("experts", 0)
     for i in range(args.num_hidden_layers):
-        specs = LAYER[family]
-        if family == "moe" and _is_sparse(args, i):
-            specs = specs[:len(_ATTN)] + SPARSE_MLP[args.model_type]
-        for name, role, shape, required in specs:
-            if "{e}" in name:
+        for t in spec.layer(args, i):
+            if "{e}" in t.name:
                 for e in range(n_experts):
-                    yield f"model.layers.{i}.{name.format(e=e)}", role, shape, required
+                    yield f"model.layers.{i}.{t.name.format(e=e)}", t.role, t.shape, t.required
             else:
-                yield f"model.layers.{i}.{name}", role, shape, required
+                yield f"model.layers.{i}.{t.name}", t.role, t.shape, t.required
 
 
 def check_generation_config(packed, args: ModelArgs) -> None:
@@ -362,20 +295,9 @@ def _check_args(where: str, a: ModelArgs, runtime: bool) -> None:
     if a.head_dim < 2 or a.head_dim % 2:
         raise FormatError(f"{where}: config head_dim is {a.head_dim}, expected an even "
                           "number >= 2")
-    if a.family == "phi3":  # as arch/phi3.py's rotary_dims, with the file named
-        factor = a.rope().get("partial_rotary_factor", a.partial_rotary_factor)
-        rot = int(a.head_dim * float(1.0 if factor is None else factor))
-        if rot <= 0 or rot > a.head_dim or rot % 2:
-            raise FormatError(f"{where}: config partial_rotary_factor {_short(factor)} gives "
-                              f"{rot} rotary dims of head_dim {a.head_dim} (need an even "
-                              "number > 0)")
-    if a.family == "moe":
-        n, k = _n_experts(a), a.num_experts_per_tok
-        if not isinstance(k, int) or n < 1 or not 1 <= k <= n:
-            raise FormatError(f"{where}: config has {_short(k)} experts per token of {n} experts")
-        if _expert_inter(a) < 1:
-            raise FormatError(f"{where}: config field 'moe_intermediate_size' is "
-                              f"{_short(a.moe_intermediate_size)}")
+    spec = spec_for(a.model_type)
+    if spec is not None and spec.check is not None:  # the architecture's own checks
+        spec.check(where, a)
     layer_types = a.layer_types or [None]
     for layer_type in dict.fromkeys(layer_types):
         try:
@@ -389,42 +311,14 @@ def _check_args(where: str, a: ModelArgs, runtime: bool) -> None:
                               f"{type(e).__name__}: {e}") from None
 
 
-def _encoder_spec(a: ModelArgs):
-    """The module of an encoder family (its own tensor table: expected_tensors, dims), or
-    None for the decoders above."""
-    if a.family == "bert":
-        from .arch import bert
-
-        return bert
-    return None
-
-
-def _n_experts(a: ModelArgs) -> int:
-    return int(a.num_local_experts or a.num_experts or 0)
-
-
-def _expert_inter(a: ModelArgs) -> int:
-    return int(a.moe_intermediate_size or 0) if a.model_type == "qwen3_moe" \
-        else a.intermediate_size
-
-
-def _is_sparse(a: ModelArgs, i: int) -> bool:
-    """Whether layer i has a sparse MLP (as arch/moe.py's MoE.is_sparse decides)."""
-    if a.model_type == "mixtral":
-        return True
-    step = max(1, int(a.decoder_sparse_step or 1))
-    return i not in (a.mlp_only_layers or []) and (i + 1) % step == 0
-
-
 def _dims(a: ModelArgs) -> dict[str, int | None]:
     q, kv = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
     dims = {"vocab": a.vocab_size, "hidden": a.hidden_size, "head_dim": a.head_dim, "q": q,
             "kv": kv, "qkv": q + 2 * kv, "inter": a.intermediate_size,
             "gate_up": 2 * a.intermediate_size}
-    if a.family == "moe":
-        dims["experts"] = _n_experts(a)
-        dims["expert_inter"] = _expert_inter(a)
-        dims["dense_inter"] = None
+    spec = spec_for(a.model_type)
+    if spec is not None and spec.dims is not None:
+        dims.update(spec.dims(a))
     return dims
 
 

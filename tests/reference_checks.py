@@ -17,6 +17,32 @@ def decode_steps(llm, ids) -> np.ndarray:
     return np.stack([llm.model.forward([t], want="last").copy() for t in ids])
 
 
+def decode_fused_or_not(llm, ids, fused: bool) -> np.ndarray:
+    """decode_steps through the fused step (where the model has one) or the per-operation
+    path."""
+    m = llm.model
+    keep, m.fused = m.fused, (m.fused if fused else None)
+    try:
+        return decode_steps(llm, ids)
+    finally:
+        m.fused = keep
+
+
+def check_fused_equals_per_operation(path, name: str, threads: int | None = None) -> None:
+    """The model decodes through the fused step, and it computes what the per-operation
+    path computes: within 1e-4 with float activations (precise); with int8 activations the
+    two paths round the same values, so their top-1 tokens agree closely."""
+    ids = reference(name)["input_ids"]
+    with edgellm.load(path, precise=True, threads=threads) as llm:
+        assert llm.model.fused is not None
+        a, b = decode_fused_or_not(llm, ids, True), decode_fused_or_not(llm, ids, False)
+        assert np.abs(a - b).max() < 1e-4
+    with edgellm.load(path, threads=threads) as llm:
+        assert llm.model.fused is not None
+        a, b = decode_fused_or_not(llm, ids, True), decode_fused_or_not(llm, ids, False)
+        assert (a.argmax(-1) == b.argmax(-1)).mean() >= 0.9
+
+
 def greedy(llm, prompt, n: int) -> list[int]:
     """n greedy tokens after `prompt`, decoded one at a time."""
     llm.model.reset()

@@ -132,7 +132,7 @@ def sweep_table(path: str) -> dict[str, Entry]:
     return {
         "load": Entry(_load, {"path": kw(st.just(path))},
                       {"threads": kw(st.integers(1, 2)), "context": kw(st.integers(0, 300)),
-                       "precise": kw(st.booleans()),
+                       "precise": kw(st.booleans()), "fused": kw(st.booleans()),
                        "kv_type": kw(st.sampled_from(["f32", "f16", "q8_0"]), st.one_of(BAD, TEXT)),
                        "prompt_cache_bytes": kw(st.integers(0, 2**63))}, examples=80),
         "generate": Entry(lambda llm, **k: llm.generate(**k), {"prompt": PROMPT,

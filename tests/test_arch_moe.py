@@ -78,7 +78,7 @@ def test_decode_reads_only_the_selected_experts(name, kind, converted, monkeypat
     monkeypatch.setattr(moe_mod, "linear", lambda w, *a, **k: (touched.append(w),
                                                                real(w, *a, **k)))
     ids = reference(name)["input_ids"]
-    with edgellm.load(path) as llm:
+    with edgellm.load(path, fused=False) as llm:  # the per-operation path's linear calls
         m = llm.model
         m.reset()
         m.expert_bytes_read = 0
@@ -104,6 +104,28 @@ def test_decode_reads_only_the_selected_experts(name, kind, converted, monkeypat
              m.top_k / m.n_experts, "prefill_40_tokens_fraction": prefill_ratio}
     record_property("expert_bytes", stats)
     print(name, kind, stats)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_fused_decode_reads_the_experts_the_per_operation_path_reads(name, converted):
+    """The fused step counts the experts its routing picked: per token the same bytes as
+    the per-operation path hands to its kernels (precise: the same routing)."""
+    path = converted(name, "q8_0")
+    ids = reference(name)["input_ids"]
+    counts = {}
+    for fused in (True, False):
+        with edgellm.load(path, precise=True, fused=fused) as llm:
+            m = llm.model
+            assert (m.fused is not None) == fused
+            m.reset()
+            seen = []
+            for t in ids:
+                before = m.expert_bytes_read
+                m.forward([t], want="last")
+                seen.append(m.expert_bytes_read - before)
+            counts[fused] = seen
+    assert counts[True] == counts[False]
+    assert np.allclose(np.array(counts[True]) / m.expert_bytes, m.top_k / m.n_experts)
 
 
 # ------------------------------------------------------------------- names, dense layers

@@ -14,7 +14,7 @@ from reference_checks import (
 )
 
 import edgellm
-import edgellm.arch.phi3 as phi3_mod
+import edgellm.arch.steps as steps_mod
 from converter.hf_source import open_hf
 from converter.pack import convert
 from edgellm.arch.phi3 import head_permutation
@@ -48,11 +48,15 @@ def test_projections_stay_fused(converted, monkeypatch):
     assert "model.layers.0.mlp.gate_up_proj.weight" in names
     assert not any(n.endswith(("q_proj.weight", "gate_proj.weight")) for n in names)
     calls = []
-    real = phi3_mod.linear
-    monkeypatch.setattr(phi3_mod, "linear", lambda w, *a, **k: (calls.append(w.name),
-                                                                 real(w, *a, **k)))
-    with edgellm.load(path) as llm:
+    real = steps_mod.linear
+    monkeypatch.setattr(steps_mod, "linear", lambda w, *a, **k: (calls.append(w.name),
+                                                                  real(w, *a, **k)))
+    with edgellm.load(path, fused=False) as llm:  # the per-operation path's linear calls
         llm.model.forward([5], want="last")
+    with edgellm.load(path) as llm:  # the fused step: each fused matrix one table entry
+        fused = llm.model.fused
+        offsets = [int(m[0]) for m in fused.mats]
+        assert len(offsets) == len(set(offsets)) == 3 * 4 + 1
     assert sorted(calls) == sorted(f"model.layers.{i}.{n}" for i in range(3) for n in (
         "self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "mlp.gate_up_proj.weight",
         "mlp.down_proj.weight"))

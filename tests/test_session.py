@@ -71,7 +71,7 @@ def test_loading_maps_the_file_instead_of_copying(converted, tmp_path):
         llm.model.reset()
         llm.load_session(tmp_path / "s")
         assert str(tmp_path / "s") in Path("/proc/self/maps").read_text()  # mapped
-        k = llm.model.cache.k
+        k = llm.model.cache.k_all
         assert np.shares_memory(llm.model.cache.layers[1].k, k)  # layers view the one array
         assert np.array_equal(llm.model.cache.layers[0].pos[:20], np.arange(20))
 

@@ -1,32 +1,32 @@
-"""Architectures by family; `build` resolves config["model_type"] through config.ARCH_ALIASES."""
+"""Architectures by model_type: each one module with a SPEC (spec.py), found by registry.py."""
 
 from __future__ import annotations
 
-from ..config import ARCH_ALIASES, SUPPORTED, ModelArgs
+from ..config import ModelArgs
 from ..errors import UnsupportedArchitectureError
 from ..format import PackedModel
+from .base import Transformer
+from .registry import spec_for, supported
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
-          chunk: int = 64, kv_type: str = "f32"):
-    """The runnable model of a packed file."""
+          chunk: int = 64, kv_type: str = "f32", fused: bool = True):
+    """The runnable model of a packed file; fused: decode through the fused step where the
+    model's weights allow it (arch/fused.py) and the KV cache is f32 (the step reads f32
+    caches only), else the per-operation path."""
     model_type = packed.architecture
-    family = ARCH_ALIASES.get(model_type)
-    if family is None:
+    spec = spec_for(model_type)
+    if spec is None:
         raise UnsupportedArchitectureError(
             f"{packed.path}: architecture {model_type!r} is not supported "
-            f"(supported: {', '.join(SUPPORTED)})")
+            f"(supported: {', '.join(supported())})")
     args = ModelArgs.from_dict(packed.config)
-    if family == "llama":
-        from .llama import Llama as cls
-    elif family == "gemma3":
-        from .gemma3 import Gemma3 as cls
-    elif family == "phi3":
-        from .phi3 import Phi3 as cls
-    elif family == "moe":
-        from .moe import MoE as cls
-    elif family == "bert":
-        from .bert import Bert
+    if not issubclass(spec.model, Transformer):  # encoders (bert.py): no KV cache
+        return spec.model(packed, args, precise=precise, context=context, chunk=chunk)
+    model = spec.model(packed, args, precise=precise, context=context, chunk=chunk,
+                       kv_type=kv_type)
+    if fused and kv_type == "f32":  # decoders: one compiled step per token
+        from .fused import FusedDecoder
 
-        return Bert(packed, args, precise=precise, context=context, chunk=chunk)  # no KV cache
-    return cls(packed, args, precise=precise, context=context, chunk=chunk, kv_type=kv_type)
+        model.fused = FusedDecoder.build(model)
+    return model

@@ -11,21 +11,23 @@ from ..config import ModelArgs, rope_inv_freq
 from ..errors import ContextError, FormatError
 from ..format import PackedModel, Tensor
 from ..kernels.linear import ActQ8, embedding, linear, quantize_act
-from ..kernels.norms import rmsnorm
+from ..kernels.norms import rmsnorm, rmsnorm_heads
 from ..kernels.rope import apply_rope, rope_tables
 from ..kv_cache import KVCache
+from .spec import MAT
+from .steps import Attend, StepRunner
 
 
 @dataclass
 class LayerWeights:
     """One layer's tensors (None where the architecture has no such tensor)."""
 
-    attn_norm: np.ndarray
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    o: Tensor
-    ffn_norm: np.ndarray
+    attn_norm: np.ndarray | None = None
+    q: Tensor | None = None
+    k: Tensor | None = None
+    v: Tensor | None = None
+    o: Tensor | None = None
+    ffn_norm: np.ndarray | None = None
     gate: Tensor | None = None
     up: Tensor | None = None
     down: Tensor | None = None
@@ -63,12 +65,13 @@ class Buffers:
 
 
 class Transformer:
-    """Chunked forward over a packed model; subclasses define `layer_weights` and `block`."""
+    """Chunked forward over a packed model; subclasses define `layer_weights` and `steps`."""
 
     norm_offset = 0.0  # RMSNorm multiplies by (weight + norm_offset)
     embed_scale = 1.0
     attn_softcap = 0.0  # > 0: attention scores soft-capped (cap * tanh(s / cap))
     logit_softcap = 0.0  # > 0: output logits soft-capped
+    logit_scale = 1.0  # output logits multiplied by this (granite: 1 / logits_scaling)
 
     def __init__(self, packed: PackedModel, args: ModelArgs, precise: bool = False,
                  context: int | None = None, chunk: int = 64, n_keep: int = 4,
@@ -85,6 +88,10 @@ class Transformer:
         self.layers = [self.layer_weights(i) for i in range(args.num_hidden_layers)]
         self.int8_acts = not precise and args.hidden_size % 32 == 0
         self.rope = [self.layer_rope(i) for i in range(args.num_hidden_layers)]
+        sets: dict = {}  # the distinct (inv_freq, scaling) pairs, and each layer's
+        self.rope_set = [sets.setdefault((inv.tobytes(), float(s)), len(sets))
+                         for inv, s in self.rope]
+        self.rope_sets = [self.rope[self.rope_set.index(j)] for j in range(len(sets))]
         self._rope_memo: dict = {}  # this chunk's cos/sin tables by frequency set
         self.cache = KVCache([args.layer_window(i) for i in range(args.num_hidden_layers)],
                              self.context, args.num_key_value_heads, args.head_dim,
@@ -92,7 +99,9 @@ class Transformer:
         self.buffers = Buffers(args, self.chunk, self.ffn_width())
         self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
         self.tokens: list[int] = []  # the ids the cache holds, in order
-        self.fused = None  # a FusedDecoder where the architecture has one (llama.py)
+        self.runner = StepRunner(self)
+        self._layer_steps: list | None = None
+        self.fused = None  # a FusedDecoder, where arch.build made one (arch/fused.py)
 
     # weights --------------------------------------------------------------------
     def matrix(self, name: str) -> Tensor:
@@ -110,8 +119,31 @@ class Transformer:
             raise FormatError(f"{self.packed.path}: tensor {name} must be an f32 vector")
         return t.data
 
+    weights_class = LayerWeights
+
     def layer_weights(self, i: int) -> LayerWeights:
+        """Layer i's tensors as the architecture's spec names them (spec.py)."""
+        from .registry import spec_for
+
+        p = f"model.layers.{i}."
+        fields = {}
+        for t in spec_for(self.args.model_type).layer(self.args, i):
+            if t.field is None:
+                continue
+            fields[t.field] = (self.matrix(p + t.name) if t.role == MAT
+                               else self.vector(p + t.name, optional=not t.required))
+        return self.weights_class(**fields)
+
+    def steps(self, i: int, w: LayerWeights) -> list:
+        """Layer i's block as a list of steps (arch/steps.py)."""
         raise NotImplementedError
+
+    @property
+    def layer_steps(self) -> list[list]:
+        """Every layer's steps, made once (after the subclass's own setup)."""
+        if self._layer_steps is None:
+            self._layer_steps = [self.steps(i, w) for i, w in enumerate(self.layers)]
+        return self._layer_steps
 
     def ffn_width(self) -> int:
         """Width of the gate/up/ffn buffers (1 where an architecture keeps its own)."""
@@ -128,24 +160,30 @@ class Transformer:
     def attn_scale(self) -> float:
         return 1.0 / float(np.sqrt(self.args.head_dim))
 
-    def qk_norm(self, w: LayerWeights, q: np.ndarray, k: np.ndarray) -> None:
-        """Per-head q/k normalisation where the architecture has it."""
-
     # one chunk ------------------------------------------------------------------
-    def attend(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        """b.attn[:T] = attention of this chunk's q/k/v over layer i's cache; stores k/v."""
+    def attend(self, s: Attend, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+               T: int, positions: np.ndarray) -> None:
+        """out [T, Hq*Dh] = attention of this chunk's q/k/v rows over layer s.layer's cache
+        (q/k norm and RoPE applied first); stores the chunk's k/v."""
         a = self.args
+        i = s.layer
         Hq, Hkv, Dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
-        q = b.q[:T].reshape(T, Hq, Dh)
-        k = b.k[:T].reshape(T, Hkv, Dh)
-        v = b.v[:T].reshape(T, Hkv, Dh)
-        self.qk_norm(w, q, k)
+        q = q.reshape(T, Hq, Dh)
+        k = k.reshape(T, Hkv, Dh)
+        v = v.reshape(T, Hkv, Dh)
+        if s.perm is not None:
+            q, k = np.take(q, s.perm, axis=2), np.take(k, s.perm, axis=2)
+        eps, off = a.rms_norm_eps, self.norm_offset
+        if s.q_norm is not None:
+            rmsnorm_heads(q, s.q_norm, eps, off)
+        if s.k_norm is not None:
+            rmsnorm_heads(k, s.k_norm, eps, off)
         cos, sin = self._rope_tables(i, positions)
         apply_rope(q, cos, sin)
         apply_rope(k, cos, sin)
         layer = self.cache.layers[i]
         layer.attend(q, k, v, positions, self.attn_scale(), self.attn_softcap,
-                     b.attn[:T].reshape(T, Hq, Dh))
+                     out.reshape(T, Hq, Dh))
         layer.store(k, v, positions)
 
     def _rope_tables(self, i: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,7 +197,8 @@ class Transformer:
         return self._rope_memo[key]
 
     def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        raise NotImplementedError
+        """Layer i over the chunk in b.x[:T]: its steps, one kernel call each."""
+        self.runner.run(self.layer_steps[i], T, positions)
 
     def _chunk(self, tokens: np.ndarray, want: str) -> np.ndarray | None:
         T = tokens.shape[0]
@@ -184,6 +223,8 @@ class Transformer:
         out = self.logit_buf[:n]
         act = quantize_act(b.h[:n], b.act_d) if self.int8_acts else None
         linear(self.head, b.h[:n], out, precise=self.precise, act=act)
+        if self.logit_scale != 1.0:
+            out *= np.float32(self.logit_scale)
         if self.logit_softcap:
             cap = np.float32(self.logit_softcap)
             out /= cap

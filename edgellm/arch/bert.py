@@ -33,6 +33,7 @@ from ..format import PackedModel, Tensor
 from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
 from ..kernels.linear import embedding
 from ..kernels.panel_gemm import gemm
+from .spec import ArchSpec
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
 _OFFSET_TYPES = ("roberta", "xlm-roberta")  # positions start after the padding index
@@ -260,3 +261,7 @@ class Bert:
     @property
     def tokens(self) -> list[int]:
         return []
+
+
+SPEC = ArchSpec(model_types=MODEL_TYPES, family="bert", model=Bert, tensors=(),
+                expected=expected_tensors, dims=dims, check=check_config)

@@ -1,191 +1,404 @@
-"""The fused decode path of llama-family models: one compiled call per generated token.
+"""The fused decode step: an architecture's steps compiled into one program per model.
 
-`FusedDecoder.build(model)` returns None where the fused kernel does not apply (float or
-mixed-float matrices, layers with different cache lengths, a threading layer that may run
-two workers on one thread); the model then decodes through its per-operation path, which
-computes the same function.
+`FusedDecoder.build(model)` compiles the model's per-layer steps (arch/steps.py, the same
+lists its per-operation path runs), its embedding scale and its output head into a program
+for kernels/decode_step.py, and returns None where the step does not apply (float or
+mixed-float matrices, widths the int8 activations cannot split into blocks of 32); the
+model then decodes through its per-operation path, which computes the same function.
+
+The compiler (`Program`) places every named buffer in one float32 arena: rows written by
+split projections are shared, normed rows private to each worker. It inserts a barrier
+where a step reads a whole vector that workers wrote in parts, or rewrites a vector other
+workers may still read; a step reading a vector on the split that wrote it needs none.
 """
 
 from __future__ import annotations
 
-import time
-
-import numba
 import numpy as np
 
-from .. import numba_setup
-from ..kernels.decode_step import KIND_CODE, decode_parallel, decode_serial
+from ..kernels import decode_step as ds
 from ..kernels.linear import embedding
-from ..kernels.rope import rope_tables
+from ..kernels.schedule import StepScheduler
+from .steps import Act, Add, Attend, Experts, Linear, Norm
 
-MATS = ("q", "k", "v", "o", "gate", "up", "down")
+QUANTIZED = tuple(k for k in ds.KINDS if k != "f32")  # int8-activation matrix types
+PAD = 16  # floats: regions start on 64-byte lines (workers write neighbouring rows)
+SLOTS = ds.SLOTS
 
 
-def _entry(model, t, rows: int, cols: int) -> np.ndarray | None:
-    """(offset, rows, row_bytes, kind, block) of a quantized matrix, checked against the
-    shape the architecture needs; None if it is not a quantized matrix."""
-    if t is None or t.type not in KIND_CODE or tuple(t.shape) != (rows, cols):
-        return None
-    info = model.packed.tensors[t.name]
-    offset = model.packed.data_start + info.offset
-    row_bytes = t.data.shape[1]
-    if rows * row_bytes != info.nbytes or offset + info.nbytes > model.packed.file_size:
-        return None
-    return np.array([offset, rows, row_bytes, KIND_CODE[t.type], t.block_size], np.int64)
+class Unsupported(Exception):
+    """The model has something the fused step does not run (it keeps the per-op path)."""
+
+
+def _pad(n: int) -> int:
+    return (n + PAD - 1) // PAD * PAD
+
+
+class Program:
+    """The program rows, tables and arena layout of one model's decode step."""
+
+    def __init__(self, model):
+        a = model.args
+        self.model = model
+        self.ops: list[list[int]] = []
+        self.mats: list[np.ndarray] = []
+        self.mat_index: dict[tuple, int] = {}
+        self.consts: list[float] = [float(a.rms_norm_eps), float(model.norm_offset)]
+        self.params: list[np.ndarray] = []
+        self.params_size = 0
+        self.param_index: dict[int, int] = {}
+        self.keep: list[np.ndarray] = []
+        self.ints: list[np.ndarray] = [np.zeros(PAD, np.int64)]  # I_ZERO, I_KMAX, ...
+        self.ints_size = PAD
+        self.regions: dict[tuple, int] = {}  # (space, name, width) -> offset
+        self.shared_size = 0
+        self.private_size = 0
+        self.loc: dict[str, tuple] = {}  # buffer name -> region key of its current value
+        self.dirty: dict[tuple, int] = {}  # shared region -> split written since a barrier
+        self.readers: dict[tuple, set] = {}  # shared region -> splits read (0: whole)
+        self.slots: list[str | None] = [None] * SLOTS  # the buffer each int8 slot holds
+        self.recent = 0  # the slot used last
+        self.kmax = 32
+        self.routes: list[tuple[int, list[int]]] = []  # MoE: (ints offset, expert bytes)
+        self.barriers = 0
+
+    # tables ------------------------------------------------------------------------------
+    def const(self, value: float) -> int:
+        self.consts.append(float(value))
+        return len(self.consts) - 1
+
+    def param(self, vec: np.ndarray | None) -> int:
+        if vec is None:
+            return -1
+        key = id(vec)
+        if key not in self.param_index:
+            self.keep.append(vec)  # alive while the program is built: ids stay unique
+            v = np.ascontiguousarray(vec, np.float32).reshape(-1)
+            self.param_index[key] = self.params_size
+            self.params.append(v)
+            pad = _pad(v.size) - v.size
+            if pad:
+                self.params.append(np.zeros(pad, np.float32))
+            self.params_size += v.size + pad
+        return self.param_index[key]
+
+    def int_block(self, values: np.ndarray) -> int:
+        off = self.ints_size
+        v = np.asarray(values, np.int64).reshape(-1)
+        self.ints.append(v)
+        self.ints_size += v.size
+        return off
+
+    def matrix(self, t, rows: int | None = None, cols: int | None = None,
+               float_ok: bool = False, fresh: bool = False) -> int:
+        """Index of tensor t's entry in the matrix table (checked against the file)."""
+        kind = t.type
+        if kind not in QUANTIZED and not (float_ok and kind == "f32"):
+            raise Unsupported(f"{t.name} is {kind}")
+        key = (t.name,)
+        if key in self.mat_index and not fresh:
+            return self.mat_index[key]
+        packed = self.model.packed
+        info = packed.tensors[t.name]
+        offset = packed.data_start + info.offset
+        row_bytes = t.data.shape[1] * t.data.itemsize
+        N, K = t.shape
+        if (rows is not None and N != rows) or (cols is not None and K != cols):
+            raise Unsupported(f"{t.name} has shape {list(t.shape)}")
+        if N * row_bytes != info.nbytes or offset + info.nbytes > packed.file_size:
+            raise Unsupported(f"{t.name}: table entry outside the file")
+        if kind != "f32" and K % 32:
+            raise Unsupported(f"{t.name}: {K} columns are not blocks of 32")
+        if kind == "f32" and offset % 4:
+            raise Unsupported(f"{t.name}: unaligned f32 data")
+        self.kmax = max(self.kmax, K)
+        self.mats.append(np.array([offset, N, row_bytes, ds.KIND_CODE[kind], t.block_size],
+                                  np.int64))
+        self.mat_index[key] = len(self.mats) - 1
+        return len(self.mats) - 1
+
+    # buffers and hazards ----------------------------------------------------------------
+    def _region(self, space: str, name: str, width: int) -> tuple:
+        key = (space, name, width)
+        if key not in self.regions:
+            if space == "s":
+                self.regions[key] = self.shared_size
+                self.shared_size += _pad(width)
+            else:
+                self.regions[key] = self.private_size
+                self.private_size += _pad(width)
+        return key
+
+    def _addr(self, key: tuple) -> int:
+        off = self.regions[key]
+        return off if key[0] == "s" else -1 - off
+
+    def barrier(self) -> None:
+        self.ops.append([ds.BARRIER])
+        self.barriers += 1
+        self.synced()
+
+    def synced(self) -> None:
+        """Every worker has passed a barrier: what was written is visible to all."""
+        self.dirty.clear()
+        self.readers.clear()
+
+    def read(self, name: str, split: int = 0) -> int:
+        """Address of buffer `name`, read whole (split 0) or on the split of `split` rows."""
+        if name not in self.loc:
+            raise Unsupported(f"buffer {name!r} is read before it is written")
+        key = self.loc[name]
+        if key in self.dirty and (split == 0 or self.dirty[key] != split):
+            self.barrier()
+        if key[0] == "s":
+            self.readers.setdefault(key, set()).add(split)
+        return self._addr(key)
+
+    def _clobber(self, name: str) -> None:
+        self.slots = [None if s == name else s for s in self.slots]
+
+    def write(self, name: str, width: int, split: int, private: bool = False) -> int:
+        """Address for a new value of `name`: shared rows written on the split of `split`
+        (-1: by heads), or each worker's private copy."""
+        key = self._region("p" if private else "s", name, width)
+        if not private:
+            seen = self.readers.get(key, set())
+            if any(r != split for r in seen) or self.dirty.get(key, split) != split:
+                self.barrier()
+            self.dirty[key] = split
+        self.loc[name] = key
+        self._clobber(name)
+        return self._addr(key)
+
+    def update(self, name: str, width: int) -> int:
+        """Address of `name` for an in-place update of its rows (split `width`)."""
+        addr = self.read(name, width)
+        key = self.loc[name]
+        if key[0] == "s":
+            seen = self.readers.get(key, set())
+            if any(r not in (width,) for r in seen) or self.dirty.get(key, width) != width:
+                self.barrier()
+            self.dirty[key] = width
+            self.readers.setdefault(key, set()).add(width)
+        self._clobber(name)
+        return addr
+
+    def quantized(self, name: str, K: int) -> int:
+        """The int8 slot holding `name` (quantized now if no slot does)."""
+        if name in self.slots:
+            slot = self.slots.index(name)
+        else:  # an empty slot, else the one used less recently
+            slot = self.slots.index(None) if None in self.slots else 1 - self.recent
+            self.emit(ds.QUANT, src=self.read(name), n=K, slot=slot)
+            self.slots[slot] = name
+        self.recent = slot
+        return slot
+
+    def emit(self, code: int, **operands) -> None:
+        names = ds.OPERANDS[code]
+        assert set(operands) == set(names), (ds.OPS[code], set(operands) ^ set(names))
+        self.ops.append([code] + [int(operands[n]) for n in names])
+
+    # steps -------------------------------------------------------------------------------
+    def step(self, s) -> None:
+        m, a = self.model, self.model.args
+        if isinstance(s, Norm):
+            D = s.weight.shape[0]
+            src = self.read(s.src)
+            dst = self.write(s.dst, D, 0, private=True)
+            self.emit(ds.NORM, src=src, dst=dst, n=D, weight=self.param(s.weight))
+        elif isinstance(s, Linear):
+            mat = self.matrix(s.w, float_ok=s.float_acts)
+            N, K = s.w.shape
+            outs = s.outputs
+            widths = s.widths if len(outs) > 1 else (N,)
+            if sum(widths) != N:
+                raise Unsupported(f"{s.w.name}: outputs {widths} of {N} rows")
+            float_acts = s.float_acts or s.w.type == "f32"
+            slot = 0 if float_acts else self.quantized(s.src, K)
+            row0 = 0
+            for name, rows in zip(outs, widths):
+                src = self.read(s.src)
+                bias = -1 if s.bias is None else self.param(s.bias[row0:row0 + rows]
+                                                            if len(outs) > 1 else s.bias)
+                dst = self.write(name, rows, rows)
+                self.emit(ds.PROJ, mat=mat, row0=row0, rows=rows, cols=K, src=src, slot=slot,
+                          dst=dst, bias=bias, float_acts=float_acts)
+                row0 += rows
+        elif isinstance(s, Attend):
+            Hq, Dh = a.num_attention_heads, a.head_dim
+            q, k, v = self.read(s.q), self.read(s.k), self.read(s.v)
+            dst = self.write(s.dst, Hq * Dh, -1)
+            perm = -1 if s.perm is None else self.int_block(s.perm)
+            scale, cap = self.const(m.attn_scale()), self.const(m.attn_softcap)
+            self.emit(ds.ATTEND, layer=s.layer, q=q, k=k, v=v, dst=dst,
+                      q_norm=self.param(s.q_norm), k_norm=self.param(s.k_norm),
+                      rope=m.rope_set[s.layer], perm=perm, scale=scale, softcap=cap)
+            self.synced()  # ATTEND ends its heads with a barrier, then stores k, v
+            for name in (s.k, s.v):
+                self.readers.setdefault(self.loc[name], set()).add(0)
+        elif isinstance(s, Act):
+            F = self._width(s.gate)
+            gate, up = self.read(s.gate, F), self.read(s.up, F)
+            dst = self.write(s.dst, F, F)
+            self.emit(ds.ACT, kind=ds.SILU if s.kind == "silu" else ds.GELU_TANH, gate=gate,
+                      up=up, dst=dst, n=F)
+        elif isinstance(s, Add):
+            n = self._width(s.dst)
+            src = self.read(s.src, n)
+            dst = self.update(s.dst, n)
+            scale = -1 if s.scale == 1.0 else self.const(s.scale)
+            self.emit(ds.ADD, dst=dst, src=src, n=n, scale=scale)
+        elif isinstance(s, Experts):
+            self.experts(s)
+        else:
+            raise Unsupported(f"step {type(s).__name__}")
+
+    def _width(self, name: str) -> int:
+        return self.loc[name][2]
+
+    def experts(self, s: Experts) -> None:
+        m, w = self.model, s.w
+        E, k, D = m.n_experts, m.top_k, m.args.hidden_size
+        router = self.matrix(w.router, E, D, float_ok=True)
+        src = self.read(s.src)
+        logits = self.write("router", E, E)
+        self.emit(ds.PROJ, mat=router, row0=0, rows=E, cols=D, src=src, slot=0, dst=logits,
+                  bias=-1, float_acts=1)
+        logits = self.read("router")
+        idx = self.int_block(np.zeros(k * 64, np.int64))  # k per worker (<= 64 workers)
+        weights = self.write("route_weights", k, 0, private=True)
+        self.emit(ds.ROUTE, logits=logits, experts=E, top_k=k, renorm=int(m.renorm),
+                  idx=idx, weights=weights)
+        first = len(self.mats)
+        F = w.experts[0][0].shape[0]
+        for gate, up, down in w.experts:
+            self.matrix(gate, F, D, fresh=True)
+            self.matrix(up, F, D, fresh=True)
+            self.matrix(down, D, F, fresh=True)
+        slot = self.quantized(s.src, D)
+        src = self.read(s.src)
+        bufs = {n: self.write(n, width, width) for n, width in
+                (("gate", F), ("up", F), ("ffn", F), ("y", D))}
+        dst = self.update(s.dst, D)
+        self.emit(ds.MOE, mat=first, top_k=k, src=src, slot=slot, gate=bufs["gate"],
+                  up=bufs["up"], ffn=bufs["ffn"], y=bufs["y"], dst=dst, idx=idx,
+                  weights=weights, inner=F, act=ds.SILU)
+        self.slots[1 - slot] = None  # MOE quantizes ffn there
+        self.synced()  # MOE ends with a barrier
+        self.routes.append((idx, w.expert_nbytes))
+
+    def head(self) -> None:
+        m, a = self.model, self.model.args
+        self.step(Norm("x", m.final_norm, "h"))
+        self.step(Linear(m.head, "h", "logits"))
+        V = a.vocab_size
+        if m.logit_scale != 1.0:
+            self.emit(ds.SCALE, buf=self.update("logits", V), n=V,
+                      factor=self.const(m.logit_scale))
+        if m.logit_softcap:
+            self.emit(ds.SOFTCAP, buf=self.update("logits", V), n=V,
+                      cap=self.const(m.logit_softcap))
+
+    def compile(self) -> None:
+        m, D = self.model, self.model.args.hidden_size
+        self.write("x", D, D)
+        self.synced()  # Python wrote the embedding row before the step
+        if m.embed_scale != 1.0:
+            self.emit(ds.SCALE, buf=self.update("x", D), n=D, factor=self.const(m.embed_scale))
+        for steps in m.layer_steps:
+            for s in steps:
+                self.step(s)
+        self.head()
+        self.x_addr = self.regions[("s", "x", D)]
+        self.logits_addr = self.regions[("s", "logits", m.args.vocab_size)]
 
 
 class FusedDecoder:
-    """Tables and buffers for decode_parallel / decode_serial over one model."""
+    """A compiled program with its tables and buffers, run once per decode token."""
 
     @classmethod
-    def build(cls, model) -> FusedDecoder | None:
+    def build(cls, model, threads: int | None = None) -> FusedDecoder | None:
         a = model.args
-        if type(model).__name__ != "Llama" or not model.cache.uniform:
+        if a.hidden_size % 32:
             return None
-        if model.embed_scale != 1.0 or model.norm_offset != 0.0 or a.hidden_size % 32:
+        prog = Program(model)
+        try:
+            prog.compile()
+        except Unsupported:
             return None
-        D, Dh = a.hidden_size, a.head_dim
-        qd, kvd = a.num_attention_heads * Dh, a.num_key_value_heads * Dh
-        F = model.layers[0].gate.shape[0] if model.layers[0].gate is not None else 0
-        if qd % 32 or F % 32 or F == 0:
-            return None
-        shapes = {"q": (qd, D), "k": (kvd, D), "v": (kvd, D), "o": (D, qd),
-                  "gate": (F, D), "up": (F, D), "down": (D, F)}
-        mats = np.zeros((len(model.layers), 7, 5), np.int64)
-        for i, w in enumerate(model.layers):
-            for j, name in enumerate(MATS):
-                e = _entry(model, getattr(w, name), *shapes[name])
-                if e is None:
-                    return None
-                mats[i, j] = e
-        head = _entry(model, model.head, a.vocab_size, D)
-        if head is None:
-            return None
-        return cls(model, mats, head)
+        return cls(model, prog, threads)
 
-    def __init__(self, model, mats: np.ndarray, head: np.ndarray):
+    def __init__(self, model, prog: Program, threads: int | None = None):
         a = model.args
-        L, D, Dh = len(model.layers), a.hidden_size, a.head_dim
-        qd, kvd = a.num_attention_heads * Dh, a.num_key_value_heads * Dh
-        F = int(mats[0, 4, 1])
-        self.model, self.mats, self.head = model, mats, head
+        self.model, self.program = model, prog
         self.blob = model.packed._mm
+        self.prog = np.array([row + [0] * (ds.WIDTH - len(row)) for row in prog.ops], np.int64)
+        self.mats = np.stack(prog.mats)
+        self.consts = np.array(prog.consts, np.float64)
+        self.params = (np.concatenate(prog.params) if prog.params
+                       else np.zeros(PAD, np.float32))
+        self.ints = np.concatenate(prog.ints)
+        self.ints[ds.I_ZERO], self.ints[ds.I_KMAX] = 0, prog.kmax
+        self.scheduler = StepScheduler(threads)
+        nt = self.nt = self.scheduler.threads
         f32 = np.float32
-        self.norms = np.stack([np.stack([w.attn_norm, w.ffn_norm]) for w in model.layers]
-                              ).astype(f32)
-        self.final_norm = np.asarray(model.final_norm, f32)
-        width = max(qd, kvd)
-        self.biases = np.zeros((L, 3, width), f32)
-        self.has_bias = any(w.q_bias is not None for w in model.layers)
-        self.qk_norms = np.zeros((L, 2, Dh), f32)
-        self.has_qk_norm = any(w.q_norm is not None for w in model.layers)
-        for i, w in enumerate(model.layers):
-            for j, b in enumerate((w.q_bias, w.k_bias, w.v_bias)):
-                if b is not None:
-                    self.biases[i, j, :b.shape[0]] = b
-            for j, n in enumerate((w.q_norm, w.k_norm)):
-                if n is not None:
-                    self.qk_norms[i, j] = n
-        self.Dh, self.eps = Dh, float(a.rms_norm_eps)
-        self.inv_freq, self.rope_scale = model.rope[0]
-        self.scale = float(model.attn_scale())
-        nt = max(1, model_threads())
-        self.nt = nt
-        self.x = np.zeros((1, D), f32)
-        self.q, self.k, self.v = (np.zeros((1, n), f32) for n in (qd, kvd, kvd))
-        self.attn = np.zeros((1, qd), f32)
-        self.gate, self.ffn = np.zeros((1, F), f32), np.zeros((1, F), f32)
-        self.tmp = np.zeros((1, D), f32)
-        self.logits = np.zeros((1, a.vocab_size), f32)
-        self.h = np.zeros((nt, D), f32)
-        self.acts = [_act(nt, n) for n in (D, qd, F)]
+        self.shared, self.private = prog.shared_size, _pad(max(prog.private_size, 1))
+        self.mem = np.zeros(self.shared + nt * self.private, f32)
+        K = prog.kmax
+        self.xq = np.zeros(nt * SLOTS * K, np.int8)
+        self.xd = np.zeros(nt * SLOTS * K // 32, f32)
+        self.xs = np.zeros(nt * SLOTS * K // 32, np.int32)
+        self.xds = np.zeros(nt * SLOTS * K // 32, f32)
         group = a.num_attention_heads // a.num_key_value_heads
+        Dh = a.head_dim
         self.kq = np.zeros((nt, 1 + group, Dh), f32)  # a worker's k head and q heads
         # a worker's softmax weights for one KV group's query heads, then a row of stats
-        self.scores = np.zeros((nt, group + 1, max(int(model.cache.caps.max()), group)), f32)
+        cache = model.cache
+        self.scores = np.zeros((nt, group + 1, max(int(cache.caps.max()), group)), f32)
         self.state = np.zeros(3, np.int64)  # barrier: arrived, generation, sleepers
-        self.chooser = ThreadChoice()
+        self.layers = np.zeros((len(cache.layers), ds.LAYER_WIDTH), np.int64)
+        self.layers[:, ds.LAYER_START] = cache.starts
+        self.layers[:, ds.LAYER_CAP] = cache.caps
+        self.layers[:, ds.LAYER_WINDOW] = cache.windows
+        inv = [model.rope_sets[i][0] for i in range(len(model.rope_sets))]
+        self.inv_freq = np.stack(inv).astype(np.float64)  # [sets, Dh/2]
+        self.rope_scale = np.array([s for _, s in model.rope_sets], np.float64)[:, None]
+        D, V = a.hidden_size, a.vocab_size
+        self.x = self.mem[prog.x_addr:prog.x_addr + D].reshape(1, D)
+        self.logits = self.mem[prog.logits_addr:prog.logits_addr + V].reshape(1, V)
+        self.model_tables = (self.prog, self.mats, self.consts, self.params, self.ints,
+                             self.blob)
+        self.bufs = (self.mem, self.shared, self.private, self.xq, self.xd, self.xs, self.xds,
+                     self.kq, self.scores, self.state)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the step's own arrays (the matrices stay in the mapped file)."""
+        return sum(x.nbytes for x in (self.prog, self.mats, self.consts, self.params, self.ints,
+                                      self.mem, self.xq, self.xd, self.xs, self.xds, self.kq,
+                                      self.scores, self.state, self.layers, self.inv_freq))
 
     def step(self, token: int, precise: bool) -> np.ndarray:
         """Run one token at the cache's next position; logits [vocab] (an internal buffer)."""
         m, cache = self.model, self.model.cache
         p = cache.next_pos
         embedding(m.embed, np.array([token], np.int64), self.x)
-        cos, sin = rope_tables(np.array([p], np.int64), self.inv_freq, self.rope_scale)
-        slots = np.array([layer.written % layer.cap for layer in cache.layers], np.int64)
-        nslots = np.array([min(layer.written, layer.cap) for layer in cache.layers], np.int64)
-        args = (self.blob, self.mats, self.head, self.norms, self.final_norm, self.biases,
-                self.has_bias, self.qk_norms, self.has_qk_norm, self.Dh, self.eps, 0.0,
-                precise, cos[0], sin[0], cache.k, cache.v, cache.pos, cache.caps,
-                cache.windows, slots, nslots, p, self.scale, self.x, self.q, self.k, self.v,
-                self.attn, self.gate, self.ffn, self.tmp, self.logits, self.h, self.acts[0],
-                self.acts[1], self.acts[2], self.kq, self.scores, self.state)
-        if self.nt > 1 and numba.get_num_threads() == self.nt:
-            parallel = self.chooser.parallel()
-            t0 = time.perf_counter()
-            if parallel:
-                decode_parallel(self.nt, *args)
-            else:
-                decode_serial(*args)
-            self.chooser.record(parallel, time.perf_counter() - t0)
-        else:
-            decode_serial(*args)
+        ang = float(p) * self.inv_freq
+        cos = (np.cos(ang) * self.rope_scale).astype(np.float32)
+        sin = (np.sin(ang) * self.rope_scale).astype(np.float32)
+        layers = self.layers
+        for i, layer in enumerate(cache.layers):
+            layers[i, ds.LAYER_SLOT] = layer.written % layer.cap
+            layers[i, ds.LAYER_FILLED] = min(layer.written, layer.cap)
+        kv = (cache.k_all, cache.v_all, cache.pos_all, layers, cos, sin)
+        self.scheduler.run(ds.decode_parallel, ds.decode_serial,
+                           (self.model_tables, self.bufs, kv, p, precise))
         for layer in cache.layers:
             layer.written += 1
         cache.next_pos += 1
         cache.n_tokens += 1
+        for off, nbytes in self.program.routes:  # MoE: the experts this token read
+            for e in self.ints[off:off + m.top_k]:
+                m.expert_bytes_read += nbytes[e]
         return self.logits[0]
-
-
-class ThreadChoice:
-    """Parallel or serial decode step, from the wall time of recent steps.
-
-    The workers of a parallel step meet at ~150 barriers per token: when other processes
-    keep the cores busy, each barrier can wait for a descheduled partner, and the step
-    becomes many times slower than one thread's. Parallel runs while its step time stays
-    within SLOW x its best (which may drift up 0.5% per step, as the context grows); past
-    that, or while serial runs, the other mode is timed once every PROBE steps (at once
-    the first time; a probe's time replaces that mode's average), and the mode with the
-    lower moving average runs. On a quiet machine nothing is ever probed.
-    """
-
-    SLOW, PROBE, ALPHA = 1.5, 32, 0.3
-
-    def __init__(self):
-        self.best = float("inf")  # best parallel step time (drifting)
-        self.avg = {True: None, False: None}  # moving averages, parallel and serial
-        self.mode = True
-        self.since = 0  # steps since the other mode was timed
-
-    def parallel(self) -> bool:
-        """Run the next step in parallel?"""
-        self.since += 1
-        slow = self.avg[True] is not None and self.avg[True] > self.SLOW * self.best
-        due = self.since >= self.PROBE or self.avg[not self.mode] is None
-        if (slow or not self.mode) and due:
-            self.since = 0
-            return not self.mode
-        return self.mode
-
-    def record(self, parallel: bool, seconds: float) -> None:
-        if parallel:
-            self.best = min(self.best * 1.005, seconds)
-        old = self.avg[parallel]
-        probe = parallel != self.mode
-        self.avg[parallel] = (seconds if old is None or probe
-                              else old + self.ALPHA * (seconds - old))
-        par, ser = self.avg[True], self.avg[False]
-        self.mode = ser is None or par is None or par <= ser
-
-
-def _act(nt: int, K: int) -> tuple:
-    return (np.zeros((nt, K), np.int8), np.zeros((nt, K // 32), np.float32),
-            np.zeros((nt, K // 32), np.int32), np.zeros((nt, K // 32), np.float32))
-
-
-def model_threads() -> int:
-    """Workers for the parallel step: numba's threads, where the layer runs them all at
-    once (omp); otherwise 1 (the serial step)."""
-    if numba_setup.THREADING_LAYER != "omp":
-        return 1
-    return numba.get_num_threads()

@@ -20,10 +20,10 @@ import numpy as np
 
 from ..config import ModelArgs, _round_bf16, rope_inv_freq
 from ..errors import UnsupportedArchitectureError
-from ..kernels.activations import geglu_tanh
-from ..kernels.linear import linear, quantize_act
-from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
-from .base import Buffers, LayerWeights, Transformer
+from .base import LayerWeights, Transformer
+from .llama import ATTENTION, DENSE_MLP
+from .spec import REQ, VEC, ArchSpec, TensorSpec
+from .steps import Add, Attend, Linear, Norm, dense_mlp
 
 GELU_TANH = (None, "gelu_pytorch_tanh", "gelu_tanh")
 SLIDING_THETA = 10000.0  # transformers 4 default of rope_local_base_freq
@@ -51,6 +51,18 @@ def layer_rope_params(args: ModelArgs, layer_type: str) -> dict:
     return args.rope()
 
 
+# q/k norms required; sandwich norms (llama.cpp's ffn_norm is the pre-feed-forward norm)
+TENSORS = tuple(TensorSpec(t.name, t.role, t.shape, REQ, t.field, t.gguf)
+                if t.field in ("q_norm", "k_norm") else t for t in ATTENTION) + (
+    TensorSpec("post_attention_layernorm.weight", VEC, ("hidden",), REQ, "post_attn_norm",
+               "post_attention_norm.weight"),
+    TensorSpec("pre_feedforward_layernorm.weight", VEC, ("hidden",), REQ, "ffn_norm",
+               "ffn_norm.weight"),
+    TensorSpec("post_feedforward_layernorm.weight", VEC, ("hidden",), REQ, "post_ffn_norm",
+               "post_ffw_norm.weight"),
+) + DENSE_MLP
+
+
 class Gemma3(Transformer):
     """Gemma 3 over packed weights (see the module docstring for the block)."""
 
@@ -68,27 +80,6 @@ class Gemma3(Transformer):
         scalar = args.query_pre_attn_scalar or args.head_dim
         self._attn_scale = float(scalar) ** -0.5
 
-    def layer_weights(self, i: int) -> LayerWeights:
-        p = f"model.layers.{i}."
-        return LayerWeights(
-            attn_norm=self.vector(p + "input_layernorm.weight"),
-            q=self.matrix(p + "self_attn.q_proj.weight"),
-            k=self.matrix(p + "self_attn.k_proj.weight"),
-            v=self.matrix(p + "self_attn.v_proj.weight"),
-            o=self.matrix(p + "self_attn.o_proj.weight"),
-            q_bias=self.vector(p + "self_attn.q_proj.bias", optional=True),
-            k_bias=self.vector(p + "self_attn.k_proj.bias", optional=True),
-            v_bias=self.vector(p + "self_attn.v_proj.bias", optional=True),
-            q_norm=self.vector(p + "self_attn.q_norm.weight"),
-            k_norm=self.vector(p + "self_attn.k_norm.weight"),
-            post_attn_norm=self.vector(p + "post_attention_layernorm.weight"),
-            ffn_norm=self.vector(p + "pre_feedforward_layernorm.weight"),
-            post_ffn_norm=self.vector(p + "post_feedforward_layernorm.weight"),
-            gate=self.matrix(p + "mlp.gate_proj.weight"),
-            up=self.matrix(p + "mlp.up_proj.weight"),
-            down=self.matrix(p + "mlp.down_proj.weight"),
-        )
-
     def layer_rope(self, i: int) -> tuple[np.ndarray, float]:
         params = layer_rope_params(self.args, self.args.layer_types[i])
         dtype = self.args.extra.get("dtype") or self.args.extra.get("torch_dtype")
@@ -98,31 +89,15 @@ class Gemma3(Transformer):
     def attn_scale(self) -> float:
         return self._attn_scale
 
-    def qk_norm(self, w: LayerWeights, q: np.ndarray, k: np.ndarray) -> None:
-        rmsnorm_heads(q, w.q_norm, self.args.rms_norm_eps, self.norm_offset)
-        rmsnorm_heads(k, w.k_norm, self.args.rms_norm_eps, self.norm_offset)
+    def steps(self, i: int, w: LayerWeights) -> list:
+        return [Norm("x", w.attn_norm, "h"),
+                Linear(w.q, "h", "q", w.q_bias), Linear(w.k, "h", "k", w.k_bias),
+                Linear(w.v, "h", "v", w.v_bias),
+                Attend(i, q_norm=w.q_norm, k_norm=w.k_norm),
+                Linear(w.o, "attn", "h"), Norm("h", w.post_attn_norm, "h"), Add("x", "h"),
+                Norm("x", w.ffn_norm, "h"), *dense_mlp(w, act="gelu_tanh"),
+                Norm("h", w.post_ffn_norm, "h"), Add("x", "h")]
 
-    def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        eps, off = self.args.rms_norm_eps, self.norm_offset
-        x, h = b.x[:T], b.h[:T]
-        rmsnorm(x, w.attn_norm, eps, off, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        q, k, v = b.q[:T], b.k[:T], b.v[:T]
-        linear(w.q, h, q, precise=self.precise, act=act)
-        linear(w.k, h, k, precise=self.precise, act=act)
-        linear(w.v, h, v, precise=self.precise, act=act)
-        for bias, out in ((w.q_bias, q), (w.k_bias, k), (w.v_bias, v)):
-            if bias is not None:
-                out += bias
-        self.attend(i, w, b, T, positions)
-        linear(w.o, b.attn[:T], h, precise=self.precise)
-        rmsnorm(h, w.post_attn_norm, eps, off, h)
-        add_inplace(x, h)
-        rmsnorm(x, w.ffn_norm, eps, off, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        linear(w.gate, h, b.gate[:T], precise=self.precise, act=act)
-        linear(w.up, h, b.up[:T], precise=self.precise, act=act)
-        geglu_tanh(b.gate[:T], b.up[:T], b.ffn[:T])
-        linear(w.down, b.ffn[:T], h, precise=self.precise)
-        rmsnorm(h, w.post_ffn_norm, eps, off, h)
-        add_inplace(x, h)
+
+SPEC = ArchSpec(model_types=("gemma3_text",), family="gemma3", model=Gemma3, tensors=TENSORS,
+                gguf={"gemma3": ("gemma3_text", "Gemma3ForCausalLM")})

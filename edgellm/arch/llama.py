@@ -7,16 +7,30 @@ biases), qwen3 (per-head q/k RMSNorm), SmolLM. One block:
 
 from __future__ import annotations
 
-import os
+from .base import LayerWeights, Transformer
+from .spec import MAT, OPT, VEC, ArchSpec, TensorSpec
+from .steps import Add, Attend, Linear, Norm, dense_mlp
 
-import numpy as np
-
-from ..config import ModelArgs
-from ..kernels.activations import swiglu
-from ..kernels.linear import linear, quantize_act
-from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
-from .base import Buffers, LayerWeights, Transformer
-from .fused import FusedDecoder
+# The attention half every llama-style block has: (field, name, role, shape, required, gguf)
+ATTENTION = tuple(TensorSpec(n, r, s, q, f, g) for f, n, r, s, q, g in (
+    ("attn_norm", "input_layernorm.weight", VEC, ("hidden",), True, "attn_norm.weight"),
+    ("q", "self_attn.q_proj.weight", MAT, ("q", "hidden"), True, "attn_q.weight"),
+    ("k", "self_attn.k_proj.weight", MAT, ("kv", "hidden"), True, "attn_k.weight"),
+    ("v", "self_attn.v_proj.weight", MAT, ("kv", "hidden"), True, "attn_v.weight"),
+    ("o", "self_attn.o_proj.weight", MAT, ("hidden", "q"), True, "attn_output.weight"),
+    ("q_bias", "self_attn.q_proj.bias", VEC, ("q",), OPT, "attn_q.bias"),
+    ("k_bias", "self_attn.k_proj.bias", VEC, ("kv",), OPT, "attn_k.bias"),
+    ("v_bias", "self_attn.v_proj.bias", VEC, ("kv",), OPT, "attn_v.bias"),
+    ("q_norm", "self_attn.q_norm.weight", VEC, ("head_dim",), OPT, "attn_q_norm.weight"),
+    ("k_norm", "self_attn.k_norm.weight", VEC, ("head_dim",), OPT, "attn_k_norm.weight"),
+))
+FFN_NORM = TensorSpec("post_attention_layernorm.weight", VEC, ("hidden",), True, "ffn_norm",
+                      "ffn_norm.weight")
+DENSE_MLP = tuple(TensorSpec(n, MAT, s, True, f, g) for f, n, s, g in (
+    ("gate", "mlp.gate_proj.weight", ("inter", "hidden"), "ffn_gate.weight"),
+    ("up", "mlp.up_proj.weight", ("inter", "hidden"), "ffn_up.weight"),
+    ("down", "mlp.down_proj.weight", ("hidden", "inter"), "ffn_down.weight"),
+))
 
 
 class Llama(Transformer):
@@ -24,55 +38,21 @@ class Llama(Transformer):
 
     norm_offset = 0.0
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if os.environ.get("EDGELLM_FUSED", "1") != "0":
-            self.fused = FusedDecoder.build(self)
+    def attention_steps(self, i: int, w: LayerWeights) -> list:
+        """h = x + o_proj(attention(...)): the attention half every llama-style block has."""
+        return [Norm("x", w.attn_norm, "h"),
+                Linear(w.q, "h", "q", w.q_bias), Linear(w.k, "h", "k", w.k_bias),
+                Linear(w.v, "h", "v", w.v_bias),
+                Attend(i, q_norm=w.q_norm, k_norm=w.k_norm),
+                Linear(w.o, "attn", "h"), Add("x", "h")]
 
-    def layer_weights(self, i: int) -> LayerWeights:
-        p = f"model.layers.{i}."
-        return LayerWeights(
-            attn_norm=self.vector(p + "input_layernorm.weight"),
-            q=self.matrix(p + "self_attn.q_proj.weight"),
-            k=self.matrix(p + "self_attn.k_proj.weight"),
-            v=self.matrix(p + "self_attn.v_proj.weight"),
-            o=self.matrix(p + "self_attn.o_proj.weight"),
-            q_bias=self.vector(p + "self_attn.q_proj.bias", optional=True),
-            k_bias=self.vector(p + "self_attn.k_proj.bias", optional=True),
-            v_bias=self.vector(p + "self_attn.v_proj.bias", optional=True),
-            q_norm=self.vector(p + "self_attn.q_norm.weight", optional=True),
-            k_norm=self.vector(p + "self_attn.k_norm.weight", optional=True),
-            ffn_norm=self.vector(p + "post_attention_layernorm.weight"),
-            gate=self.matrix(p + "mlp.gate_proj.weight"),
-            up=self.matrix(p + "mlp.up_proj.weight"),
-            down=self.matrix(p + "mlp.down_proj.weight"),
-        )
+    def steps(self, i: int, w: LayerWeights) -> list:
+        return (self.attention_steps(i, w) + [Norm("x", w.ffn_norm, "h")] + dense_mlp(w)
+                + [Add("x", "h")])
 
-    def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        a: ModelArgs = self.args
-        x, h = b.x[:T], b.h[:T]
-        rmsnorm(x, w.attn_norm, a.rms_norm_eps, self.norm_offset, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        q, k, v = b.q[:T], b.k[:T], b.v[:T]
-        linear(w.q, h, q, precise=self.precise, act=act)
-        linear(w.k, h, k, precise=self.precise, act=act)
-        linear(w.v, h, v, precise=self.precise, act=act)
-        for bias, out in ((w.q_bias, q), (w.k_bias, k), (w.v_bias, v)):
-            if bias is not None:
-                out += bias
-        self.attend(i, w, b, T, positions)
-        linear(w.o, b.attn[:T], h, precise=self.precise)
-        add_inplace(x, h)
-        rmsnorm(x, w.ffn_norm, a.rms_norm_eps, self.norm_offset, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        linear(w.gate, h, b.gate[:T], precise=self.precise, act=act)
-        linear(w.up, h, b.up[:T], precise=self.precise, act=act)
-        swiglu(b.gate[:T], b.up[:T], b.ffn[:T])
-        linear(w.down, b.ffn[:T], h, precise=self.precise)
-        add_inplace(x, h)
 
-    def qk_norm(self, w: LayerWeights, q: np.ndarray, k: np.ndarray) -> None:
-        if w.q_norm is not None:
-            rmsnorm_heads(q, w.q_norm, self.args.rms_norm_eps, self.norm_offset)
-        if w.k_norm is not None:
-            rmsnorm_heads(k, w.k_norm, self.args.rms_norm_eps, self.norm_offset)
+SPEC = ArchSpec(
+    model_types=("llama", "mistral", "qwen2", "qwen3", "smollm", "smollm2", "smollm3"),
+    family="llama", model=Llama, tensors=ATTENTION + (FFN_NORM,) + DENSE_MLP,
+    gguf={"llama": ("llama", "LlamaForCausalLM"), "mistral": ("mistral", "MistralForCausalLM"),
+          "qwen2": ("qwen2", "Qwen2ForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")})

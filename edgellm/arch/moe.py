@@ -27,19 +27,28 @@ from ..config import ModelArgs
 from ..errors import FormatError, UnsupportedArchitectureError
 from ..format import Tensor
 from ..kernels.activations import swiglu
-from ..kernels.linear import linear, quantize_act
+from ..kernels.linear import linear
 from ..kernels.moe import route, scatter_add
-from ..kernels.norms import add_inplace, rmsnorm
-from .base import Buffers, LayerWeights
-from .llama import Llama
+from .base import LayerWeights
+from .llama import ATTENTION, DENSE_MLP, FFN_NORM, Llama
+from .spec import MAT, ArchSpec, TensorSpec
+from .steps import Add, Experts, Norm, dense_mlp
 
-# model_type -> (router, expert gate, up, down) names under "model.layers.N.".
-TENSOR_NAMES = {
-    "qwen3_moe": ("mlp.gate.weight", "mlp.experts.{}.gate_proj.weight",
-                  "mlp.experts.{}.up_proj.weight", "mlp.experts.{}.down_proj.weight"),
-    "mixtral": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{}.w1.weight",
-                "block_sparse_moe.experts.{}.w3.weight", "block_sparse_moe.experts.{}.w2.weight"),
-}
+# The sparse MLP by model_type ("{e}" runs over the experts): router, expert gate, up, down.
+SPARSE_MLP = {mt: tuple(TensorSpec(n, MAT, shape) for n, shape in zip(names, (
+    ("experts", "hidden"), ("expert_inter", "hidden"), ("expert_inter", "hidden"),
+    ("hidden", "expert_inter")), strict=True)) for mt, names in {
+    "qwen3_moe": ("mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight",
+                  "mlp.experts.{e}.up_proj.weight", "mlp.experts.{e}.down_proj.weight"),
+    "mixtral": ("block_sparse_moe.gate.weight", "block_sparse_moe.experts.{e}.w1.weight",
+                "block_sparse_moe.experts.{e}.w3.weight", "block_sparse_moe.experts.{e}.w2.weight"),
+}.items()}
+# Dense layers (qwen3_moe's mlp_only_layers): transformers sizes a dense MLP by
+# intermediate_size; the runtime sizes its buffers by the first dense layer, so any width is
+# safe if all dense layers agree.
+DENSE = tuple(TensorSpec(t.name, t.role, tuple("dense_inter" if d == "inter" else d
+                                               for d in t.shape), t.required, t.field, t.gguf)
+              for t in DENSE_MLP)
 
 
 @dataclass
@@ -75,8 +84,44 @@ def moe_settings(args: ModelArgs) -> tuple[int, int, bool]:
     return n, k, args.model_type == "mixtral" or bool(args.norm_topk_prob)
 
 
+def is_sparse(a: ModelArgs, i: int) -> bool:
+    """Whether layer i has a sparse MLP."""
+    if a.model_type == "mixtral":
+        return True
+    step = max(1, int(a.decoder_sparse_step or 1))
+    return i not in (a.mlp_only_layers or []) and (i + 1) % step == 0
+
+
+def n_experts(a: ModelArgs) -> int:
+    return int(a.num_local_experts or a.num_experts or 0)
+
+
+def expert_inter(a: ModelArgs) -> int:
+    return int(a.moe_intermediate_size or 0) if a.model_type == "qwen3_moe" \
+        else a.intermediate_size
+
+
+def layer_tensors(spec: ArchSpec, a: ModelArgs, i: int) -> tuple:
+    return ATTENTION + (FFN_NORM,) + (SPARSE_MLP[a.model_type] if is_sparse(a, i) else DENSE)
+
+
+def dims(a: ModelArgs) -> dict:
+    return {"experts": n_experts(a), "expert_inter": expert_inter(a), "dense_inter": None}
+
+
+def check_config(where: str, a: ModelArgs) -> None:
+    n, k = n_experts(a), a.num_experts_per_tok
+    if not isinstance(k, int) or n < 1 or not 1 <= k <= n:
+        raise FormatError(f"{where}: config has {k!r} experts per token of {n} experts")
+    if expert_inter(a) < 1:
+        raise FormatError(f"{where}: config field 'moe_intermediate_size' is "
+                          f"{a.moe_intermediate_size!r}")
+
+
 class MoE(Llama):
     """qwen3_moe / mixtral over packed weights (see the module docstring)."""
+
+    weights_class = MoEWeights
 
     def __init__(self, packed, args: ModelArgs, **kw):
         if args.hidden_act != "silu":
@@ -86,78 +131,33 @@ class MoE(Llama):
         self.n_experts, self.top_k, self.renorm = moe_settings(args)
         super().__init__(packed, args, **kw)
         sparse = [w for w in self.layers if w.experts is not None]
-        dense = [w for w in self.layers if w.experts is None]
         inner = sparse[0].experts[0][0].shape[0] if sparse else 1
         self.moe_buf = MoEBuffers(self.chunk, args.hidden_size, inner, self.n_experts,
                                   self.top_k)
-        F = dense[0].gate.shape[0] if dense else 1
-        self.dense_buf = [np.zeros((self.chunk, F), np.float32) for _ in range(3)]
         self.expert_bytes = sum(sum(w.expert_nbytes) for w in sparse)
         self.expert_bytes_read = 0
 
     def is_sparse(self, i: int) -> bool:
-        a = self.args
-        if a.model_type == "mixtral":
-            return True
-        step = max(1, int(a.decoder_sparse_step or 1))
-        return i not in (a.mlp_only_layers or []) and (i + 1) % step == 0
+        return is_sparse(self.args, i)
 
     def layer_weights(self, i: int) -> MoEWeights:
         p = f"model.layers.{i}."
-        w = MoEWeights(
-            attn_norm=self.vector(p + "input_layernorm.weight"),
-            q=self.matrix(p + "self_attn.q_proj.weight"),
-            k=self.matrix(p + "self_attn.k_proj.weight"),
-            v=self.matrix(p + "self_attn.v_proj.weight"),
-            o=self.matrix(p + "self_attn.o_proj.weight"),
-            q_bias=self.vector(p + "self_attn.q_proj.bias", optional=True),
-            k_bias=self.vector(p + "self_attn.k_proj.bias", optional=True),
-            v_bias=self.vector(p + "self_attn.v_proj.bias", optional=True),
-            q_norm=self.vector(p + "self_attn.q_norm.weight", optional=True),
-            k_norm=self.vector(p + "self_attn.k_norm.weight", optional=True),
-            ffn_norm=self.vector(p + "post_attention_layernorm.weight"),
-        )
+        w = super().layer_weights(i)  # attention, norms and a dense MLP's matrices
         if not self.is_sparse(i):
-            w.gate = self.matrix(p + "mlp.gate_proj.weight")
-            w.up = self.matrix(p + "mlp.up_proj.weight")
-            w.down = self.matrix(p + "mlp.down_proj.weight")
             return w
-        router, *matrices = TENSOR_NAMES[self.args.model_type]
+        router, *matrices = (t.name for t in SPARSE_MLP[self.args.model_type])
         w.router = self.matrix(p + router)
         if w.router.shape[0] != self.n_experts:
             raise FormatError(f"{self.packed.path}: {w.router.name} routes to "
                               f"{w.router.shape[0]} experts, the config says {self.n_experts}")
-        w.experts = [tuple(self.matrix(p + m.format(e)) for m in matrices)
+        w.experts = [tuple(self.matrix(p + m.format(e=e)) for m in matrices)
                      for e in range(self.n_experts)]
         w.expert_nbytes = [sum(t.data.nbytes for t in ex) for ex in w.experts]
         return w
 
-    def block(self, i: int, w: MoEWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        a: ModelArgs = self.args
-        x, h = b.x[:T], b.h[:T]
-        rmsnorm(x, w.attn_norm, a.rms_norm_eps, 0.0, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        q, k, v = b.q[:T], b.k[:T], b.v[:T]
-        linear(w.q, h, q, precise=self.precise, act=act)
-        linear(w.k, h, k, precise=self.precise, act=act)
-        linear(w.v, h, v, precise=self.precise, act=act)
-        for bias, out in ((w.q_bias, q), (w.k_bias, k), (w.v_bias, v)):
-            if bias is not None:
-                out += bias
-        self.attend(i, w, b, T, positions)
-        linear(w.o, b.attn[:T], h, precise=self.precise)
-        add_inplace(x, h)
-        rmsnorm(x, w.ffn_norm, a.rms_norm_eps, 0.0, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        if w.experts is None:
-            gate, up, ffn = (buf[:T] for buf in self.dense_buf)
-            linear(w.gate, h, gate, precise=self.precise, act=act)
-            linear(w.up, h, up, precise=self.precise, act=act)
-            swiglu(gate, up, ffn)
-            linear(w.down, ffn, h, precise=self.precise)
-            add_inplace(x, h)
-        else:
-            self.sparse_mlp(w, h, act, x)
+    def steps(self, i: int, w: MoEWeights) -> list:
+        mlp = dense_mlp(w) + [Add("x", "h")] if w.experts is None else [Experts(w, "h", "x")]
+        return self.attention_steps(i, w) + [Norm("x", w.ffn_norm, "h")] + mlp
 
     def sparse_mlp(self, w: MoEWeights, h: np.ndarray, act, out: np.ndarray) -> None:
         """out[T, D] += the routed experts' outputs for the normed rows h[T, D]."""
@@ -181,3 +181,8 @@ class MoE(Llama):
             linear(down, m.ffn[:n], m.y[:n], precise=self.precise)
             scatter_add(out, rows, weights[rows, slot], m.y[:n])
             self.expert_bytes_read += w.expert_nbytes[e]
+
+
+SPEC = ArchSpec(model_types=("qwen3_moe", "mixtral"), family="moe", model=MoE,
+                tensors=ATTENTION + (FFN_NORM,) + DENSE, layer_tensors=layer_tensors,
+                dims=dims, check=check_config)

@@ -6,8 +6,8 @@
     y = h + down_proj(silu(gate) * up)
 
 partial_rotary_factor < 1 rotates only the first `rot` dims of each q/k head (rotate-half
-within them). We store q and k with their head dims permuted the same way (which leaves
-every q.k product unchanged) so that the shared full-width RoPE kernel, with zero
+within them). Attention reads q and k with their head dims permuted the same way (which
+leaves every q.k product unchanged) so that the shared full-width RoPE kernel, with zero
 frequencies on the pass-through dims, does exactly that; the KV cache's context shift
 then re-ropes keys correctly too. A sliding_window in the config applies to every layer,
 as transformers' Phi3 does. longrope ("su") scaling (the 128k models) is not supported.
@@ -22,10 +22,9 @@ import numpy as np
 from ..config import ModelArgs, rope_inv_freq
 from ..errors import FormatError, UnsupportedArchitectureError
 from ..format import Tensor
-from ..kernels.activations import swiglu
-from ..kernels.linear import linear, quantize_act
-from ..kernels.norms import add_inplace, rmsnorm
-from .base import Buffers, LayerWeights, Transformer
+from .base import LayerWeights, Transformer
+from .spec import MAT, VEC, ArchSpec, TensorSpec
+from .steps import Act, Add, Attend, Linear, Norm
 
 
 @dataclass
@@ -55,8 +54,30 @@ def head_permutation(head_dim: int, rot: int) -> np.ndarray:
                            np.arange(r, rot), np.arange(rot + p, head_dim)])
 
 
+TENSORS = tuple(TensorSpec(n, r, s, True, f, None) for f, n, r, s in (
+    ("attn_norm", "input_layernorm.weight", VEC, ("hidden",)),
+    ("qkv", "self_attn.qkv_proj.weight", MAT, ("qkv", "hidden")),
+    ("o", "self_attn.o_proj.weight", MAT, ("hidden", "q")),
+    ("ffn_norm", "post_attention_layernorm.weight", VEC, ("hidden",)),
+    ("gate_up", "mlp.gate_up_proj.weight", MAT, ("gate_up", "hidden")),
+    ("down", "mlp.down_proj.weight", MAT, ("hidden", "inter")),
+))
+
+
+def check_config(where: str, a: ModelArgs) -> None:
+    """The rotary dims as rotary_dims computes them, with the file named."""
+    factor = a.rope().get("partial_rotary_factor", a.partial_rotary_factor)
+    rot = int(a.head_dim * float(1.0 if factor is None else factor))
+    if rot <= 0 or rot > a.head_dim or rot % 2:
+        raise FormatError(f"{where}: config partial_rotary_factor {_short(factor)} gives "
+                          f"{rot} rotary dims of head_dim {a.head_dim} (need an even "
+                          "number > 0)")
+
+
 class Phi3(Transformer):
     """Phi-3 over packed weights (see the module docstring)."""
+
+    weights_class = Phi3Weights
 
     def __init__(self, packed, args: ModelArgs, **kw):
         kind = args.rope().get("rope_type", "default")
@@ -69,32 +90,16 @@ class Phi3(Transformer):
                 f"{packed.path}: phi3 activation {args.hidden_act!r} is not supported (silu)")
         self.rot = rotary_dims(args)
         super().__init__(packed, args, **kw)
-        Hq, Hkv, Dh = args.num_attention_heads, args.num_key_value_heads, args.head_dim
-        qd, kvd = Hq * Dh, Hkv * Dh
-        # Columns of the fused output that become q, k, v (q and k head dims permuted).
-        perm = head_permutation(Dh, self.rot)
-        self.q_cols = (np.arange(Hq)[:, None] * Dh + perm).reshape(-1)
-        self.k_cols = qd + (np.arange(Hkv)[:, None] * Dh + perm).reshape(-1)
-        self.v_cols = slice(qd + kvd, qd + 2 * kvd)
-        self.permuted = self.rot != Dh
-        F = self.layers[0].gate_up.shape[0] // 2
-        self.inner = F
-        self.qkv_buf = np.zeros((self.chunk, qd + 2 * kvd), np.float32)
-        self.gate_up_buf = np.zeros((self.chunk, 2 * F), np.float32)
-        self.ffn_buf = np.zeros((self.chunk, F), np.float32)
+        # q and k head dims read permuted (see the module docstring)
+        self.perm = (head_permutation(args.head_dim, self.rot) if self.rot != args.head_dim
+                     else None)
+
+    def ffn_width(self) -> int:
+        return self.layers[0].gate_up.shape[0] // 2
 
     def layer_weights(self, i: int) -> Phi3Weights:
         a = self.args
-        p = f"model.layers.{i}."
-        w = Phi3Weights(
-            attn_norm=self.vector(p + "input_layernorm.weight"),
-            q=None, k=None, v=None,
-            o=self.matrix(p + "self_attn.o_proj.weight"),
-            ffn_norm=self.vector(p + "post_attention_layernorm.weight"),
-            qkv=self.matrix(p + "self_attn.qkv_proj.weight"),
-            gate_up=self.matrix(p + "mlp.gate_up_proj.weight"),
-            down=self.matrix(p + "mlp.down_proj.weight"),
-        )
+        w = super().layer_weights(i)
         rows = (a.num_attention_heads + 2 * a.num_key_value_heads) * a.head_dim
         if w.qkv.shape[0] != rows:
             raise FormatError(f"{self.packed.path}: {w.qkv.name} has {w.qkv.shape[0]} rows, "
@@ -112,28 +117,23 @@ class Phi3(Transformer):
         pad = np.zeros((self.args.head_dim - self.rot) // 2)  # pass-through dims: angle 0
         return np.concatenate([inv, pad]), scaling
 
-    def block(self, i: int, w: Phi3Weights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        eps = self.args.rms_norm_eps
-        x, h = b.x[:T], b.h[:T]
-        rmsnorm(x, w.attn_norm, eps, 0.0, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        qkv = self.qkv_buf[:T]
-        linear(w.qkv, h, qkv, precise=self.precise, act=act)
-        if self.permuted:
-            np.take(qkv, self.q_cols, axis=1, out=b.q[:T], mode="clip")
-            np.take(qkv, self.k_cols, axis=1, out=b.k[:T], mode="clip")
-        else:
-            b.q[:T] = qkv[:, :self.q_cols.size]
-            b.k[:T] = qkv[:, self.q_cols.size:self.v_cols.start]
-        b.v[:T] = qkv[:, self.v_cols]
-        self.attend(i, w, b, T, positions)
-        linear(w.o, b.attn[:T], h, precise=self.precise)
-        add_inplace(x, h)
-        rmsnorm(x, w.ffn_norm, eps, 0.0, h)
-        act = quantize_act(h, b.act_d) if self.int8_acts else None
-        gu = self.gate_up_buf[:T]
-        linear(w.gate_up, h, gu, precise=self.precise, act=act)
-        F = self.inner
-        swiglu(gu[:, :F], gu[:, F:], self.ffn_buf[:T])
-        linear(w.down, self.ffn_buf[:T], h, precise=self.precise)
-        add_inplace(x, h)
+    def steps(self, i: int, w: Phi3Weights) -> list:
+        a = self.args
+        qd, kvd = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
+        F = self.ffn_width()
+        return [Norm("x", w.attn_norm, "h"),
+                Linear(w.qkv, "h", ("q", "k", "v"), widths=(qd, kvd, kvd)),
+                Attend(i, perm=self.perm),
+                Linear(w.o, "attn", "h"), Add("x", "h"),
+                Norm("x", w.ffn_norm, "h"),
+                Linear(w.gate_up, "h", ("gate", "up"), widths=(F, F)),
+                Act("silu", "gate", "up", "ffn"), Linear(w.down, "ffn", "h"), Add("x", "h")]
+
+
+def _short(value) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+SPEC = ArchSpec(model_types=("phi3",), family="phi3", model=Phi3, tensors=TENSORS,
+                check=check_config)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import ArgumentError, ContextError, ContextWarning, SamplingError
@@ -127,6 +128,12 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def fused_default() -> bool:
+    """The CLI's one environment choice of the decode path: EDGELLM_FUSED=0 decodes through
+    the per-operation path (load(fused=False)); anything else, or unset, the fused step."""
+    return os.environ.get("EDGELLM_FUSED", "1").strip() != "0"
+
+
 def open_model(args) -> LLM:
     """Resolve -m (pulling the default model on first use) and load it, saying when the
     kernels are being compiled (the first run on a machine)."""
@@ -140,7 +147,8 @@ def open_model(args) -> LLM:
             warnings.simplefilter("error", ContextWarning)  # --ctx beyond the model: refused
             try:
                 llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise,
-                          kv_type=getattr(args, "kv_type", "f32"))
+                          kv_type=getattr(args, "kv_type", "f32"),
+                          fused=fused_default())
             except ContextWarning as w:
                 raise ContextError(str(w)) from None
         llm.model.warmup()

@@ -1,20 +1,34 @@
-"""One decode step of a llama-family model in one parallel region.
+"""One decode step of any architecture in one parallel region: a program interpreter.
 
-Python calls `decode_token` once per generated token. Inside, `n_threads` workers (one per
-prange iteration) run the whole step: each splits the rows of every matrix with the others
-and they meet at spin barriers (sync.py) where a stage needs the previous one's full
-output. Per layer, for worker `tid`:
+arch/fused.py compiles an architecture's block (its list of steps, arch/steps.py) into a
+program: one row of `prog` int64 [n_ops, WIDTH] per operation, with the barriers it needs.
+Python calls `decode_parallel` (or `decode_serial`) once per generated token; inside,
+`nt` workers (one per prange iteration) run the whole program. Each operation is one of
 
-  S1  h = rmsnorm(x); quantize h (int8 mode)            private copy: no barrier needed
-  S2  rows of q, k, v (+ biases)                         -> shared q, k, v      | barrier
-  S3  its query heads, one KV group at a time (each cached k, v row read once for the
-      group): q/k norm, RoPE, attention over the cache plus this token;
-      the worker owning a KV head's first query head stores its k, v            | barrier
-  S4  quantize attn (private); rows of o_proj: x[r] += o[r]                     | barrier
-  S5  h = rmsnorm(x) (private); rows of gate and up: ffn[r] = silu(g[r]) u[r]   | barrier
-  S6  quantize ffn (private); rows of down_proj: x[r] += d[r]                   | barrier
-then the final norm and the rows of the output head. Weights are read in place from the
-mapped file (`blob`, a uint8 view of the whole file) at offsets from `mats`.
+  NORM    private dst = rmsnorm(src) * (w + offset)         every worker, whole vector
+  QUANT   private int8 copy of src in act slot s             every worker, whole vector
+  PROJ    dst[r] = W[row0 + r] @ src (+ bias[r])             rows split between workers
+  ADD     dst[r] += src[r] (* c)                             rows split
+  ACT     dst[r] = act(gate[r]) * up[r]  (silu | gelu_tanh)  rows split
+  SCALE   buf[r] *= c;  SOFTCAP  buf[r] = c tanh(buf[r] / c) rows split
+  ATTEND  q/k norm, RoPE, attention over the layer's cache plus this token (query heads
+          split between workers, one KV group at a time), barrier, then the owner of each
+          KV head's first query head stores its k, v in the cache
+  ROUTE   private top-k experts of router logits (kernels/moe.route)
+  MOE     for each selected expert, ascending: gate/up rows, act | barrier | down rows,
+          dst[r] += weight * y[r] | barrier  (only the selected experts' bytes are read)
+  BARRIER all workers meet (sync.py)
+
+Rows split with _split (boundaries on ALIGN): an op reading a vector on the same split that
+wrote it needs no barrier; the compiler puts barriers where a whole vector is read after a
+split write, or a vector is rewritten while others may still read it.
+
+Vectors live in one float32 arena `mem`: addresses >= 0 are shared, -1 - a is offset a of
+the calling worker's private part (mem[shared + tid * private + a]). Weights are read in
+place from the mapped file (`blob`) at offsets from `mats` (MAT_* columns). The kernels are
+the per-operation path's own: rmsnorm, rmsnorm_heads, apply_rope, swiglu_row, geglu_tanh,
+add_inplace, quantize_rows, the mv_rows_* / mvp_rows_* matrix-vector rows, route and
+scatter_add; only attention has its decode form here (_attend_group).
 
 Every offset, shape and type in the tables is checked by the caller (arch/fused.py)
 before the first call: these kernels do not check bounds.
@@ -27,26 +41,63 @@ from numba import prange
 
 from .. import quant
 from .act_quant import quantize_rows
-from .activations import swiglu_row
+from .activations import geglu_tanh, swiglu_row
 from .dots import LANES, dots16
 from .fastexp import MASKED, exp_shift
+from .jit import kernel
 from .matvec import (
     mv_rows_q4_0,
     mv_rows_q4_1,
     mv_rows_q8_0,
+    mvp_rows_f32,
     mvp_rows_q4_0,
     mvp_rows_q4_1,
     mvp_rows_q8_0,
 )
-from .jit import kernel
+from .moe import route, scatter_add
+from .norms import add_inplace, rmsnorm, rmsnorm_heads
+from .rope import apply_rope
 from .sync import barrier
 
-# @kernel caches under a tag that covers the kernel modules these functions call
-# (numba's own cache key would only see this file).
-KIND_CODE = {n: quant.TYPES[n].code for n in quant.INT8_TYPES}  # q8_0 2, q4_0 3, q4_1 4
-# mats[layer, m] = (offset, rows, row_bytes, kind, block) for m in Q..DOWN
-Q, K, V, O, GATE, UP, DOWN = range(7)
+# Matrix kinds the step has kernels for (f32 only where a step asks for float activations:
+# routers); each kind's code is its row's in the quant table (quant.TYPES[name].code).
+KINDS = ("q8_0", "q4_0", "q4_1", "f32")
+KIND_CODE = {name: quant.TYPES[name].code for name in KINDS}
+Q8_0, Q4_0, Q4_1, F32 = (KIND_CODE[n] for n in ("q8_0", "q4_0", "q4_1", "f32"))
+# mats[m] = (offset in the file, rows, row bytes, kind, block size)
+MAT_OFF, MAT_ROWS, MAT_ROW_BYTES, MAT_KIND, MAT_BLOCK = range(5)
+MAT_WIDTH = 5
+# layers[l] = (first cache slot, slots, window, slot of this token, slots written)
+LAYER_START, LAYER_CAP, LAYER_WINDOW, LAYER_SLOT, LAYER_FILLED = range(5)
+LAYER_WIDTH = 5
+# consts: model-wide floats the ops use; others are referenced by index
+C_EPS, C_NORM_OFFSET = 0, 1
+# ints: 0 (a row index scatter_add takes), the width of an int8 slot; then op tables
+I_ZERO, I_KMAX = 0, 1
+
+# op codes and their operands (prog[i, 0] = op, prog[i, 1:] = operands in this order)
+OPS = ("BARRIER", "NORM", "QUANT", "PROJ", "ADD", "ACT", "SCALE", "SOFTCAP", "ATTEND",
+       "ROUTE", "MOE")
+BARRIER, NORM, QUANT, PROJ, ADD, ACT, SCALE, SOFTCAP, ATTEND, ROUTE, MOE = range(len(OPS))
+OPERANDS = {
+    NORM: ("src", "dst", "n", "weight"),  # weight: offset in `params`
+    QUANT: ("src", "n", "slot"),
+    PROJ: ("mat", "row0", "rows", "cols", "src", "slot", "dst", "bias", "float_acts"),
+    ADD: ("dst", "src", "n", "scale"),  # scale: consts index, -1: none
+    ACT: ("kind", "gate", "up", "dst", "n"),
+    SCALE: ("buf", "n", "factor"),
+    SOFTCAP: ("buf", "n", "cap"),
+    ATTEND: ("layer", "q", "k", "v", "dst", "q_norm", "k_norm", "rope", "perm", "scale",
+             "softcap"),  # q_norm/k_norm: params offset or -1; perm: ints offset or -1
+    ROUTE: ("logits", "experts", "top_k", "renorm", "idx", "weights"),  # idx: ints offset
+    MOE: ("mat", "top_k", "src", "slot", "gate", "up", "ffn", "y", "dst", "idx", "weights",
+          "inner", "act"),  # mat: first expert's gate; then up, down, next expert's gate...
+}
+WIDTH = 1 + max(len(v) for v in OPERANDS.values())
+SLOTS = 2  # int8 activation slots per worker (xq rows tid * SLOTS ..)
+SILU, GELU_TANH = 0, 1
 ALIGN = 16  # row split granularity (cache-line friendly, whole prefill tiles)
+NEG = MASKED  # the score of a slot a query does not see
 
 
 @kernel
@@ -58,80 +109,96 @@ def _split(n, tid, nt):
 
 
 @kernel
-def _matrix(blob, m):
-    """The uint8 [rows, row_bytes] view of table entry m."""
-    off, rows, rb = m[0], m[1], m[2]
-    return blob[off:off + rows * rb].reshape((rows, rb))
+def _heads(n, tid, nt):
+    """Heads [h0, h1) of n for worker tid (no alignment)."""
+    per = (n + nt - 1) // nt
+    h0 = min(n, tid * per)
+    return h0, min(n, h0 + per)
 
 
 @kernel
-def _mv(blob, m, h, xq, xd, xds, out, r0, r1, precise):
-    """out[0, r0:r1] = W[r0:r1] @ h[0] for the matrix of table entry m."""
-    w = _matrix(blob, m)
-    kind, block = m[3], m[4]
-    if precise:
-        if kind == 2:
+def _vec(mem, shared, private, tid, addr, n):
+    """The float32 [n] vector at program address addr (see the module docstring)."""
+    if addr < 0:
+        addr = shared + tid * private + (-1 - addr)
+    return mem[addr:addr + n]
+
+
+@kernel
+def _row(mem, shared, private, tid, addr, n):
+    """The same vector as a [1, n] row, as the per-operation kernels take it."""
+    return _vec(mem, shared, private, tid, addr, n).reshape((1, n))
+
+
+@kernel
+def _act(xq, xd, xs, xds, ints, s, K):
+    """Int8 activation slot s (of every worker's SLOTS) as [1, K] rows: xq, xd, xs, xds.
+    The slots are flat arrays of ints[I_KMAX] values each (the widest input): the kernels
+    take a row's width from its array, so each view is exactly K wide."""
+    kmax = ints[I_KMAX]
+    q0, b0, nb = s * kmax, s * (kmax // 32), K // 32
+    return (xq[q0:q0 + K].reshape((1, K)), xd[b0:b0 + nb].reshape((1, nb)),
+            xs[b0:b0 + nb].reshape((1, nb)), xds[b0:b0 + nb].reshape((1, nb)))
+
+
+@kernel
+def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts):
+    """out[0, r0:r1] = W[row0 + r0:row0 + r1] @ h[0] for matrix table entry m."""
+    off, rb, kind, block = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES], m[MAT_KIND], \
+        m[MAT_BLOCK]
+    w = blob[off:off + rows * rb].reshape((rows, rb))
+    if kind == F32:
+        mvp_rows_f32(w.view(np.float32), block, h, out, r0, r1)
+    elif float_acts:
+        if kind == Q8_0:
             mvp_rows_q8_0(w, block, h, out, r0, r1)
-        elif kind == 3:
+        elif kind == Q4_0:
             mvp_rows_q4_0(w, block, h, out, r0, r1)
         else:
             mvp_rows_q4_1(w, block, h, out, r0, r1)
+    elif kind == Q8_0:
+        mv_rows_q8_0(w, block, xq, xd, xds, out, r0, r1)
+    elif kind == Q4_0:
+        mv_rows_q4_0(w, block, xq, xd, xds, out, r0, r1)
     else:
-        if kind == 2:
-            mv_rows_q8_0(w, block, xq, xd, xds, out, r0, r1)
-        elif kind == 3:
-            mv_rows_q4_0(w, block, xq, xd, xds, out, r0, r1)
-        else:
-            mv_rows_q4_1(w, block, xq, xd, xds, out, r0, r1)
+        mv_rows_q4_1(w, block, xq, xd, xds, out, r0, r1)
 
 
 @kernel
-def _rmsnorm(x, w, eps, offset, out):
-    """out[0] = x[0] / rms(x[0]) * (w + offset)."""
-    D = x.shape[1]
-    ss = np.float32(0.0)
-    for i in range(D):
-        ss += x[0, i] * x[0, i]
-    inv = np.float32(1.0) / np.sqrt(ss / np.float32(D) + np.float32(eps))
-    for i in range(D):
-        out[0, i] = x[0, i] * inv * (w[i] + np.float32(offset))
+def _act_rows(kind, gate, up, out):
+    """out = act(gate) * up over [1, n] rows (the per-operation path's kernels)."""
+    if kind == SILU:
+        swiglu_row(gate[0], up[0], out[0])
+    else:
+        geglu_tanh(gate, up, out)
 
 
 @kernel
-def _head_prep(src, dst, norm_w, has_norm, eps, offset, cos, sin):
-    """dst[:] = rope(norm(src)) for one head vector."""
-    Dh = src.shape[0]
-    if has_norm:
-        ss = np.float32(0.0)
+def _prep_head(src, perm, use_perm, dst, norm_w, use_norm, eps, offset, cos, sin):
+    """dst [Dh] = rope(norm(src)), src read through perm where the layout asks for it."""
+    Dh = dst.shape[0]
+    if use_perm:
         for i in range(Dh):
-            ss += src[i] * src[i]
-        inv = np.float32(1.0) / np.sqrt(ss / np.float32(Dh) + np.float32(eps))
-        for i in range(Dh):
-            dst[i] = src[i] * inv * (norm_w[i] + np.float32(offset))
+            dst[i] = src[perm[i]]
     else:
         for i in range(Dh):
             dst[i] = src[i]
-    half = Dh // 2
-    for i in range(half):
-        a = dst[i]
-        b = dst[i + half]
-        dst[i] = a * cos[i] - b * sin[i]
-        dst[i + half] = b * cos[i] + a * sin[i]
-
-
-NEG = MASKED  # the score of a slot a query does not see
+    x = dst.reshape((1, 1, Dh))
+    if use_norm:
+        rmsnorm_heads(x, norm_w, eps, offset)
+    apply_rope(x, cos, sin)
 
 
 @kernel
-def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, stats, out,
-                  hq0):
+def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, scores,
+                  stats, out, hq0):
     """Attention of query heads qg[:ng] (heads hq0.. of one KV group, kvh) over the cache
     slots (positions < p in the window) and this token (key kh, value vh).
 
-    Scores 16 cached keys at a time per head (dots16: no horizontal sum per key); the
-    weighted values are summed four rows per pass and normalized at the end.
-    Scratch: scores [>= ng, >= slots], stats [1, >= ng]. out [1, Hq * Dh] receives the ng
-    heads' rows.
+    Scores 16 cached keys at a time per head (dots16: no horizontal sum per key), soft-capped
+    where softcap > 0; the weighted values are summed four rows per pass and normalized at
+    the end. Scratch: scores [>= ng, >= slots], stats [1, >= ng]. out [Hq * Dh] receives the
+    ng heads' rows.
     """
     n, Dh = kc.shape[0], kh.shape[0]
     self_s = stats[0]
@@ -154,6 +221,11 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, s
             for i in range(Dh):
                 acc += qg[g, i] * kr[i]
             scores[g, t] = acc * scale
+    if softcap > 0:
+        for g in range(ng):
+            self_s[g] = softcap * np.tanh(self_s[g] / softcap)
+            for t in range(n):
+                scores[g, t] = softcap * np.tanh(scores[g, t] / softcap)
     for t in range(n):  # slots this token does not see
         kp = cpos[t]
         if not (kp >= 0 and kp < p and (window == 0 or p - kp < window)):
@@ -170,7 +242,7 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, s
         for t in range(n):
             total += row[t]
         inv = np.float32(1.0) / total
-        o = out[0, (hq0 + g) * Dh:(hq0 + g + 1) * Dh]
+        o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
         for i in range(Dh):
             o[i] = e_self * vh[i]
         t = 0
@@ -190,137 +262,189 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, scores, s
 
 
 @kernel
-def _proj(blob, m, bias, has_bias, h, xq, xd, xds, out, tid, nt, precise):
-    """This worker's rows of out[0] = W @ h[0] (+ bias)."""
-    r0, r1 = _split(m[1], tid, nt)
-    _mv(blob, m, h, xq, xd, xds, out, r0, r1, precise)
-    if has_bias:
-        for r in range(r0, r1):
-            out[0, r] += bias[r]
-
-
-@kernel
-def _store_kv(k, v, kc, vc, cpos, kvh, s, p, Dh, norm_w, has_norm, eps, offset, cos, sin):
-    """Write KV head kvh of this token (k normed and roped) into cache slot s."""
-    _head_prep(k[0, kvh * Dh:(kvh + 1) * Dh], kc[s, kvh], norm_w, has_norm, eps, offset,
-               cos, sin)
-    for i in range(Dh):
-        vc[s, kvh, i] = v[0, kvh * Dh + i]
-    if kvh == 0:
-        cpos[s] = p
-
-
-@kernel
-def _worker(tid, nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
-            has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos, caps,
-            windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp, logits, h,
-            acts_d, acts_q, acts_f, kq, scores, state):
-    """Worker tid's part of one decode step (see the module docstring)."""
-    xq_d, xd_d, xs_d, xds_d = acts_d
-    xq_q, xd_q, xs_q, xds_q = acts_q
-    xq_f, xd_f, xs_f, xds_f = acts_f
-    L = mats.shape[0]
-    Hq = q.shape[1] // Dh
-    group = Hq // (k.shape[1] // Dh)
-    ht = h[tid:tid + 1]
-    aq, ad, asum, ads = xq_d[tid:tid + 1], xd_d[tid:tid + 1], xs_d[tid:tid + 1], xds_d[tid:tid + 1]
-    oq, od, osum, ods = xq_q[tid:tid + 1], xd_q[tid:tid + 1], xs_q[tid:tid + 1], xds_q[tid:tid + 1]
-    fq, fd, fsum, fds = xq_f[tid:tid + 1], xd_f[tid:tid + 1], xs_f[tid:tid + 1], xds_f[tid:tid + 1]
-    h0, h1 = _heads(Hq, tid, nt)
+def _attend(tid, nt, op, model, bufs, kv, p):
+    """The ATTEND op of worker tid (see the module docstring)."""
+    prog, mats, consts, params, ints, blob = model
+    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    k_all, v_all, pos_all, layers, cos_all, sin_all = kv
+    layer, qa, ka, va, da = op[1], op[2], op[3], op[4], op[5]
+    qn, kn, rset, perm_at = op[6], op[7], op[8], op[9]
+    scale, softcap = np.float32(consts[op[10]]), np.float32(consts[op[11]])
+    eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
+    Hkv, Dh = k_all.shape[1], k_all.shape[2]
+    group = scores.shape[1] - 1  # query heads per KV head
+    Hq = Hkv * group
+    lt = layers[layer]
+    start, cap, window, slot, n = lt[0], lt[1], lt[2], lt[3], lt[4]
+    kc, vc, cpos = k_all[start:start + cap], v_all[start:start + cap], pos_all[start:start + cap]
+    cos, sin = cos_all[rset:rset + 1], sin_all[rset:rset + 1]
+    q = _vec(mem, shared, private, tid, qa, Hq * Dh)
+    k = _vec(mem, shared, private, tid, ka, Hkv * Dh)
+    v = _vec(mem, shared, private, tid, va, Hkv * Dh)
+    out = _vec(mem, shared, private, tid, da, Hq * Dh)
+    use_perm = perm_at >= 0
+    perm = ints[max(perm_at, 0):max(perm_at, 0) + Dh]
+    qw, kw = params[max(qn, 0):max(qn, 0) + Dh], params[max(kn, 0):max(kn, 0) + Dh]
     kbuf, qbuf = kq[tid, 0], kq[tid, 1:]
-    for layer in range(L):
-        m = mats[layer]
-        # S1-S2: rows of q, k, v
-        _rmsnorm(x, norms[layer, 0], eps, offset, ht)
-        if not precise:
-            quantize_rows(ht, aq, ad, asum, ads, 0, 1)
-        _proj(blob, m[Q], biases[layer, 0], has_bias, ht, aq, ad, ads, q, tid, nt, precise)
-        _proj(blob, m[K], biases[layer, 1], has_bias, ht, aq, ad, ads, k, tid, nt, precise)
-        _proj(blob, m[V], biases[layer, 2], has_bias, ht, aq, ad, ads, v, tid, nt, precise)
-        barrier(state, nt)
-        # S3: attention for query heads h0..h1 over the cache plus this token
-        cap = caps[layer]
-        n = nslots[layer]  # slots written so far; attention skips the empty rest
-        kc, vc, cpos = k_cache[layer, :cap], v_cache[layer, :cap], cache_pos[layer, :cap]
-        hq = h0
-        while hq < h1:  # the heads of one KV group at a time
-            kvh = hq // group
-            ng = min(h1, (kvh + 1) * group) - hq
-            _head_prep(k[0, kvh * Dh:(kvh + 1) * Dh], kbuf, qk_norms[layer, 1], has_qk_norm,
+    h0, h1 = _heads(Hq, tid, nt)
+    hq = h0
+    while hq < h1:  # the heads of one KV group at a time
+        kvh = hq // group
+        ng = min(h1, (kvh + 1) * group) - hq
+        _prep_head(k[kvh * Dh:(kvh + 1) * Dh], perm, use_perm, kbuf, kw, kn >= 0, eps, offset,
+                   cos, sin)
+        for g in range(ng):
+            _prep_head(q[(hq + g) * Dh:(hq + g + 1) * Dh], perm, use_perm, qbuf[g], qw, qn >= 0,
                        eps, offset, cos, sin)
-            for g in range(ng):
-                _head_prep(q[0, (hq + g) * Dh:(hq + g + 1) * Dh], qbuf[g], qk_norms[layer, 0],
-                           has_qk_norm, eps, offset, cos, sin)
-            _attend_group(qbuf, ng, kbuf, v[0, kvh * Dh:(kvh + 1) * Dh], kc[:n], vc[:n],
-                          cpos[:n], kvh, p, windows[layer], scale, scores[tid, :group],
-                          scores[tid, group:], attn, hq)
-            hq += ng
-        barrier(state, nt)
-        for hq in range(h0, h1):  # the worker with a KV head's first query head stores it
-            if hq % group == 0:
-                _store_kv(k, v, kc, vc, cpos, hq // group, slots[layer], p, Dh,
-                          qk_norms[layer, 1], has_qk_norm, eps, offset, cos, sin)
-        # S4: rows of o_proj, residual
-        if not precise:
-            quantize_rows(attn, oq, od, osum, ods, 0, 1)
-        r0, r1 = _split(m[O, 1], tid, nt)
-        _mv(blob, m[O], attn, oq, od, ods, tmp, r0, r1, precise)
-        for r in range(r0, r1):
-            x[0, r] += tmp[0, r]
-        barrier(state, nt)
-        # S5: rows of gate and up, SwiGLU
-        _rmsnorm(x, norms[layer, 1], eps, offset, ht)
-        if not precise:
-            quantize_rows(ht, aq, ad, asum, ads, 0, 1)
-        r0, r1 = _split(m[GATE, 1], tid, nt)
-        _mv(blob, m[GATE], ht, aq, ad, ads, gate, r0, r1, precise)
-        _mv(blob, m[UP], ht, aq, ad, ads, ffn, r0, r1, precise)
-        swiglu_row(gate[0, r0:r1], ffn[0, r0:r1], ffn[0, r0:r1])
-        barrier(state, nt)
-        # S6: rows of down_proj, residual
-        if not precise:
-            quantize_rows(ffn, fq, fd, fsum, fds, 0, 1)
-        r0, r1 = _split(m[DOWN, 1], tid, nt)
-        _mv(blob, m[DOWN], ffn, fq, fd, fds, tmp, r0, r1, precise)
-        for r in range(r0, r1):
-            x[0, r] += tmp[0, r]
-        barrier(state, nt)
-    # output head
-    _rmsnorm(x, final_norm, eps, offset, ht)
-    if not precise:
-        quantize_rows(ht, aq, ad, asum, ads, 0, 1)
-    r0, r1 = _split(head_mat[1], tid, nt)
-    _mv(blob, head_mat, ht, aq, ad, ads, logits, r0, r1, precise)
+        _attend_group(qbuf, ng, kbuf, v[kvh * Dh:(kvh + 1) * Dh], kc[:n], vc[:n], cpos[:n],
+                      kvh, p, window, scale, softcap, scores[tid, :group], scores[tid, group:],
+                      out, hq)
+        hq += ng
+    barrier(state, nt)
+    for hq in range(h0, h1):  # the worker with a KV head's first query head stores it
+        if hq % group == 0:
+            kvh = hq // group
+            _prep_head(k[kvh * Dh:(kvh + 1) * Dh], perm, use_perm, kc[slot, kvh], kw, kn >= 0,
+                       eps, offset, cos, sin)
+            for i in range(Dh):
+                vc[slot, kvh, i] = v[kvh * Dh + i]
+            if kvh == 0:
+                cpos[slot] = p
 
 
 @kernel
-def _heads(n, tid, nt):
-    """Heads [h0, h1) of n for worker tid (no alignment)."""
-    per = (n + nt - 1) // nt
-    h0 = min(n, tid * per)
-    return h0, min(n, h0 + per)
+def _moe(tid, nt, op, model, bufs, precise):
+    """The MOE op of worker tid: the selected experts, in ascending order, as the
+    per-operation path adds them up (arch/moe.py)."""
+    prog, mats, consts, params, ints, blob = model
+    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    mat0, top_k, src, slot, ga, ua, fa, ya, da = op[1], op[2], op[3], op[4], op[5], op[6], \
+        op[7], op[8], op[9]
+    idx_at, wa, F, act = op[10], op[11], op[12], op[13]
+    D = mats[mat0 + 2, MAT_ROWS]
+    idx = ints[idx_at + tid * top_k:idx_at + (tid + 1) * top_k]
+    wts = _vec(mem, shared, private, tid, wa, top_k)
+    h = _row(mem, shared, private, tid, src, D)
+    gate, up = _row(mem, shared, private, tid, ga, F), _row(mem, shared, private, tid, ua, F)
+    ffn, y = _row(mem, shared, private, tid, fa, F), _row(mem, shared, private, tid, ya, D)
+    x = _row(mem, shared, private, tid, da, D)
+    s0 = tid * SLOTS  # this worker's act slots
+    hq, hd, hs, hds = _act(xq, xd, xs, xds, ints, s0 + slot, D)
+    fq, fd, fs, fds = _act(xq, xd, xs, xds, ints, s0 + 1 - slot, F)  # the other slot: ffn
+    last = -1
+    zero = ints[I_ZERO:I_ZERO + 1]  # the row index scatter_add takes
+    for _ in range(top_k):
+        e, j = 1 << 62, -1  # the next expert up, and its slot in idx
+        for jj in range(top_k):
+            if idx[jj] > last and idx[jj] < e:
+                e, j = idx[jj], jj
+        last = e
+        m = mat0 + 3 * e
+        r0, r1 = _split(F, tid, nt)
+        _mv(blob, mats[m], 0, F, h, hq, hd, hds, gate, r0, r1, precise)
+        _mv(blob, mats[m + 1], 0, F, h, hq, hd, hds, up, r0, r1, precise)
+        _act_rows(act, gate[:, r0:r1], up[:, r0:r1], ffn[:, r0:r1])
+        barrier(state, nt)
+        if not precise:
+            quantize_rows(ffn, fq, fd, fs, fds, 0, 1)
+        r0, r1 = _split(D, tid, nt)
+        _mv(blob, mats[m + 2], 0, D, ffn, fq, fd, fds, y, r0, r1, precise)
+        if r1 > r0:
+            scatter_add(x[0, r0:r1].reshape((1, r1 - r0)), zero, wts[j:j + 1],
+                        y[0, r0:r1].reshape((1, r1 - r0)))
+        barrier(state, nt)
+
+
+@kernel
+def _worker(tid, nt, model, bufs, kv, p, precise):
+    """Worker tid's run of the whole program (see the module docstring)."""
+    prog, mats, consts, params, ints, blob = model
+    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
+    for i in range(prog.shape[0]):
+        op = prog[i]
+        code = op[0]
+        if code == BARRIER:
+            barrier(state, nt)
+        elif code == NORM:
+            n = op[3]
+            rmsnorm(_row(mem, shared, private, tid, op[1], n), params[op[4]:op[4] + n], eps,
+                    offset, _row(mem, shared, private, tid, op[2], n))
+        elif code == QUANT:
+            if not precise:
+                aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + op[3], op[2])
+                quantize_rows(_row(mem, shared, private, tid, op[1], op[2]), aq, ad, asum, ads,
+                              0, 1)
+        elif code == PROJ:
+            rows = op[3]
+            r0, r1 = _split(rows, tid, nt)
+            K = op[4]
+            aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + op[6], K)
+            h = _row(mem, shared, private, tid, op[5], K)
+            out = _row(mem, shared, private, tid, op[7], rows)
+            _mv(blob, mats[op[1]], op[2], rows, h, aq, ad, ads, out, r0, r1,
+                precise or op[9] != 0)
+            if op[8] >= 0:
+                b = params[op[8]:op[8] + rows]
+                for r in range(r0, r1):
+                    out[0, r] += b[r]
+        elif code == ADD:
+            r0, r1 = _split(op[3], tid, nt)
+            if r1 > r0:
+                dst = _vec(mem, shared, private, tid, op[1], op[3])[r0:r1]
+                src = _vec(mem, shared, private, tid, op[2], op[3])[r0:r1]
+                if op[4] >= 0:
+                    c = np.float32(consts[op[4]])
+                    for r in range(r1 - r0):
+                        dst[r] += src[r] * c
+                else:
+                    add_inplace(dst.reshape((1, r1 - r0)), src.reshape((1, r1 - r0)))
+        elif code == ACT:
+            n = op[5]
+            r0, r1 = _split(n, tid, nt)
+            if r1 > r0:
+                g = _vec(mem, shared, private, tid, op[2], n)[r0:r1].reshape((1, r1 - r0))
+                u = _vec(mem, shared, private, tid, op[3], n)[r0:r1].reshape((1, r1 - r0))
+                o = _vec(mem, shared, private, tid, op[4], n)[r0:r1].reshape((1, r1 - r0))
+                _act_rows(op[1], g, u, o)
+        elif code == SCALE:
+            r0, r1 = _split(op[2], tid, nt)
+            buf = _vec(mem, shared, private, tid, op[1], op[2])
+            c = np.float32(consts[op[3]])
+            for r in range(r0, r1):
+                buf[r] *= c
+        elif code == SOFTCAP:
+            r0, r1 = _split(op[2], tid, nt)
+            buf = _vec(mem, shared, private, tid, op[1], op[2])
+            c = np.float32(consts[op[3]])
+            for r in range(r0, r1):
+                buf[r] = np.tanh(buf[r] / c) * c
+        elif code == ATTEND:
+            _attend(tid, nt, op, model, bufs, kv, p)
+        elif code == ROUTE:
+            E, k = op[2], op[3]
+            route(_row(mem, shared, private, tid, op[1], E), k, op[4] != 0,
+                  ints[op[5] + tid * k:op[5] + (tid + 1) * k].reshape((1, k)),
+                  _row(mem, shared, private, tid, op[6], k))
+        elif code == MOE:
+            _moe(tid, nt, op, model, bufs, precise)
 
 
 @kernel(parallel=True)
-def decode_parallel(nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
-                    has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache,
-                    cache_pos, caps, windows, slots, nslots, p, scale, x, q, k, v, attn, gate,
-                    ffn, tmp, logits, h, acts_d, acts_q, acts_f, kq, scores, state):
-    """One decode step on nt threads (nt == numba.get_num_threads(), omp layer)."""
+def decode_parallel(nt, model, bufs, kv, p, precise):
+    """One decode step on nt threads (nt == numba.get_num_threads(), omp layer).
+
+    model = (prog, mats, consts, params, ints, blob): the program and its tables;
+    bufs = (mem, shared, private, xq, xd, xs, xds, kq, scores, state): the arena, the int8
+    act slots (flat: nt * SLOTS slots of ints[I_KMAX] values), attention scratch and the
+    barrier; kv = (k, v, pos, layers, cos, sin): the cache [slots, Hkv, Dh] of every layer,
+    the layer table and this position's RoPE rows [sets, Dh/2]; p: the position.
+    """
     for tid in prange(nt):
-        _worker(tid, nt, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
-                has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos,
-                caps, windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp,
-                logits, h, acts_d, acts_q, acts_f, kq, scores, state)
+        _worker(tid, nt, model, bufs, kv, p, precise)
 
 
 @kernel
-def decode_serial(blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
-                  has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos,
-                  caps, windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp,
-                  logits, h, acts_d, acts_q, acts_f, kq, scores, state):
+def decode_serial(model, bufs, kv, p, precise):
     """One decode step on the calling thread."""
-    _worker(0, 1, blob, mats, head_mat, norms, final_norm, biases, has_bias, qk_norms,
-            has_qk_norm, Dh, eps, offset, precise, cos, sin, k_cache, v_cache, cache_pos, caps,
-            windows, slots, nslots, p, scale, x, q, k, v, attn, gate, ffn, tmp, logits, h,
-            acts_d, acts_q, acts_f, kq, scores, state)
+    _worker(0, 1, model, bufs, kv, p, precise)

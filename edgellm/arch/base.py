@@ -93,15 +93,21 @@ class Transformer:
                          for inv, s in self.rope]
         self.rope_sets = [self.rope[self.rope_set.index(j)] for j in range(len(sets))]
         self._rope_memo: dict = {}  # this chunk's cos/sin tables by frequency set
-        self.cache = KVCache([args.layer_window(i) for i in range(args.num_hidden_layers)],
-                             self.context, args.num_key_value_heads, args.head_dim,
-                             [inv for inv, _ in self.rope], n_keep=n_keep, kv_type=kv_type)
+        self.n_keep, self.kv_type = n_keep, kv_type
+        self.cache = self.new_cache()
         self.buffers = Buffers(args, self.chunk, self.ffn_width())
         self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
         self.tokens: list[int] = []  # the ids the cache holds, in order
         self.runner = StepRunner(self)
         self._layer_steps: list | None = None
         self.fused = None  # a FusedDecoder, where arch.build made one (arch/fused.py)
+
+    def new_cache(self) -> KVCache:
+        """An empty KV cache of this model's layout (the server's slots each have one)."""
+        a = self.args
+        return KVCache([a.layer_window(i) for i in range(a.num_hidden_layers)], self.context,
+                       a.num_key_value_heads, a.head_dim, [inv for inv, _ in self.rope],
+                       n_keep=self.n_keep, kv_type=self.kv_type)
 
     # weights --------------------------------------------------------------------
     def matrix(self, name: str) -> Tensor:
@@ -217,7 +223,12 @@ class Transformer:
         if want == "hidden":  # embeddings: the final norm's output of every token
             rmsnorm(b.x[:T], self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:T])
             return b.h[:T]
-        rows = b.x[:T] if want == "all" else b.x[T - 1:T]
+        return self.head_logits(b.x[:T] if want == "all" else b.x[T - 1:T])
+
+    def head_logits(self, rows: np.ndarray) -> np.ndarray:
+        """Logits [n, vocab] (a view of an internal buffer) of final hidden rows [n, D]
+        (rows of self.buffers.x): the final norm, the output head and its scale/softcap."""
+        b = self.buffers
         n = rows.shape[0]
         rmsnorm(rows, self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:n])
         out = self.logit_buf[:n]

@@ -101,7 +101,7 @@ class SlotLLM(LLM):
     """An LLM whose model is a slot (SlotModel): the parent's file, tokenizer, template and
     constraint engine; its own cache, prompt cache and generation lock."""
 
-    def __init__(self, parent: LLM, model: SlotModel):  # noqa: super().__init__ would load
+    def __init__(self, parent: LLM, model: SlotModel):  # not LLM's: nothing to load
         self.parent = parent
         self.threads, self.precise, self.packed = parent.threads, parent.precise, parent.packed
         self.model = model
@@ -148,6 +148,7 @@ class Batch:
         self._calls: list[_Job] = []
         self._closed = False
         self.rounds = self.rows = 0  # decode steps run and rows they carried (stats)
+        self.mixed = 0  # rounds that ran decode rows and a prefill chunk
         self._thread = threading.Thread(target=self._run, name="edgellm-engine", daemon=True)
         self._thread.start()
 
@@ -212,6 +213,7 @@ class Batch:
                 self._guarded([job], lambda j=job: j.finish(j.fn()))
             if decodes:
                 self._guarded(decodes, lambda: self._decode(decodes))
+                self.mixed += prefill is not None
             if prefill is not None:
                 self._guarded([prefill], lambda: self._prefill_chunk(prefill))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import urllib.error
 
 import numpy as np
 import pytest
@@ -260,3 +261,58 @@ def test_a_conversation_goes_back_to_its_slot(server, llm):
     c.chat.completions.create(model="smollm2", messages=second, max_tokens=4, temperature=0)
     reused = max(s.prompt_cache.reused for s in slots)
     assert reused >= len(llm.encode_prompt(first)) - 1
+
+
+def test_a_long_prompt_is_prefilled_between_the_decode_steps(server):
+    """A prompt of several chunks, arriving while another request streams, is prefilled a
+    chunk per round beside that stream's decode rows, not all at once before them."""
+    c = server.client()
+    batch = server.app.state.batch
+    stream = c.chat.completions.create(model="smollm2", messages=ASK, max_tokens=30,
+                                       temperature=0, stream=True)
+    it = iter(stream)
+    next(it)
+    mixed = batch.mixed
+    long = " ".join(["The quick brown fox jumps over the lazy dog."] * 18)  # ~200 tokens
+    r = c.chat.completions.create(model="smollm2", max_tokens=1,
+                                  messages=[{"role": "user", "content": long}])
+    list(it)
+    chunks = -(-r.usage.prompt_tokens // server.app.state.batch.model.chunk)
+    assert batch.mixed - mixed >= chunks - 1
+
+
+def test_cors_only_when_asked(llm, server):
+    preflight = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST"}
+
+    def allowed(s):
+        import urllib.request
+
+        req = urllib.request.Request(s.url + "/v1/chat/completions", method="OPTIONS",
+                                     headers=preflight)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                headers = dict(r.headers)
+        except urllib.error.HTTPError as e:
+            headers = dict(e.headers)
+        return headers.get("access-control-allow-origin")
+
+    assert allowed(server) is None
+    s = ThreadServer(llm, parallel=1, cors=("http://example.com",))
+    try:
+        assert allowed(s) == "http://example.com"
+    finally:
+        s.stop()
+
+
+def test_serve_warns_on_a_public_address_without_a_key(tmp_path):
+    import subprocess
+    import sys
+
+    from server_helpers import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "edgellm", "serve", "--host", "0.0.0.0",
+                           "-m", str(tmp_path / "missing.edgellm")], capture_output=True,
+                          text=True, cwd=ROOT, env={**__import__("os").environ,
+                                                    "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert "warning: serving on 0.0.0.0 without --api-key" in done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr

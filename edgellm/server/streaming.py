@@ -50,8 +50,8 @@ async def in_thread(items: Iterator, on_exit: Callable[[], None]) -> AsyncIterat
                 close()
             try:
                 loop.call_soon_threadsafe(on_exit)
-            except RuntimeError:
-                on_exit()
+            except RuntimeError:  # the loop is gone: so are the slots it handed out
+                pass
 
     threading.Thread(target=work, name="edgellm-request", daemon=True).start()
     try:

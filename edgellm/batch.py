@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ClosedError, ContextError
+from .errors import ArgumentError, ClosedError, ContextError
 from .kernels.linear import embedding
 from .lifetime import Lifetime
 from .llm import LLM
@@ -142,6 +142,10 @@ class Batch:
         if not hasattr(self.model, "new_cache"):
             raise ContextError(f"{llm.packed.path}: an encoder has no KV cache to serve "
                                "generations from")
+        if isinstance(slots, bool) or not isinstance(slots, int) \
+                or not 1 <= slots <= self.model.chunk:
+            raise ArgumentError(f"slots must be an int in 1..{self.model.chunk} (the rows "
+                                f"one step holds), got {slots!r}")
         self.slots = [SlotLLM(llm, SlotModel(self, i)) for i in range(slots)]
         self._cond = threading.Condition()
         self._decodes: list[_Job] = []
@@ -187,7 +191,7 @@ class Batch:
                 self._cond.wait()
             deadline = time.monotonic() + GATHER_S
             while not self._closed and not self._calls:
-                coming = sum(s.model.expected for s in self.slots)
+                coming = sum(1 for s in self.slots if s.model is not None and s.model.expected)
                 left = deadline - time.monotonic()
                 if coming == 0 or left <= 0:
                     break
@@ -250,6 +254,12 @@ class Batch:
         job.finish(result)
 
     def _decode(self, jobs: list[_Job]) -> None:
+        full = [j for j in jobs if not j.shift and j.view.cache.room() < 1]
+        for job in full:  # its own error, not the round's
+            job.finish(error=ContextError(f"context of {self.model.context} tokens is full"))
+        jobs = [j for j in jobs if j not in full]
+        if not jobs:
+            return
         self.rounds += 1
         self.rows += len(jobs)
         if len(self.slots) == 1:  # nothing to batch with: the fused step, where there is one

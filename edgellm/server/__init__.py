@@ -1,7 +1,8 @@
 """`edgellm serve`: an OpenAI-compatible HTTP server over the Python API (optional extra:
 pip install "edgellm[server]", FastAPI and uvicorn).
 
-    app.py        routes, limits, authentication (create_app, Settings)
+    app.py        routes (create_app, Settings)
+    limits.py     the API key (401) and the body size (413), before a route runs
     schemas.py    request bodies, as OpenAI's API shapes them
     errors.py     edgellm's typed errors as OpenAI's error objects and HTTP statuses
     slots.py      which slot serves a request (prefix routing), the bounded queue

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP app (FastAPI): routes, limits, authentication.
+"""The OpenAI-compatible HTTP app (FastAPI): its routes (limits.py checks the API key and
+the body size first).
 
     app = create_app(llm, Settings(model_id="smollm2", parallel=4), embedder=None)
 
@@ -12,7 +13,6 @@ Batch (edgellm/batch.py), streaming as server-sent events when asked.
 from __future__ import annotations
 
 import base64
-import hmac
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ from ..chat_completion import plan_chat_completion, run_plan
 from ..errors import EdgeLLMError
 from ..llm import LLM
 from .errors import APIError, from_edgellm, from_validation
+from .limits import Limits
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Sampling
 from .slots import QueueFull, SlotPool
 from .streaming import DONE, event, in_thread
@@ -67,7 +68,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
     app = FastAPI(title="edgellm", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.batch, app.state.pool = batch, pool
-    app.add_middleware(_Limits, settings=settings)
+    app.add_middleware(Limits, max_body=settings.max_body, api_key=settings.api_key)
     if settings.cors:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -221,80 +222,6 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                 "usage": {"prompt_tokens": n, "total_tokens": n}}
 
     return app
-
-
-class _Limits:
-    """ASGI middleware: request bodies of at most settings.max_body bytes (413), and the
-    API key on /v1/ routes (401)."""
-
-    def __init__(self, app, settings: Settings):
-        self.app, self.settings = app, settings
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        s = self.settings
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                   for k, v in scope.get("headers", [])}
-        if s.api_key is not None and scope["path"].startswith("/v1/") \
-                and scope["method"] != "OPTIONS":
-            given = headers.get("authorization", "")
-            token = given[7:] if given.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(token.encode(), s.api_key.encode()):
-                return await _reply(send, APIError(
-                    401, "missing or wrong API key (send Authorization: Bearer KEY)",
-                    "authentication_error", code="invalid_api_key"))
-        length = headers.get("content-length")
-        too_big = APIError(413, f"request body is larger than {s.max_body} bytes",
-                           param=None, code="request_too_large")
-        if length is not None and (not length.isdigit() or int(length) > s.max_body):
-            await _drain(receive, DRAIN_LIMIT)
-            return await _reply(send, too_big)
-        seen = 0
-
-        async def bounded():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > s.max_body:
-                    raise _TooBig()
-            return message
-
-        try:
-            await self.app(scope, bounded, send)
-        except _TooBig:
-            await _drain(receive, DRAIN_LIMIT)
-            await _reply(send, too_big)
-
-
-class _TooBig(Exception):
-    pass
-
-
-DRAIN_LIMIT = 64 << 20  # bytes of a refused body read (and dropped) so the client sees 413
-
-
-async def _drain(receive, limit: int) -> None:
-    """Read and drop what is left of a refused body (up to `limit` bytes): a client still
-    sending would otherwise see a broken connection instead of the 413."""
-    seen = 0
-    while seen <= limit:
-        message = await receive()
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            return
-        seen += len(message.get("body", b""))
-
-
-async def _reply(send, e: APIError) -> None:
-    import json
-
-    body = json.dumps(e.body()).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in e.headers.items()]
-    await send({"type": "http.response.start", "status": e.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
 
 
 # request -> edgellm arguments --------------------------------------------------------

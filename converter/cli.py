@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Pack a Hugging Face model directory or a GGUF file into one "
                     "memory-mappable edgellm file.",
         epilog=recipes.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("src", help="Hugging Face model directory or .gguf file")
-    ap.add_argument("out", help="output file (written atomically)")
+    ap.add_argument("src", nargs="?", help="Hugging Face model directory or .gguf file")
+    ap.add_argument("out", nargs="?", help="output file (written atomically)")
     ap.add_argument("--quant", choices=RECIPES, default=None,
                     help=f"storage recipe (default: {DEFAULT_HF} for HF directories, "
                          f"{DEFAULT_GGUF} for GGUF: each tensor keeps its type)")
@@ -52,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
                     choices=quant.BLOCK_SIZES, help="elements per quantization block")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     _add_quality_arguments(ap)
+    g = ap.add_argument_group("LoRA (converter/lora_merge.py, edgellm/lora/)")
+    g.add_argument("--lora", action="append", default=None, metavar="DIR[:SCALE]",
+                   help="merge this PEFT adapter (scaled by SCALE, default 1) into the float "
+                        "weights before quantizing (refused from a quantized source: apply "
+                        "the adapter at run time instead); repeatable")
+    g.add_argument("--adapter", metavar="DIR", default=None,
+                   help="convert-model --adapter DIR OUT: write the PEFT adapter in DIR as "
+                        "one edgellm adapter file OUT (edgellm --lora OUT reads it)")
     return ap
 
 
@@ -119,6 +127,8 @@ def _convert(source, args, recipe: str) -> None:
         recipe in SEARCHED or target or args.calibrate is not None))
     say = (lambda m: None) if args.quiet else _say
     extra = {"quantizer": "gptq" if gptq else "search" if search else "ref"}
+    if args.lora:
+        extra["lora_merged"] = [os.path.basename(s.rstrip("/")) for s in args.lora]
     weights, moments, model, types, rest = None, None, None, None, None
     try:
         if args.calibrate is not None:
@@ -159,6 +169,37 @@ def _convert(source, args, recipe: str) -> None:
     finally:
         if model is not None:
             model.close()
+
+
+def _merge(source, specs: list[str], quiet: bool):
+    """The source with the --lora adapters merged into its float weights."""
+    from edgellm.lora import parse_spec
+
+    from .lora_merge import merge_lora
+
+    source, names = merge_lora(source, [parse_spec(s) for s in specs])  # checked here
+    if not quiet:
+        _say(f"convert-model: merging {len(specs)} LoRA adapter(s) into {len(names)} weights")
+    return source
+
+
+def _write_adapter(src: str, out: str, quiet: bool) -> int:
+    from edgellm.errors import AdapterError
+    from edgellm.lora import open_adapter
+    from edgellm.lora.file import write_adapter
+
+    if not Path(src).is_dir():
+        raise AdapterError(f"{src}: not a PEFT adapter directory (adapter_config.json, "
+                           "adapter_model.safetensors)")
+    if not Path(out).parent.is_dir() or Path(out).is_dir():
+        raise AdapterError(f"{out}: not a file path in an existing directory")
+    adapter = open_adapter(src)
+    size = write_adapter(adapter, out)
+    if not quiet:
+        ranks = sorted({m.rank for m in adapter.modules.values()})
+        print(f"{out}: {len(adapter.modules)} modules, rank {'/'.join(map(str, ranks))}, "
+              f"{size / 1e6:.2f} MB")
+    return 0
 
 
 def _read_text(path: str) -> str:
@@ -223,6 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         ap = build_parser()
         args = ap.parse_args(argv)
         _check_quality_arguments(ap, args)
+        if args.adapter is not None:
+            if args.src is None or args.out is not None or args.lora:
+                ap.error("--adapter DIR takes one output file: convert-model --adapter DIR OUT")
+            out, before = args.src, _identity(args.src)
+            return _write_adapter(args.adapter, out, args.quiet)
+        if args.src is None or args.out is None:
+            ap.error("the following arguments are required: src, out")
         out, before = args.out, _identity(args.out)
         import numpy as np
 
@@ -234,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                 _say(f"convert-model: warning: {args.src} has no tokenizer: the converted "
                      "model will take token ids only")
             recipe = args.quant or (DEFAULT_GGUF if source.kind == "gguf" else DEFAULT_HF)
+            if args.lora:
+                source = _merge(source, args.lora, args.quiet)
             _convert(source, args, recipe)
         return 0
     except KeyboardInterrupt:

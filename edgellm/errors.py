@@ -145,3 +145,8 @@ def is_panic(e: BaseException) -> bool:
 class ModelKindError(EdgeLLMError):
     """The model cannot do what was asked of it: an encoder asked to generate text, or a
     decoder without a pooling configuration asked for embeddings."""
+
+
+class AdapterError(EdgeLLMError, ValueError):
+    """A LoRA adapter cannot be used: unreadable PEFT files, a feature edgellm does not run
+    (DoRA, modules_to_save, embedding LoRA), or a module or shape the model does not have."""

@@ -48,7 +48,8 @@ class LLM:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
                  context: int | None = None, precise: bool = False, chunk: int = 64,
-                 kv_type: str = "f32", prompt_cache_bytes: int = 0, fused: bool = True):
+                 kv_type: str = "f32", prompt_cache_bytes: int = 0, fused: bool = True,
+                 lora=None):
         import numba
 
         from .numba_setup import set_threads
@@ -88,6 +89,13 @@ class LLM:
         self._template: ChatTemplate | None = None
         self._engine = None  # constraints.ConstraintEngine, built on first use
         self._embedder = None
+        self.lora: list[tuple[str, float]] = []  # the active adapters: (path, scale)
+        if lora is not None:
+            try:
+                self._set_lora(lora)
+            except BaseException:
+                self.close()
+                raise
 
     def _check_context(self, context: int | None) -> None:
         """Warn of a context beyond the positions the model was trained for (its output
@@ -137,6 +145,29 @@ class LLM:
         with self.lifetime.exclusive(blocking, timeout):
             model.reset()
             return model.forward(ids, want="all", shift=False)
+
+    # LoRA ------------------------------------------------------------------------
+    def set_lora(self, lora=None, *, blocking: bool = True,
+                 timeout: float | None = None) -> None:
+        """Switch LoRA adapters without reloading the base: `lora` is a PEFT directory or
+        an adapter file (convert-model --adapter), a list of them or of (path, scale)
+        pairs, or None (no adapter). Every adapter is read and checked against the model
+        before anything changes (AdapterError); then the KV cache and the prompt cache are
+        emptied, since what they hold was computed with the previous adapters."""
+        self._model()
+        with self.lifetime.exclusive(blocking, timeout):
+            self._set_lora(lora)
+
+    def _set_lora(self, lora) -> None:
+        from .lora import adapter_list, open_adapter
+        from .lora.attach import stack
+
+        model = self._model()
+        specs = adapter_list(lora)
+        deltas = stack(model, [(open_adapter(path), scale) for path, scale in specs])
+        model.set_lora(deltas)
+        self.prompt_cache.clear()
+        self.lora = specs
 
     # text ------------------------------------------------------------------------
     @property
@@ -396,7 +427,7 @@ class LLM:
 
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,
          precise: bool = False, kv_type: str = "f32", prompt_cache_bytes: int = 0,
-         fused: bool = True) -> LLM:
+         fused: bool = True, lora=None) -> LLM:
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
     activations for quantized weights (matches the float model; slower); kv_type: how
@@ -405,9 +436,11 @@ def load(path: str | os.PathLike, threads: int | None = None, context: int | Non
     sequence's cache is reused); fused: decode each token in one compiled parallel step
     where the weights and an f32 KV cache allow it (False: one kernel call per operation,
     the reference path; the CLI's default is EDGELLM_FUSED). A context beyond the model's
-    max_position_embeddings warns (ContextWarning)."""
+    max_position_embeddings warns (ContextWarning). lora: LoRA adapters applied at run
+    time (a PEFT directory or adapter file, or a list of them or of (path, scale) pairs;
+    LLM.set_lora switches them)."""
     return LLM(path, threads=threads, context=context, precise=precise, kv_type=kv_type,
-               prompt_cache_bytes=prompt_cache_bytes, fused=fused)
+               prompt_cache_bytes=prompt_cache_bytes, fused=fused, lora=lora)
 
 
 __all__ = ["LLM", "load", "EdgeLLMError"]

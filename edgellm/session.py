@@ -76,7 +76,10 @@ def model_identity(llm) -> dict:
     """What binds a session to a model file: its header's sha256 and its size."""
     packed = llm.packed
     digest = bytes(packed._mm[24:56]).hex() if packed._mm is not None else ""
-    return {"header_sha256": digest, "file_size": int(packed.file_size)}
+    ident = {"header_sha256": digest, "file_size": int(packed.file_size)}
+    if getattr(llm, "lora", None):  # the cache holds what these adapters computed
+        ident["lora"] = [[str(p), float(s)] for p, s in llm.lora]
+    return ident
 
 
 def _layout(cache) -> dict:
@@ -94,11 +97,16 @@ def _layout(cache) -> dict:
             "pos_bytes": slots * 8, "end": pos_off + slots * 8}
 
 
+def _bytes(a: np.ndarray) -> memoryview:
+    """An array's bytes without a copy (also for an empty array, which cast() refuses)."""
+    return memoryview(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+
+
 def _crc(parts) -> int:
     """crc32 of arrays' bytes, one after another."""
     crc = 0
     for a in parts:
-        crc = zlib.crc32(memoryview(np.ascontiguousarray(a)).cast("B"), crc)
+        crc = zlib.crc32(_bytes(a), crc)
     return crc
 
 
@@ -150,7 +158,7 @@ def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path
                 start = data_start + off
                 for layer, part in zip(cache.layers, parts):  # unwritten slots: a hole
                     f.seek(start)
-                    f.write(memoryview(np.ascontiguousarray(part)).cast("B"))
+                    f.write(_bytes(part))
                     start += layer.cap * lay["n_kv"] * lay["width"] * lay["item"]
             f.seek(data_start + lay["pos_offset"])
             f.write(pos.tobytes())
@@ -231,6 +239,10 @@ def _check(llm, where: str, header: dict, mm, data_start: int, size: int, path: 
     cache = model.cache
     ident = model_identity(llm)
     saved = header.get("model")
+    if isinstance(saved, dict) and saved.get("lora") != ident.get("lora"):
+        raise SessionError(f"{where}: saved with LoRA adapters {saved.get('lora') or 'none'}, "
+                           f"the model has {ident.get('lora') or 'none'} (load it with the "
+                           "same --lora / set_lora)")
     if saved != ident:
         raise SessionError(f"{where}: made with another model file than "
                            f"{llm.packed.path.name} (its header checksum or size differs)")

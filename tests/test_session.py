@@ -76,6 +76,18 @@ def test_loading_maps_the_file_instead_of_copying(converted, tmp_path):
         assert np.array_equal(llm.model.cache.layers[0].pos[:20], np.arange(20))
 
 
+def test_an_empty_cache_saves_and_loads(converted, tmp_path):
+    """Saving before anything ran (it raised a raw TypeError from memoryview.cast)."""
+    with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
+        want = _greedy(llm, [7], keep=False)
+        llm.model.reset()
+        llm.save_session(tmp_path / "s")
+        _greedy(llm, _ids("gemma3")[:20], n=2, keep=False)
+        llm.load_session(tmp_path / "s")
+        assert llm.model.tokens == []
+        assert _greedy(llm, [7], keep=False) == want
+
+
 def test_chat_session_saves_and_resumes_its_messages(converted, tmp_path):
     with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
         chat = llm.chat(system="be brief")

@@ -101,6 +101,7 @@ class Transformer:
         self.runner = StepRunner(self)
         self._layer_steps: list | None = None
         self.fused = None  # a FusedDecoder, where arch.build made one (arch/fused.py)
+        self.lora: dict = {}  # weight name -> lora.attach.Delta added to its output
 
     def new_cache(self) -> KVCache:
         """An empty KV cache of this model's layout (the server's slots each have one)."""
@@ -306,6 +307,17 @@ class Transformer:
         """Run the decode and prefill paths once (compiles or loads every kernel)."""
         self.forward([0, 0], want="last")
         self.forward([0], want="last")
+        self.reset()
+
+    def set_lora(self, deltas: dict) -> None:
+        """Apply these LoRA deltas (lora/attach.py; {} for none) from the next token on:
+        the fused step's program is rebuilt with them; the cache is emptied (its keys and
+        values were computed without them)."""
+        self.lora = dict(deltas)
+        if self.fused is not None:
+            from .fused import FusedDecoder
+
+            self.fused = FusedDecoder.build(self, self.fused.threads)
         self.reset()
 
     def reset(self) -> None:

@@ -37,6 +37,8 @@ def _pad(n: int) -> int:
 class Program:
     """The program rows, tables and arena layout of one model's decode step."""
 
+    lora_split = True  # LORA_A's rows split between workers (lora_down)
+
     def __init__(self, model):
         a = model.args
         self.model = model
@@ -61,6 +63,9 @@ class Program:
         self.kmax = 32
         self.routes: list[tuple[int, list[int]]] = []  # MoE: (ints offset, expert bytes)
         self.barriers = 0
+        self.lora: list[np.ndarray] = []  # LoRA matrices as float16 bits (lora_matrix)
+        self.lora_size = 0
+        self.pending: dict[str, list] = {}  # buffer -> LoRA up projections to add into it
 
     # tables ------------------------------------------------------------------------------
     def const(self, value: float) -> int:
@@ -145,6 +150,8 @@ class Program:
 
     def read(self, name: str, split: int = 0) -> int:
         """Address of buffer `name`, read whole (split 0) or on the split of `split` rows."""
+        if name in self.pending:
+            self.flush_lora()
         if name not in self.loc:
             raise Unsupported(f"buffer {name!r} is read before it is written")
         key = self.loc[name]
@@ -160,6 +167,8 @@ class Program:
     def write(self, name: str, width: int, split: int, private: bool = False) -> int:
         """Address for a new value of `name`: shared rows written on the split of `split`
         (-1: by heads), or each worker's private copy."""
+        if name in self.pending:
+            self.flush_lora()
         key = self._region("p" if private else "s", name, width)
         if not private:
             seen = self.readers.get(key, set())
@@ -216,6 +225,9 @@ class Program:
                 raise Unsupported(f"{s.w.name}: outputs {widths} of {N} rows")
             float_acts = s.float_acts or s.w.type == "f32"
             slot = 0 if float_acts else self.quantized(s.src, K)
+            delta = m.lora.get(s.w.name)
+            if delta is not None:
+                t, b = self.lora_down(delta, s)
             row0 = 0
             for name, rows in zip(outs, widths):
                 src = self.read(s.src)
@@ -224,6 +236,9 @@ class Program:
                 dst = self.write(name, rows, rows)
                 self.emit(ds.PROJ, mat=mat, row0=row0, rows=rows, cols=K, src=src, slot=slot,
                           dst=dst, bias=bias, float_acts=float_acts)
+                if delta is not None:  # dst rows += B[rows] . t, before dst is next read
+                    self.pending.setdefault(name, []).append((t, b, delta.rank, row0, rows,
+                                                              dst))
                 row0 += rows
         elif isinstance(s, Attend):
             Hq, Dh = a.num_attention_heads, a.head_dim
@@ -253,6 +268,41 @@ class Program:
             self.experts(s)
         else:
             raise Unsupported(f"step {type(s).__name__}")
+
+    def lora_matrix(self, m: np.ndarray) -> int:
+        """Offset of float32 matrix m's float16 bits in the LoRA table."""
+        self.lora.append(np.ascontiguousarray(m, np.float16).view(np.uint16).reshape(-1))
+        self.lora_size += m.size
+        return self.lora_size - m.size
+
+    def lora_down(self, delta, s: Linear) -> tuple[str, int]:
+        """t = A @ src for the LoRA Delta (lora/attach.py) of step s: each worker its own
+        whole copy, or (lora_split) the rank's rows split between workers into a shared
+        vector; returns (t's buffer name, B's offset in the LoRA table). Each projection
+        has its own t, so that the up projections of a group (q, k, v) can wait for the
+        group's first read (flush_lora): one barrier for the group."""
+        R, (N, K) = delta.rank, s.w.shape
+        assert delta.A.shape == (R, K) and delta.BT.shape == (R, N), s.w.name  # attach.check
+        a, b = self.lora_matrix(delta.A), self.lora_matrix(delta.BT.T)
+        name = f"lora_t {s.w.name}"
+        x = self.read(s.src)
+        t = self.write(name, R, -2, private=not self.lora_split)
+        self.emit(ds.LORA_A, src=x, cols=K, a=a, rank=R, dst=t, split=int(self.lora_split))
+        return name, b
+
+    def flush_lora(self) -> None:
+        """Emit every LoRA up projection waiting to add into its buffer (at the first read
+        of one of them: one barrier for q, k and v's vectors t)."""
+        pending, self.pending = self.pending, {}
+        for name, ups in pending.items():
+            for t, b, R, row0, rows, dst in ups:
+                src = self.read(t)
+                tmp = self.write("lora_y", rows, 0, private=True)
+                self.emit(ds.LORA_B, t=src, b=b, rank=R, row0=row0, rows=rows, dst=dst,
+                          tmp=tmp)
+                key = self.loc[name]
+                if key[0] == "s":  # rewritten on its rows' split (perhaps after a barrier)
+                    self.dirty[key] = rows
 
     def _width(self, name: str) -> int:
         return self.loc[name][2]
@@ -310,6 +360,7 @@ class Program:
             for s in steps:
                 self.step(s)
         self.head()
+        assert not self.pending, self.pending
         self.x_addr = self.regions[("s", "x", D)]
         self.logits_addr = self.regions[("s", "logits", m.args.vocab_size)]
 
@@ -331,7 +382,7 @@ class FusedDecoder:
 
     def __init__(self, model, prog: Program, threads: int | None = None):
         a = model.args
-        self.model, self.program = model, prog
+        self.model, self.program, self.threads = model, prog, threads
         self.blob = model.packed._mm
         self.prog = np.array([row + [0] * (ds.WIDTH - len(row)) for row in prog.ops], np.int64)
         self.mats = np.stack(prog.mats)
@@ -367,8 +418,9 @@ class FusedDecoder:
         D, V = a.hidden_size, a.vocab_size
         self.x = self.mem[prog.x_addr:prog.x_addr + D].reshape(1, D)
         self.logits = self.mem[prog.logits_addr:prog.logits_addr + V].reshape(1, V)
+        self.lora = (np.concatenate(prog.lora) if prog.lora else np.zeros(PAD, np.uint16))
         self.model_tables = (self.prog, self.mats, self.consts, self.params, self.ints,
-                             self.blob)
+                             self.blob, self.lora)
         self.bufs = (self.mem, self.shared, self.private, self.xq, self.xd, self.xs, self.xds,
                      self.kq, self.scores, self.state)
 
@@ -377,7 +429,8 @@ class FusedDecoder:
         """Bytes of the step's own arrays (the matrices stay in the mapped file)."""
         return sum(x.nbytes for x in (self.prog, self.mats, self.consts, self.params, self.ints,
                                       self.mem, self.xq, self.xd, self.xs, self.xds, self.kq,
-                                      self.scores, self.state, self.layers, self.inv_freq))
+                                      self.scores, self.state, self.layers, self.inv_freq,
+                                      self.lora))
 
     def step(self, token: int, precise: bool) -> np.ndarray:
         """Run one token at the cache's next position; logits [vocab] (an internal buffer)."""

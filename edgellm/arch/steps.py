@@ -143,6 +143,9 @@ class StepRunner:
                 outs = s.outputs
                 out = get(outs[0], N) if len(outs) == 1 else get("+".join(outs), N)
                 linear(s.w, x, out, precise=m.precise or s.float_acts, act=act)
+                delta = m.lora.get(s.w.name)
+                if delta is not None:  # LoRA: out += (x @ A.T) @ BT, in float
+                    out += (x @ delta.A.T) @ delta.BT
                 if s.bias is not None:
                     out += s.bias
                 if len(outs) > 1:

@@ -14,11 +14,12 @@ import time
 
 import numpy as np
 
-from .common import add_model_arguments, open_model
+from .common import add_lora_argument, add_model_arguments, open_model
 
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
+    add_lora_argument(p)
     p.add_argument("-p", "--n-prompt", type=int, default=128, help="prompt tokens (128)")
     p.add_argument("-n", "--n-gen", type=int, default=64, help="generated tokens (64)")
     p.add_argument("-r", "--reps", type=int, default=5, help="repetitions (5)")

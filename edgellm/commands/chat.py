@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import INTERRUPTS, ArgumentError
 from .common import (
+    add_lora_argument,
     add_model_arguments,
     add_sampling_arguments,
     int_at_least,
@@ -28,6 +29,7 @@ HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D), /help"
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
+    add_lora_argument(p)
     p.add_argument("--system", default=None, type=text_argument("the system message"),
                    help="system message")
     p.add_argument("-n", "--max-tokens", type=int_at_least(0), default=None,

@@ -96,6 +96,25 @@ def add_model_arguments(p) -> None:
     add_kv_type_argument(p)
 
 
+def _lora_spec(text: str) -> tuple[str, float]:
+    from ..errors import AdapterError
+    from ..lora import parse_spec
+
+    try:
+        return parse_spec(text)
+    except AdapterError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_lora_argument(p) -> None:
+    """--lora DIR[:SCALE], repeatable: LoRA adapters applied at run time (open_model reads
+    args.lora; the serve command can add it the same way)."""
+    p.add_argument("--lora", action="append", type=_lora_spec, default=None,
+                   metavar="DIR[:SCALE]",
+                   help="LoRA adapter (a PEFT directory or a convert-model --adapter file), "
+                        "scaled by SCALE (default 1); repeat for several at once")
+
+
 def add_kv_type_argument(p) -> None:
     from ..kv_types import KV_TYPES
 
@@ -148,7 +167,7 @@ def open_model(args) -> LLM:
             try:
                 llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise,
                           kv_type=getattr(args, "kv_type", "f32"),
-                          fused=fused_default())
+                          fused=fused_default(), lora=getattr(args, "lora", None))
             except ContextWarning as w:
                 raise ContextError(str(w)) from None
         llm.model.warmup()

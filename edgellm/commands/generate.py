@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 
 from .common import (
+    add_lora_argument,
     add_model_arguments,
     add_sampling_arguments,
     int_at_least,
@@ -28,6 +29,7 @@ from .common import (
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
+    add_lora_argument(p)
     p.add_argument("-p", "--prompt", required=True, type=text_argument("the prompt"),
                    help="the prompt; '-' reads stdin (UTF-8; invalid UTF-8 is refused)")
     p.add_argument("-n", "--max-tokens", type=int_at_least(0), default=None,

@@ -14,6 +14,9 @@ Python calls `decode_parallel` (or `decode_serial`) once per generated token; in
   ATTEND  q/k norm, RoPE, attention over the layer's cache plus this token (query heads
           split between workers, one KV group at a time), barrier, then the owner of each
           KV head's first query head stores its k, v in the cache
+  LORA_A  t[R] = A @ src (a LoRA's down projection): private, every worker whole, or
+          shared, its R rows split by heads (no alignment: R is small)
+  LORA_B  dst[r] += B[row0 + r] . t (its up projection)      rows split (as its PROJ's)
   ROUTE   private top-k experts of router logits (kernels/moe.route)
   MOE     for each selected expert, ascending: gate/up rows, act | barrier | down rows,
           dst[r] += weight * y[r] | barrier  (only the selected experts' bytes are read)
@@ -25,7 +28,9 @@ split write, or a vector is rewritten while others may still read it.
 
 Vectors live in one float32 arena `mem`: addresses >= 0 are shared, -1 - a is offset a of
 the calling worker's private part (mem[shared + tid * private + a]). Weights are read in
-place from the mapped file (`blob`) at offsets from `mats` (MAT_* columns). The kernels are
+place from the mapped file (`blob`) at offsets from `mats` (MAT_* columns); LoRA's A [R, K]
+and B [N, R] as float16 bits from `lora` (half the bytes of f32: at rank 16 on every
+projection they are a fifth of a 4-bit model's bytes per token). The kernels are
 the per-operation path's own: rmsnorm, rmsnorm_heads, apply_rope, swiglu_row, geglu_tanh,
 add_inplace, quantize_rows, the mv_rows_* / mvp_rows_* matrix-vector rows, route and
 scatter_add; only attention has its decode form here (_attend_group).
@@ -49,6 +54,7 @@ from .matvec import (
     mv_rows_q4_0,
     mv_rows_q4_1,
     mv_rows_q8_0,
+    mvp_rows_f16,
     mvp_rows_f32,
     mvp_rows_q4_0,
     mvp_rows_q4_1,
@@ -77,8 +83,9 @@ I_ZERO, I_KMAX = 0, 1
 
 # op codes and their operands (prog[i, 0] = op, prog[i, 1:] = operands in this order)
 OPS = ("BARRIER", "NORM", "QUANT", "PROJ", "ADD", "ACT", "SCALE", "SOFTCAP", "ATTEND",
-       "ROUTE", "MOE")
-BARRIER, NORM, QUANT, PROJ, ADD, ACT, SCALE, SOFTCAP, ATTEND, ROUTE, MOE = range(len(OPS))
+       "ROUTE", "MOE", "LORA_A", "LORA_B")
+(BARRIER, NORM, QUANT, PROJ, ADD, ACT, SCALE, SOFTCAP, ATTEND, ROUTE, MOE, LORA_A,
+ LORA_B) = range(len(OPS))
 OPERANDS = {
     NORM: ("src", "dst", "n", "weight"),  # weight: offset in `params`
     QUANT: ("src", "n", "slot"),
@@ -92,6 +99,8 @@ OPERANDS = {
     ROUTE: ("logits", "experts", "top_k", "renorm", "idx", "weights"),  # idx: ints offset
     MOE: ("mat", "top_k", "src", "slot", "gate", "up", "ffn", "y", "dst", "idx", "weights",
           "inner", "act"),  # mat: first expert's gate; then up, down, next expert's gate...
+    LORA_A: ("src", "cols", "a", "rank", "dst", "split"),  # a: lora offset of A [rank, cols]
+    LORA_B: ("t", "b", "rank", "row0", "rows", "dst", "tmp"),  # b: lora offset of B [., rank]
 }
 WIDTH = 1 + max(len(v) for v in OPERANDS.values())
 SLOTS = 2  # int8 activation slots per worker (xq rows tid * SLOTS ..)
@@ -264,7 +273,7 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
 @kernel
 def _attend(tid, nt, op, model, bufs, kv, p):
     """The ATTEND op of worker tid (see the module docstring)."""
-    prog, mats, consts, params, ints, blob = model
+    prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     k_all, v_all, pos_all, layers, cos_all, sin_all = kv
     layer, qa, ka, va, da = op[1], op[2], op[3], op[4], op[5]
@@ -316,7 +325,7 @@ def _attend(tid, nt, op, model, bufs, kv, p):
 def _moe(tid, nt, op, model, bufs, precise):
     """The MOE op of worker tid: the selected experts, in ascending order, as the
     per-operation path adds them up (arch/moe.py)."""
-    prog, mats, consts, params, ints, blob = model
+    prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     mat0, top_k, src, slot, ga, ua, fa, ya, da = op[1], op[2], op[3], op[4], op[5], op[6], \
         op[7], op[8], op[9]
@@ -356,9 +365,24 @@ def _moe(tid, nt, op, model, bufs, precise):
 
 
 @kernel
+def _lora_down(lora, a, R, K, src, t, r0, r1):
+    """t[0, r0:r1] = A[r0:r1] @ src[0], A [R, K] float16 bits at lora[a:]."""
+    mvp_rows_f16(lora[a:a + R * K].reshape((R, K)), 32, src, t, r0, r1)
+
+
+@kernel
+def _lora_up(lora, b, R, row0, rows, t, tmp, out, r0, r1):
+    """out[0, r] += B[row0 + r] . t[0] for r in [r0, r1), B [., R] float16 bits at lora[b:]."""
+    w = lora[b + row0 * R:b + (row0 + rows) * R].reshape((rows, R))
+    mvp_rows_f16(w, 32, t, tmp, r0, r1)
+    for r in range(r0, r1):
+        out[0, r] += tmp[0, r]
+
+
+@kernel
 def _worker(tid, nt, model, bufs, kv, p, precise):
     """Worker tid's run of the whole program (see the module docstring)."""
-    prog, mats, consts, params, ints, blob = model
+    prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
     for i in range(prog.shape[0]):
@@ -428,13 +452,27 @@ def _worker(tid, nt, model, bufs, kv, p, precise):
                   _row(mem, shared, private, tid, op[6], k))
         elif code == MOE:
             _moe(tid, nt, op, model, bufs, precise)
+        elif code == LORA_A:
+            K, R = op[2], op[4]
+            r0, r1 = _heads(R, tid, nt) if op[6] else (0, R)
+            _lora_down(lora, op[3], R, K, _row(mem, shared, private, tid, op[1], K),
+                       _row(mem, shared, private, tid, op[5], R), r0, r1)
+        elif code == LORA_B:
+            rows = op[5]
+            r0, r1 = _split(rows, tid, nt)
+            if r1 > r0:
+                R = op[3]
+                _lora_up(lora, op[2], R, op[4], rows, _row(mem, shared, private, tid, op[1], R),
+                         _row(mem, shared, private, tid, op[7], rows),
+                         _row(mem, shared, private, tid, op[6], rows), r0, r1)
 
 
 @kernel(parallel=True)
 def decode_parallel(nt, model, bufs, kv, p, precise):
     """One decode step on nt threads (nt == numba.get_num_threads(), omp layer).
 
-    model = (prog, mats, consts, params, ints, blob): the program and its tables;
+    model = (prog, mats, consts, params, ints, blob, lora): the program and its tables
+    (lora: the LoRA matrices' float16 bits, flat);
     bufs = (mem, shared, private, xq, xd, xs, xds, kq, scores, state): the arena, the int8
     act slots (flat: nt * SLOTS slots of ints[I_KMAX] values), attention scratch and the
     barrier; kv = (k, v, pos, layers, cos, sin): the cache [slots, Hkv, Dh] of every layer,

@@ -1,0 +1,110 @@
+"""Adapters against a model: checked, then stacked into one low-rank pair per projection.
+
+    projections(model)         weight name -> (N, K) of every Linear step the model runs
+    check(adapter, model)      every module a projection of the model, every shape fitting
+                               (AdapterError naming the first that is not)
+    stack(model, [(a, s)...])  weight name -> Delta: the adapters' pairs side by side
+
+A Delta is what the per-operation path (arch/steps.py) and the fused decode step
+(arch/fused.py) add to a projection's output: out [T, N] += (x [T, K] @ A.T) @ BT, with
+A [R, K] = [s1 scale1 A1; s2 scale2 A2; ...] and BT [R, N] = [B1 | B2 | ...]^T, R the sum
+of the ranks: the cost grows with R, not with the base.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import AdapterError
+from . import Adapter
+
+
+@dataclass(frozen=True, eq=False)
+class Delta:
+    """out += (x @ A.T) @ BT for one weight."""
+
+    A: np.ndarray  # float32 [R, K], C-contiguous, scales folded in
+    BT: np.ndarray  # float32 [R, N], C-contiguous
+
+    @property
+    def rank(self) -> int:
+        return self.A.shape[0]
+
+
+def projections(model) -> dict[str, tuple[int, int]]:
+    """weight name -> (N, K) of every Linear step of the model's layers."""
+    from ..arch.steps import Linear
+
+    steps = getattr(model, "layer_steps", None)
+    if steps is None:
+        return {}
+    return {s.w.name: tuple(s.w.shape) for layer in steps for s in layer
+            if isinstance(s, Linear)}
+
+
+def _folded(model) -> set[str]:
+    """Projections whose columns a converter folded a norm's weight into (norm_fold.py):
+    their norm now reads all ones and the file says norms were folded."""
+    from ..arch.steps import Linear, Norm
+
+    quant = model.packed.header.get("quantization") or {}
+    if not quant.get("norms_folded"):
+        return set()
+    out = set()
+    for layer in model.layer_steps:
+        norms = {}
+        for s in layer:
+            if isinstance(s, Norm):
+                norms[s.dst] = s.weight
+            elif isinstance(s, Linear):
+                w = norms.get(s.src)
+                if w is not None and np.all(w == 1.0):
+                    out.add(s.w.name)
+                for name in s.outputs:
+                    norms.pop(name, None)
+    return out
+
+
+def check(adapter: Adapter, model) -> None:
+    """AdapterError naming the first module the model lacks or whose shapes do not fit."""
+    where = f"{adapter.path}"
+    if getattr(model, "generates", True) is False or not hasattr(model, "layer_steps"):
+        raise AdapterError(f"{where}: LoRA adapters apply to decoder models; "
+                           f"{model.packed.path} is an encoder")
+    shapes = projections(model)
+    folded = _folded(model)
+    for name, m in adapter.modules.items():
+        w = m.weight
+        if w not in shapes:
+            what = ("is not a projection edgellm applies LoRA to" if w in model.packed
+                    else "does not exist in the model")
+            raise AdapterError(f"{where}: target module {name} {what} "
+                               f"({model.packed.path}, {model.packed.architecture})")
+        N, K = shapes[w]
+        if m.A.shape[1] != K or m.B.shape[0] != N:
+            raise AdapterError(f"{where}: {name}: lora_A {list(m.A.shape)} / lora_B "
+                               f"{list(m.B.shape)} do not fit the weight [{N}, {K}]")
+        if w in folded:
+            raise AdapterError(f"{where}: {name}: {model.packed.path} was converted with "
+                               "its norm weights folded into this projection; reconvert "
+                               "with --no-fold-norms to apply LoRA at run time")
+
+
+def stack(model, adapters: list[tuple[Adapter, float]]) -> dict[str, Delta]:
+    """weight name -> Delta of `adapters` (each checked against `model` first)."""
+    for adapter, _ in adapters:
+        check(adapter, model)
+    parts: dict[str, tuple[list, list]] = {}
+    for adapter, scale in adapters:
+        if scale == 0.0:
+            continue
+        for m in adapter.modules.values():
+            a, b = parts.setdefault(m.weight, ([], []))
+            a.append(np.float32(m.scale * scale) * m.A)
+            b.append(m.B.T)
+    return {w: Delta(np.ascontiguousarray(np.concatenate(a), np.float32),
+                     np.ascontiguousarray(np.concatenate(b), np.float32))
+            for w, (a, b) in parts.items()}
+

@@ -1,0 +1,296 @@
+"""LoRA adapters against peft's own outputs (tests/fixtures/lora, made by
+make_lora_fixtures.py): at run time over f32 and q8_0 bases, in the per-operation path, the
+fused decode step and prefill; merged at conversion; switched with set_lora; refused
+clearly where edgellm does not run them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY
+from reference_checks import decode_fused_or_not, decode_steps, greedy
+
+import edgellm
+from converter.hf_source import open_hf
+from converter.pack import convert
+from edgellm.errors import AdapterError, SourceError
+from edgellm.lora.attach import Delta
+
+LORA = Path(__file__).parent / "fixtures" / "lora"
+ROOT = Path(__file__).parent.parent
+
+
+def ref(name: str) -> dict:
+    with np.load(LORA / name / "reference.npz") as z:
+        return {k: z[k] for k in z.files}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """base(name, quant) -> the tiny fixture converted (norms not folded: see test_folded)."""
+    root = tmp_path_factory.mktemp("lora-base")
+    done = {}
+
+    def get(name: str, quant: str = "f32") -> Path:
+        if (name, quant) not in done:
+            out = root / f"{name}-{quant}.edgellm"
+            convert(open_hf(TINY / name), out, quant, progress=False, fold_norms=False)
+            done[name, quant] = out
+        return done[name, quant]
+
+    return get
+
+
+def check_against_peft(llm, r: dict, tol: float = 1e-3) -> None:
+    ids = r["input_ids"]
+    assert np.abs(llm.logits(ids) - r["logits"]).max() < tol  # prefill (chunked matmuls)
+    assert np.abs(decode_steps(llm, ids) - r["logits"]).max() < tol  # one token at a time
+    assert greedy(llm, ids, len(r["greedy_ids"])) == list(r["greedy_ids"])
+
+
+@pytest.mark.parametrize("case", ["llama", "llama-rslora", "llama-subset", "phi3"])
+def test_f32_run_time_matches_peft(base, case):
+    arch = "phi3" if case == "phi3" else "llama"
+    with edgellm.load(base(arch), lora=LORA / case) as llm:
+        assert llm.model.fused is None  # f32 matrices: the per-operation path
+        check_against_peft(llm, ref(case))
+
+
+def test_two_adapters_at_once(base):
+    """llama at scale 1 and llama-subset at 0.5 together, as peft computes them."""
+    with edgellm.load(base("llama"), lora=[LORA / "llama", (LORA / "llama-subset", 0.5)]) as llm:
+        check_against_peft(llm, ref("llama-pair"))
+
+
+def test_merged_at_conversion_matches_peft(tmp_path):
+    out = tmp_path / "merged.edgellm"
+    rc = subprocess.run([sys.executable, "-m", "converter", str(TINY / "llama"), str(out),
+                         "--quant", "f32", "-q", "--lora", str(LORA / "llama")],
+                        cwd=ROOT, capture_output=True, text=True)
+    assert rc.returncode == 0, rc.stderr
+    r = ref("llama")
+    with edgellm.load(out) as llm:
+        assert np.abs(llm.logits(r["input_ids"]) - r["merged_logits"]).max() < 1e-3
+        assert greedy(llm, r["input_ids"], 24) == list(r["greedy_ids"])
+        assert llm.packed.header["quantization"]["lora_merged"] == ["llama"]
+
+
+def test_adapter_file(base, tmp_path):
+    """convert-model --adapter: one file, read without PEFT's files, the same function."""
+    d = tmp_path / "copy"
+    shutil.copytree(LORA / "llama-rslora", d)
+    out = tmp_path / "rslora.lora"
+    rc = subprocess.run([sys.executable, "-m", "converter", "--adapter", str(d), str(out), "-q"],
+                        cwd=ROOT, capture_output=True, text=True)
+    assert rc.returncode == 0, rc.stderr
+    shutil.rmtree(d)
+    with edgellm.load(base("llama"), lora=out) as llm:
+        check_against_peft(llm, ref("llama-rslora"))
+    with pytest.raises(AdapterError, match="not an adapter file"):
+        edgellm.load(base("llama"), lora=base("llama"))
+
+
+def f16_rounded(deltas: dict) -> dict:
+    """The deltas as the fused step reads them (float16 A and B)."""
+    r = {w: Delta(d.A.astype(np.float16).astype(np.float32),
+                  d.BT.astype(np.float16).astype(np.float32)) for w, d in deltas.items()}
+    return r
+
+
+@pytest.mark.parametrize("case,threads", [("llama", 1), ("llama", 2), ("phi3", 2)])
+def test_fused_step_adds_the_adapter(base, case, threads):
+    """The fused step's LoRA ops compute what the per-operation path does on the same
+    float16-rounded A and B (float activations: within 1e-4)."""
+    arch = "phi3" if case == "phi3" else "llama"
+    ids = ref(case)["input_ids"]
+    with edgellm.load(base(arch, "q8_0"), lora=LORA / case, precise=True, threads=threads) as llm:
+        m = llm.model
+        assert m.fused is not None and m.fused.program.lora
+        fused = decode_fused_or_not(llm, ids, True)
+        m.lora = f16_rounded(m.lora)  # the per-operation path on the fused step's values
+        per_op = decode_fused_or_not(llm, ids, False)
+        assert np.abs(fused - per_op).max() < 1e-4
+
+
+def test_q8_0_base_effect_agrees_with_peft(base):
+    """On a q8_0 base (int8 activations, fused decode), the adapter's effect (logits with
+    minus without) correlates with peft's >= 0.99; top-1 equal to peft's."""
+    r = ref("llama")
+    with np.load(TINY / "llama" / "reference.npz") as z:
+        peft_effect = r["logits"] - z["logits"]
+    ids = r["input_ids"]
+    with edgellm.load(base("llama", "q8_0")) as llm:
+        without = decode_steps(llm, ids)
+        llm.set_lora(LORA / "llama")
+        assert llm.model.fused is not None
+        with_lora = decode_steps(llm, ids)
+        prefill = llm.logits(ids)
+    for got in (with_lora, prefill):
+        effect = got - without
+        assert np.corrcoef(effect.ravel(), peft_effect.ravel())[0, 1] >= 0.99
+        assert got[-1].argmax() == r["logits"][-1].argmax()
+        assert (got.argmax(-1) == r["logits"].argmax(-1)).mean() >= 0.9
+
+
+def test_set_lora_switching_equals_fresh_loads(base):
+    """Two adapters and none, switched 10 times in one process: each state's greedy
+    output is a fresh load's with that adapter (the KV and prompt caches reset)."""
+    path = base("llama", "q8_0")
+    ids = list(ref("llama")["input_ids"][:12])
+    states = [LORA / "llama", LORA / "llama-rslora", None]
+    fresh = {}
+    for s in states:
+        with edgellm.load(path, lora=s) as llm:
+            fresh[s] = llm.generate(ids, max_tokens=10, temperature=0)
+    assert len(set(fresh.values())) == 3  # the adapters change the output
+    with edgellm.load(path, prompt_cache_bytes=1 << 20) as llm:
+        for k in range(10):
+            s = states[k % 3]
+            llm.set_lora(s)
+            assert llm.lora == ([] if s is None else [(str(s), 1.0)])
+            assert llm.generate(ids, max_tokens=10, temperature=0) == fresh[s], (k, s)
+
+
+def test_cli_lora(base):
+    cmd = [sys.executable, "-m", "edgellm", "generate", "-m", str(base("llama", "q8_0")),
+           "-p", "def fib", "-n", "6", "--temp", "0"]
+    plain = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    both = subprocess.run(cmd + ["--lora", f"{LORA / 'llama'}:1.0", "--lora",
+                                 f"{LORA / 'llama-subset'}:0.5"], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert plain.returncode == 0 and both.returncode == 0, both.stderr
+    assert plain.stdout != both.stdout
+    bad = subprocess.run(cmd + ["--lora", f"{LORA / 'llama'}:x"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "scale 'x' is not a number" in bad.stderr
+    wrong = subprocess.run(cmd + ["--lora", str(LORA / "phi3")], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+    assert "gate_up_proj does not exist in the model" in wrong.stderr
+
+
+# errors -------------------------------------------------------------------------------
+def edited(tmp_path, config: dict | None = None, tensors=None) -> Path:
+    """A copy of the llama adapter with its config updated and tensors rewritten."""
+    from safetensors.numpy import load_file, save_file
+
+    d = tmp_path / "adapter"
+    shutil.copytree(LORA / "llama", d, ignore=shutil.ignore_patterns("reference.npz"))
+    if config is not None:
+        cfg = json.loads((d / "adapter_config.json").read_text())
+        cfg.update(config)
+        (d / "adapter_config.json").write_text(json.dumps(cfg))
+    if tensors is not None:
+        t = tensors(load_file(d / "adapter_model.safetensors"))
+        save_file(t, d / "adapter_model.safetensors")
+    return d
+
+
+Q = "base_model.model.model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize("config,tensors,message", [
+    ({"use_dora": True}, None, "DoRA"),
+    ({"modules_to_save": ["lm_head"]}, None, "modules_to_save is not supported"),
+    ({"peft_type": "IA3"}, None, "peft_type 'IA3' is not supported"),
+    ({"r": 8}, None, "rank 4, the config says r=8"),
+    ({"target_modules": ["v_proj"]}, None, "outside target_modules"),
+    ({"layers_to_transform": [1]}, None, "outside target_modules"),
+    (None, lambda t: {**t, "base_model.model.lm_head.lora_A.weight": t[Q + ".lora_A.weight"],
+                      "base_model.model.lm_head.lora_B.weight": np.zeros((512, 4), np.float32)},
+     "LoRA on lm_head .* is not supported"),
+    (None, lambda t: {**t, Q + ".lora_magnitude_vector": np.ones(64, np.float32)}, "DoRA"),
+    (None, lambda t: {k: v for k, v in t.items() if k != Q + ".lora_B.weight"},
+     "q_proj has no lora_B weight"),
+    (None, lambda t: {**t, Q + ".lora_B.weight": np.zeros((32, 4), np.float32)},
+     r"q_proj: lora_A \[4, 64\] / lora_B \[32, 4\] do not fit the weight \[64, 64\]"),
+    (None, lambda t: {k.replace("layers.2.", "layers.7."): v for k, v in t.items()},
+     "target module model.layers.7.mlp.down_proj does not exist in the model"),
+])
+def test_refused_adapters(base, tmp_path, config, tensors, message):
+    d = edited(tmp_path, config, tensors)
+    with pytest.raises(AdapterError, match=message):
+        edgellm.load(base("llama"), lora=d)
+    with edgellm.load(base("llama")) as llm:  # set_lora refuses before anything changes
+        llm.set_lora(LORA / "llama")
+        with pytest.raises(AdapterError, match=message):
+            llm.set_lora(d)
+        assert llm.lora == [(str(LORA / "llama"), 1.0)]
+
+
+def test_adapter_name_in_tensor_names(base, tmp_path):
+    d = edited(tmp_path, tensors=lambda t: {k.replace(".weight", ".default.weight"): v
+                                            for k, v in t.items()})
+    with edgellm.load(base("llama"), lora=d) as llm:
+        assert np.abs(llm.logits(ref("llama")["input_ids"]) - ref("llama")["logits"]).max() < 1e-3
+
+
+def test_folded_norms_refused(tmp_path):
+    """A q8_0 file converted with norms folded into q/k/v, gate/up (the default at q8_0)
+    lost the norm weight LoRA's A must see: refused, naming the way out."""
+    out = tmp_path / "folded.edgellm"
+    convert(open_hf(TINY / "llama"), out, "q8_0", progress=False)
+    with pytest.raises(AdapterError, match="--no-fold-norms"):
+        edgellm.load(out, lora=LORA / "llama")
+
+
+def test_merge_refused_from_quantized_source(tmp_path):
+    from converter.lora_merge import merge_lora
+    from converter.source import Source, SourceTensor
+
+    def tensors():
+        yield SourceTensor("model.layers.0.self_attn.q_proj.weight", (64, 64), "q4_1",
+                           lambda: np.zeros((64, 64), np.float32))
+
+    src = Source("model.gguf", {"model_type": "llama"}, tensors, kind="gguf")
+    with pytest.raises(SourceError, match="apply the adapter at run time"):
+        merge_lora(src, [(str(LORA / "llama-subset"), 1.0)])
+
+
+def test_bad_lora_arguments(base):
+    with pytest.raises(AdapterError, match="no such adapter"):
+        edgellm.load(base("llama"), lora="/nonexistent")
+    with pytest.raises(AdapterError, match="finite number"):
+        edgellm.load(base("llama"), lora=[(LORA / "llama", float("nan"))])
+    with pytest.raises(AdapterError, match="lora must be"):
+        edgellm.load(base("llama"), lora=3)
+
+
+def test_session_bound_to_adapters(base, tmp_path):
+    from edgellm.errors import SessionError
+
+    with edgellm.load(base("llama"), lora=LORA / "llama") as llm:
+        llm.generate([5, 6, 7], max_tokens=2, temperature=0)
+        llm.save_session(tmp_path / "s.session")
+        llm.set_lora(None)
+        with pytest.raises(SessionError, match="saved with LoRA adapters"):
+            llm.load_session(tmp_path / "s.session")
+        llm.set_lora(LORA / "llama")
+        llm.load_session(tmp_path / "s.session")
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "perplexity"])
+def test_lora_flag_in_commands(command):
+    from edgellm.cli import build_parser
+
+    need = {"generate": ["-p", "x"], "perplexity": ["-f", "t.txt"]}.get(command, [])
+    args = build_parser().parse_args([command, *need, "--lora", "a", "--lora", "b:0.25"])
+    assert args.lora == [("a", 1.0), ("b", 0.25)]
+
+
+def test_perplexity_with_lora(base, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("def fibonacci(n):\n    return n if n < 2 else n * 2\n" * 8)
+    cmd = [sys.executable, "-m", "edgellm", "perplexity", "-m", str(base("llama")), "-f",
+           str(text), "--ctx", "32", "--json"]
+    runs = [subprocess.run(cmd + extra, cwd=ROOT, capture_output=True, text=True)
+            for extra in ([], ["--lora", str(LORA / "llama")])]
+    assert all(r.returncode == 0 for r in runs), runs[1].stderr
+    ppl = [json.loads(r.stdout)["ppl"] for r in runs]
+    assert ppl[0] != ppl[1]

@@ -239,7 +239,27 @@ def create_chat_completion(llm, messages, tools=None, tool_choice=None, response
                            max_reasoning_tokens: int | None = None,
                            parallel_tool_calls: bool = True, **sampling):
     """See the module docstring."""
-    plan = _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
+    stream = arguments.flag(stream, "stream")
+    plan = plan_chat_completion(llm, messages, tools, tool_choice, response_format, max_tokens,
+                                stop, enable_thinking, chat_template_kwargs,
+                                max_reasoning_tokens, parallel_tool_calls, **sampling)
+    return run_plan(llm, plan, stream)
+
+
+def plan_chat_completion(llm, messages, tools=None, tool_choice=None, response_format=None,
+                         max_tokens: int | None = None, stop=(),
+                         enable_thinking: bool | None = None,
+                         chat_template_kwargs: Mapping | None = None,
+                         max_reasoning_tokens: int | None = None,
+                         parallel_tool_calls: bool = True, **sampling) -> _Plan:
+    """Everything create_chat_completion checks and prepares before the first token (its
+    errors), as a plan: .ids is the prompt. The server plans on the LLM, then runs the plan
+    on the slot that holds the longest prefix of .ids (run_plan)."""
+    return _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
                  enable_thinking, chat_template_kwargs, max_reasoning_tokens, sampling,
                  parallel_tool_calls)
-    return _chunks(llm, plan) if arguments.flag(stream, "stream") else _completion(llm, plan)
+
+
+def run_plan(llm, plan: _Plan, stream: bool = False):
+    """The chat.completion dict of `plan` run on `llm` (chunk dicts with stream)."""
+    return _chunks(llm, plan) if stream else _completion(llm, plan)

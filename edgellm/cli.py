@@ -20,7 +20,8 @@ from .errors import (
     restore_signals,
 )
 
-COMMANDS = ("generate", "chat", "embed", "info", "list", "pull", "bench", "perplexity")
+COMMANDS = ("generate", "chat", "embed", "serve", "info", "list", "pull", "bench",
+            "perplexity")
 
 
 def build_parser() -> argparse.ArgumentParser:

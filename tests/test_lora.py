@@ -275,7 +275,7 @@ def test_session_bound_to_adapters(base, tmp_path):
         llm.load_session(tmp_path / "s.session")
 
 
-@pytest.mark.parametrize("command", ["generate", "chat", "bench", "perplexity"])
+@pytest.mark.parametrize("command", ["generate", "chat", "bench", "perplexity", "serve"])
 def test_lora_flag_in_commands(command):
     from edgellm.cli import build_parser
 

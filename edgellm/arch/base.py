@@ -96,9 +96,8 @@ class Transformer:
                          for inv, s in self.rope]
         self.rope_sets = [self.rope[self.rope_set.index(j)] for j in range(len(sets))]
         self._rope_memo: dict = {}  # this chunk's cos/sin tables by frequency set
-        self.cache = KVCache([args.layer_window(i) for i in range(args.num_hidden_layers)],
-                             self.context, args.num_key_value_heads, args.head_dim,
-                             [inv for inv, _ in self.rope], n_keep=n_keep, kv_type=kv_type)
+        self.n_keep, self.kv_type = n_keep, kv_type
+        self.cache = self.new_cache()
         self.buffers = Buffers(args, self.chunk, self.ffn_width(), self.act_dtype)
         self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
         self.tokens: list[int] = []  # the ids the cache holds, in order
@@ -106,6 +105,13 @@ class Transformer:
         self._layer_steps: list | None = None
         self.fused = None  # a FusedDecoder, where arch.build made one (arch/fused.py)
         self.lora: dict = {}  # weight name -> lora.attach.Delta added to its output
+
+    def new_cache(self) -> KVCache:
+        """An empty KV cache of this model's layout (the server's slots each have one)."""
+        a = self.args
+        return KVCache([a.layer_window(i) for i in range(a.num_hidden_layers)], self.context,
+                       a.num_key_value_heads, a.head_dim, [inv for inv, _ in self.rope],
+                       n_keep=self.n_keep, kv_type=self.kv_type)
 
     # weights --------------------------------------------------------------------
     def matrix(self, name: str) -> Tensor:
@@ -169,6 +175,23 @@ class Transformer:
                T: int, positions: np.ndarray) -> None:
         """out [T, Hq*Dh] = attention of this chunk's q/k/v rows over layer s.layer's cache
         (q/k norm and RoPE applied first); stores the chunk's k/v."""
+        q, k, v = self.rotate(s, q, k, v, T, positions)
+        self.attend_rotated(self.cache.layers[s.layer], q, k, v, out, positions)
+
+    def attend_rotated(self, layer, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                       out: np.ndarray, positions: np.ndarray) -> None:
+        """out [T, Hq*Dh] = attention of rotated q/k/v [T, H, Dh] (rotate) over `layer`
+        (a LayerCache) plus these rows; stores the rows' k/v."""
+        T = q.shape[0]
+        layer.attend(q, k, v, positions, self.attn_scale(), self.attn_softcap,
+                     out.reshape(T, *q.shape[1:]))
+        layer.store(k, v, positions)
+
+    def rotate(self, s: Attend, q: np.ndarray, k: np.ndarray, v: np.ndarray, T: int,
+               positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q, k, v [T, H, Dh] of T rows with the q/k norms and RoPE at each row's position
+        applied (rows are independent: the server's batched decode rotates rows of
+        different sequences together)."""
         a = self.args
         i = s.layer
         Hq, Hkv, Dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
@@ -185,10 +208,7 @@ class Transformer:
         cos, sin = self._rope_tables(i, positions)
         apply_rope(q, cos, sin)
         apply_rope(k, cos, sin)
-        layer = self.cache.layers[i]
-        layer.attend(q, k, v, positions, self.attn_scale(), self.attn_softcap,
-                     out.reshape(T, Hq, Dh))
-        layer.store(k, v, positions)
+        return q, k, v
 
     def _rope_tables(self, i: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's cos, sin [T, Dh/2] for this chunk's positions: computed once per chunk
@@ -221,7 +241,12 @@ class Transformer:
         if want == "hidden":  # embeddings: the final norm's output of every token
             rmsnorm(b.x[:T], self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:T])
             return b.h[:T]
-        rows = b.x[:T] if want == "all" else b.x[T - 1:T]
+        return self.head_logits(b.x[:T] if want == "all" else b.x[T - 1:T])
+
+    def head_logits(self, rows: np.ndarray) -> np.ndarray:
+        """Logits [n, vocab] (a view of an internal buffer) of final hidden rows [n, D]
+        (rows of self.buffers.x): the final norm, the output head and its scale/softcap."""
+        b = self.buffers
         n = rows.shape[0]
         rmsnorm(rows, self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:n])
         out = self.logit_buf[:n]

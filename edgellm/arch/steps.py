@@ -111,8 +111,12 @@ class StepRunner:
                 arr = self.extra[name] = np.zeros((b.x.shape[0], width), np.float32)
         return arr[:T]
 
-    def run(self, steps: list, T: int, positions: np.ndarray) -> None:
+    def run(self, steps: list, T: int, positions: np.ndarray, attend=None) -> None:
+        """Run `steps` over rows [:T]; attend: the Attend step's function (default the
+        model's: all T rows one sequence; the server's batched decode gives each row its
+        own cache)."""
         m = self.model
+        attend = m.attend if attend is None else attend
         a = m.args
         b = m.buffers
         acts: dict[str, object] = {}  # buffer name -> its int8 copy (hidden-wide rows)
@@ -155,7 +159,7 @@ class StepRunner:
             elif isinstance(s, Attend):
                 Hq, Hkv = a.num_attention_heads, a.num_key_value_heads
                 Dh = a.head_dim
-                m.attend(s, get(s.q, Hq * Dh), get(s.k, Hkv * Dh), get(s.v, Hkv * Dh),
+                attend(s, get(s.q, Hq * Dh), get(s.k, Hkv * Dh), get(s.v, Hkv * Dh),
                          get(s.dst, Hq * Dh), T, positions)
                 acts.pop(s.dst, None)
             elif isinstance(s, Act):

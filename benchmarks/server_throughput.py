@@ -1,0 +1,179 @@
+"""Aggregate decode tokens/s of `edgellm serve` and llama.cpp's `llama-server`, with 1 and
+4 concurrent streams, through the openai client; runs alternating.
+
+    python benchmarks/server_throughput.py --model EDGELLM_FILE --gguf GGUF_FILE
+        [--llama-server PATH] [--threads 2] [--streams 1 4] [--tokens 96] [--rounds 3]
+        [--json OUT]
+
+Each round starts each server (edgellm with --parallel = the most streams asked for,
+llama-server with --parallel the same and --ctx-size room for every slot), warms it with
+one request, then for each stream count runs that many streams at once, each asking for
+--tokens tokens (ignore_eos where the server has it, temperature 0; edgellm's prompts
+differ per stream so that no stream ends early). Aggregate decode tok/s = tokens streamed
+after each stream's first (as the server's usage counts them) / (time from the first
+stream's first token to the last stream's end); TTFT = median time to the first content
+chunk. Medians over rounds, and
+the ratios asked for by issue 24: edgellm 4-stream / edgellm 1-stream, edgellm 4-stream /
+llama-server 4-stream. The load average at start and end is printed with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_SERVER = ("/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/"
+                "llama-server")
+PROMPTS = ["Tell me a long story about a lighthouse keeper.",
+           "Explain how a bicycle works, in detail.",
+           "Describe a walk through a forest in autumn.",
+           "Write a letter to a friend about a trip to the sea."]
+
+
+def _port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"{url} did not become healthy")
+
+
+def start(kind: str, args, parallel: int) -> tuple[subprocess.Popen, str]:
+    port = _port()
+    if kind == "edgellm":
+        cmd = [sys.executable, "-m", "edgellm", "serve", "-m", args.model, "--port", str(port),
+               "--parallel", str(parallel), "-t", str(args.threads), "--ctx", "1024"]
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    else:
+        cmd = [args.llama_server, "-m", args.gguf, "--port", str(port), "--parallel",
+               str(parallel), "-t", str(args.threads), "-tb", str(args.threads),
+               "--ctx-size", str(1024 * parallel), "--log-disable"]
+        env = dict(os.environ)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    _wait_healthy(url, proc)
+    return proc, url
+
+
+def stream_once(client, model: str, prompt: str, tokens: int, extra: dict) -> dict:
+    t0 = time.perf_counter()
+    first = last = None
+    n = 0
+    for ch in client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=tokens,
+            temperature=0, stream=True, stream_options={"include_usage": True},
+            extra_body=extra):
+        if ch.usage is not None:
+            n = ch.usage.completion_tokens
+        if ch.choices and ch.choices[0].delta.content:
+            now = time.perf_counter()
+            first = now if first is None else first
+            last = now
+    return {"start": t0, "first": first, "last": last, "tokens": n}
+
+
+def measure(url: str, model: str, streams: int, tokens: int, extra: dict) -> dict:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    out: list = [None] * streams
+
+    def one(i):
+        out[i] = stream_once(client, model, PROMPTS[i % len(PROMPTS)], tokens, extra)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    begin = min(r["first"] for r in out)
+    end = max(r["last"] for r in out)
+    decoded = sum(r["tokens"] - 1 for r in out)  # the first of each came from its prefill
+    return {"tok_s": decoded / (end - begin), "ttft_s": statistics.median(
+        r["first"] - r["start"] for r in out), "tokens": [r["tokens"] for r in out]}
+
+
+def load() -> str:
+    return "%.2f %.2f %.2f" % os.getloadavg()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="the edgellm file")
+    ap.add_argument("--gguf", required=True, help="the same weights as GGUF (llama-server)")
+    ap.add_argument("--llama-server", default=LLAMA_SERVER)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    kinds = ["edgellm"] + (["llama-server"] if os.access(args.llama_server, os.X_OK) else [])
+    results: dict = {k: {n: [] for n in args.streams} for k in kinds}
+    load_start = load()
+    parallel = max(args.streams)
+    for r in range(args.rounds):
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:
+            proc, url = start(kind, args, parallel)
+            try:
+                model = "x" if kind == "llama-server" else Path(args.model).stem
+                extra = {"ignore_eos": True} if kind == "llama-server" else {}
+                measure(url, model, 1, 8, extra)  # warm
+                for n in args.streams:
+                    m = measure(url, model, n, args.tokens, extra)
+                    results[kind][n].append(m)
+                    print(f"round {r + 1} {kind:12s} {n} stream(s): {m['tok_s']:7.1f} tok/s "
+                          f"aggregate, TTFT {m['ttft_s'] * 1000:6.0f} ms, tokens {m['tokens']}"
+                          f" (load {load()})", flush=True)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+    summary = {k: {n: {"tok_s": statistics.median(m["tok_s"] for m in v),
+                       "ttft_ms": 1000 * statistics.median(m["ttft_s"] for m in v)}
+                   for n, v in per.items()} for k, per in results.items()}
+    print(f"\nmedians over {args.rounds} rounds, {args.threads} threads, {args.tokens}-token "
+          f"streams; load average at start {load_start}, at end {load()}")
+    for kind, per in summary.items():
+        for n, s in per.items():
+            print(f"  {kind:12s} {n} stream(s): {s['tok_s']:7.1f} tok/s, TTFT "
+                  f"{s['ttft_ms']:6.0f} ms")
+    lo, hi = min(args.streams), max(args.streams)
+    e = summary["edgellm"]
+    print(f"  edgellm {hi} streams / {lo}: x{e[hi]['tok_s'] / e[lo]['tok_s']:.2f}")
+    if "llama-server" in summary:
+        ls = summary["llama-server"]
+        print(f"  llama-server {hi} streams / {lo}: x{ls[hi]['tok_s'] / ls[lo]['tok_s']:.2f}")
+        print(f"  edgellm / llama-server at {hi} streams: "
+              f"x{e[hi]['tok_s'] / ls[hi]['tok_s']:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"summary": summary, "load_start": load_start,
+                                               "load_end": load()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

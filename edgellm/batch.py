@@ -1,0 +1,329 @@
+"""Several generations on one model at once: slots, each with its own KV cache, decoded
+together in one batched step.
+
+    batch = Batch(llm, slots=4)      # starts the engine thread
+    slot = batch.slots[i]            # a SlotLLM: stream, create_chat_completion as LLM's
+    batch.call(fn, *args)            # fn run on the engine thread (embeddings)
+    batch.close()
+
+Every kernel runs on the engine thread (the kernels' thread pool serves one caller at a
+time). A slot's generation runs in its caller's thread as an LLM's does, unchanged
+(sampling, constraints, tool calls, stop strings); where it needs the model
+(`SlotModel.forward`) it hands its tokens to the engine and waits for the logits. Each
+round the engine runs
+  - one decode step for every slot waiting with one token: the rows [n, D] go through
+    the per-operation kernels together, so each weight block is read once for all of them,
+    and each row attends over its own slot's cache (`decode_rows`). A row computes the
+    same alone as with others (the kernels treat rows independently), so a greedy answer
+    does not depend on what else the server is doing; with a single slot the engine
+    decodes through the model's fused step instead (rounding differently, but always);
+  - then at most one chunk (model.chunk tokens) of one slot's prefill, so a long prompt
+    does not stall the streams in flight.
+Before a round the engine waits up to GATHER_S for slots that are mid-generation (they
+come back with their next token within a sampling step), so their rows share the step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from .errors import ArgumentError, ClosedError, ContextError
+from .kernels.linear import embedding
+from .lifetime import Lifetime
+from .llm import LLM
+from .prompt_cache import PromptCache
+
+GATHER_S = 0.004  # how long a round waits for the rows of slots that are mid-generation
+
+
+class _Job:
+    """One request to the engine: `tokens` for `view` (or a call), and its answer."""
+
+    __slots__ = ("view", "tokens", "want", "shift", "fn", "done", "result", "error")
+
+    def __init__(self, view=None, tokens=None, want="last", shift=True, fn=None):
+        self.view, self.tokens, self.want, self.shift, self.fn = view, tokens, want, shift, fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def finish(self, result=None, error=None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+    def wait(self):
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class SlotModel:
+    """A model as one slot sees it: its own KV cache and token list over the shared
+    weights; `forward` runs on the engine (the interface generate.py and prompt_cache.py
+    use of a Transformer)."""
+
+    generates = True
+
+    def __init__(self, batch: Batch, index: int):
+        self.batch, self.index = batch, index
+        base = batch.model
+        self.args, self.context, self.chunk = base.args, base.context, base.chunk
+        self.cache = base.new_cache()
+        self.tokens: list[int] = []
+        self.expected = False  # mid-generation: its next token is coming (see GATHER_S)
+
+    def forward(self, tokens, want: str = "all", shift: bool = True):
+        """As Transformer.forward (a "last" result is this slot's own copy)."""
+        tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
+        return self.batch.submit(_Job(self, tokens, want, shift))
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.tokens.clear()
+
+    def truncate(self, n: int) -> None:
+        if n >= len(self.tokens):
+            return
+        if n == 0 or not self.cache.truncate(n):
+            self.reset()
+            return
+        del self.tokens[n:]
+
+
+class SlotLLM(LLM):
+    """An LLM whose model is a slot (SlotModel): the parent's file, tokenizer, template and
+    constraint engine; its own cache, prompt cache and generation lock."""
+
+    def __init__(self, parent: LLM, model: SlotModel):  # not LLM's: nothing to load
+        self.parent = parent
+        self.threads, self.precise, self.packed = parent.threads, parent.precise, parent.packed
+        self.model = model
+        self.lifetime = Lifetime(f"{parent.packed.path} (slot {model.index})")
+        self.prompt_cache = PromptCache(model, 0)
+        self._tokenizer = self._template = self._engine = self._embedder = None
+
+    @property
+    def tokenizer(self):
+        return self.parent.tokenizer
+
+    @property
+    def constraint_engine(self):
+        return self.parent.constraint_engine
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
+        return self.parent.apply_chat_template(messages, add_generation_prompt, **kwargs)
+
+    def embed(self, *args, **kwargs):
+        raise ClosedError("a slot generates; embeddings run on the batch (Batch.call)")
+
+    def end_generation(self) -> None:
+        """The slot's request is over: the engine no longer waits for its rows."""
+        if self.model is not None:  # (None: closed with the batch)
+            self.model.expected = False
+
+    def _release(self) -> None:  # the parent owns the weights
+        self.model = None
+        self.prompt_cache = None
+
+
+class Batch:
+    """`slots` SlotLLMs over one LLM's model, served by one engine thread."""
+
+    def __init__(self, llm: LLM, slots: int):
+        self.llm = llm
+        self.model = llm._model()
+        if not hasattr(self.model, "new_cache"):
+            raise ContextError(f"{llm.packed.path}: an encoder has no KV cache to serve "
+                               "generations from")
+        if isinstance(slots, bool) or not isinstance(slots, int) \
+                or not 1 <= slots <= self.model.chunk:
+            raise ArgumentError(f"slots must be an int in 1..{self.model.chunk} (the rows "
+                                f"one step holds), got {slots!r}")
+        self.slots = [SlotLLM(llm, SlotModel(self, i)) for i in range(slots)]
+        self._cond = threading.Condition()
+        self._decodes: list[_Job] = []
+        self._prefills: list[_Job] = []  # consumed a chunk at a time, in arrival order
+        self._calls: list[_Job] = []
+        self._closed = False
+        self.rounds = self.rows = 0  # decode steps run and rows they carried (stats)
+        self.mixed = 0  # rounds that ran decode rows and a prefill chunk
+        self._thread = threading.Thread(target=self._run, name="edgellm-engine", daemon=True)
+        self._thread.start()
+
+    # the callers' side ---------------------------------------------------------------
+    def submit(self, job: _Job):
+        with self._cond:
+            if self._closed:
+                raise ClosedError(f"{self.llm.packed.path}: the server is shutting down")
+            if job.fn is not None:
+                self._calls.append(job)
+            else:
+                job.view.expected = False
+                single = job.tokens.size == 1 and job.want in ("last", "none")
+                (self._decodes if single else self._prefills).append(job)
+            self._cond.notify_all()
+        return job.wait()
+
+    def call(self, fn: Callable, *args, **kwargs):
+        """fn(*args, **kwargs) on the engine thread, between two rounds."""
+        return self.submit(_Job(fn=lambda: fn(*args, **kwargs)))
+
+    def close(self) -> None:
+        """Stop the engine: waiting and later requests raise ClosedError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=10)
+        for slot in self.slots:
+            slot.close()
+
+    # the engine ----------------------------------------------------------------------
+    def _take(self):
+        with self._cond:
+            while not (self._decodes or self._prefills or self._calls or self._closed):
+                self._cond.wait()
+            deadline = time.monotonic() + GATHER_S
+            while not self._closed and not self._calls:
+                coming = sum(1 for s in self.slots if s.model is not None and s.model.expected)
+                left = deadline - time.monotonic()
+                if coming == 0 or left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._closed:
+                pending = self._decodes + self._prefills + self._calls
+                self._decodes, self._prefills, self._calls = [], [], []
+                return None, pending
+            decodes, self._decodes = self._decodes, []
+            calls, self._calls = self._calls, []
+            prefill = self._prefills[0] if self._prefills else None
+        return (calls, decodes, prefill), []
+
+    def _run(self) -> None:
+        while True:
+            work, pending = self._take()
+            if work is None:
+                for job in pending:
+                    job.finish(error=ClosedError(f"{self.llm.packed.path}: the server is "
+                                                 "shutting down"))
+                return
+            calls, decodes, prefill = work
+            for job in calls:
+                self._guarded([job], lambda j=job: j.finish(j.fn()))
+            if decodes:
+                self._guarded(decodes, lambda: self._decode(decodes))
+                self.mixed += prefill is not None
+            if prefill is not None:
+                self._guarded([prefill], lambda: self._prefill_chunk(prefill))
+
+    def _guarded(self, jobs: list[_Job], fn: Callable) -> None:
+        """fn() under the LLM's step lock (close() waits for it); an error goes to every
+        job of the round, and a failed job leaves the queue."""
+        try:
+            with self.llm.lifetime._step:
+                self.llm.lifetime.check()
+                fn()
+        except BaseException as e:  # the callers' threads re-raise it
+            for job in jobs:
+                if not job.done.is_set():
+                    with self._cond:
+                        if job in self._prefills:
+                            self._prefills.remove(job)
+                    job.finish(error=e)
+
+    @contextmanager
+    def _as(self, view: SlotModel):
+        """The model running on `view`'s cache and tokens (the fused step and the per-op
+        path both read model.cache)."""
+        m = self.model
+        saved = m.cache, m.tokens
+        m.cache, m.tokens = view.cache, view.tokens
+        try:
+            yield m
+        finally:
+            m.cache, m.tokens = saved
+
+    def _done(self, job: _Job, result) -> None:
+        job.view.expected = True
+        job.finish(result)
+
+    def _decode(self, jobs: list[_Job]) -> None:
+        full = [j for j in jobs if not j.shift and j.view.cache.room() < 1]
+        for job in full:  # its own error, not the round's
+            job.finish(error=ContextError(f"context of {self.model.context} tokens is full"))
+        jobs = [j for j in jobs if j not in full]
+        if not jobs:
+            return
+        self.rounds += 1
+        self.rows += len(jobs)
+        if len(self.slots) == 1:  # nothing to batch with: the fused step, where there is one
+            job = jobs[0]
+            with self._as(job.view) as m:
+                out = m.forward(job.tokens, want=job.want, shift=job.shift)
+            self._done(job, None if out is None else out.copy())
+            return
+        logits = decode_rows(self.model, [j.view for j in jobs],
+                             [int(j.tokens[0]) for j in jobs], [j.shift for j in jobs])
+        for job, row in zip(jobs, logits):
+            self._done(job, row if job.want == "last" else None)
+
+    def _prefill_chunk(self, job: _Job) -> None:
+        """The next model.chunk tokens of `job` (its answer once the last has run)."""
+        m = self.model
+        n = m.chunk
+        every = job.want in ("all", "hidden")
+        with self._as(job.view):
+            if every:  # whole-sequence outputs (logits()): not interleaved
+                out = m.forward(job.tokens, want=job.want, shift=job.shift)
+                part, rest = job.tokens, job.tokens[:0]
+            else:
+                part, rest = job.tokens[:n], job.tokens[n:]
+                out = m.forward(part, want=job.want if rest.size == 0 else "none",
+                                shift=job.shift)
+        if rest.size:
+            job.tokens = rest
+            return
+        with self._cond:
+            self._prefills.remove(job)
+        self._done(job, out if every or out is None else out.copy())
+
+
+def decode_rows(model, views: list, tokens: list[int], shifts: list[bool]) -> np.ndarray:
+    """Logits [n, vocab] (a new array) of one token for each of n slots (views: their
+    SlotModels), in one pass over the weights: rows [n, D] through the per-operation steps,
+    each row's attention over its own cache at its own position."""
+    n = len(views)
+    assert n <= model.chunk, "more rows than the model's buffers hold"
+    for view, shift in zip(views, shifts):
+        if view.cache.room() < 1:
+            if not shift:
+                raise ContextError(f"context of {model.context} tokens is full")
+            discard = view.cache.shift(1)
+            keep = min(view.cache.n_keep, len(view.tokens))
+            del view.tokens[keep:keep + discard]
+    positions = np.array([v.cache.next_pos for v in views], np.int64)
+    b = model.buffers
+    embedding(model.embed, np.array(tokens, np.int64), b.x[:n])
+    if model.embed_scale != 1.0:
+        b.x[:n] *= np.float32(model.embed_scale)
+    model._rope_memo.clear()  # RoPE tables for these rows' positions, shared by the layers
+
+    def attend(s, q, k, v, out, T, positions):
+        q, k, v = model.rotate(s, q, k, v, T, positions)  # every row at its own position
+        for r, view in enumerate(views):  # each row over its own slot's cache
+            model.attend_rotated(view.cache.layers[s.layer], q[r:r + 1], k[r:r + 1],
+                                 v[r:r + 1], out[r:r + 1], positions[r:r + 1])
+
+    for i in range(len(model.layers)):
+        model.runner.run(model.layer_steps[i], n, positions, attend=attend)
+    for view, token in zip(views, tokens):
+        view.cache.next_pos += 1
+        view.cache.n_tokens += 1
+        view.tokens.append(token)
+    return model.head_logits(b.x[:n]).copy()

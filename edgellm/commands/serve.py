@@ -1,0 +1,115 @@
+"""Serve a model over an OpenAI-compatible HTTP API (needs pip install "edgellm[server]").
+
+Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST
+/v1/embeddings (with --embedding-model), GET /health, and a chat page at /. --parallel N
+slots decode together in one batched step; requests beyond them wait in a queue of
+--queue (503 beyond). Binds 127.0.0.1 unless --host says otherwise. SIGTERM or Ctrl-C
+stops accepting, gives the streams in flight a few seconds, and exits 0.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from ..errors import EdgeLLMError
+from .common import (add_lora_argument, add_model_arguments, int_at_least, open_model, say,
+                     text_argument)
+
+GRACE_S = 2  # seconds the streams in flight get at shutdown
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    add_lora_argument(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int_at_least(0), default=8080, help="port (default: 8080)")
+    p.add_argument("--parallel", type=int_at_least(1), default=1,
+                   help="slots: requests generated at once, in one batched step (default: 1)")
+    p.add_argument("--queue", type=int_at_least(0), default=64,
+                   help="requests that may wait for a slot; beyond: 503 (default: 64)")
+    p.add_argument("--api-key", type=text_argument("API key", empty=False), default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/ routes")
+    p.add_argument("--embedding-model", default=None,
+                   type=text_argument("embedding model", empty=False),
+                   help="an embedding model (file or catalog name) for /v1/embeddings")
+    p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                   help="allow cross-origin requests from ORIGIN (repeatable; default: none)")
+    p.add_argument("--max-tokens", type=int_at_least(1), default=4096,
+                   help="the most tokens one request may ask for (default: 4096)")
+    p.add_argument("--max-body", type=int_at_least(1), default=1 << 20,
+                   help="largest request body in bytes; beyond: 413 (default: 1 MiB)")
+    p.add_argument("--alias", default=None, type=text_argument("alias", empty=False),
+                   help="the model's id in the API (default: the -m name)")
+
+
+def _model_id(name: str | None, path) -> str:
+    from pathlib import Path
+
+    return name if name and not Path(name).suffix else Path(path).stem
+
+
+def run(args) -> int:
+    try:
+        import uvicorn
+
+        from ..server.app import Settings, create_app
+    except ImportError as e:
+        raise EdgeLLMError(f"edgellm serve needs the server extra (pip install "
+                           f"\"edgellm[server]\"): {e}") from None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and args.api_key is None:
+        say(f"edgellm: warning: serving on {args.host} without --api-key: anyone who can "
+            "reach this address can use the model")
+    llm = open_model(args)
+    embedder = None
+    try:
+        if args.embedding_model is not None:
+            import argparse
+
+            embedder = open_model(argparse.Namespace(**{**vars(args),
+                                                        "model": args.embedding_model,
+                                                        "lora": None}))
+            embedder.embedder  # noqa: B018 -- refuses a model without pooling now
+        settings = Settings(
+            model_id=args.alias or _model_id(args.model, llm.packed.path),
+            parallel=args.parallel, queue=args.queue, api_key=args.api_key,
+            cors=tuple(args.cors), max_body=args.max_body,
+            max_tokens=min(args.max_tokens, llm.context),
+            embedding_id=None if embedder is None else _model_id(args.embedding_model,
+                                                                 embedder.packed.path))
+        app = create_app(llm, settings, embedder)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                                timeout_graceful_shutdown=GRACE_S, access_log=False)
+        server = uvicorn.Server(config)
+        say(f"edgellm: serving {settings.model_id} at http://{args.host}:{args.port}/ "
+            f"({args.parallel} slot{'s' * (args.parallel > 1)}; Ctrl-C stops)")
+        _serve(server)
+    finally:
+        llm.close()
+        if embedder is not None:
+            embedder.close()
+    say("edgellm: stopped")
+    return 0
+
+
+def _serve(server) -> None:
+    """server.run() with SIGINT/SIGTERM asking it to stop (a second one: at once), not
+    re-raised afterwards: a requested stop is a clean exit."""
+    from contextlib import nullcontext
+
+    def stop(signum, frame):
+        if server.should_exit:
+            server.force_exit = True
+        server.should_exit = True
+
+    server.capture_signals = nullcontext  # uvicorn would re-raise the signal at the end
+    old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    except SystemExit:  # uvicorn's answer to a failed startup (it logged why)
+        server.started = False
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if not server.started:
+        raise EdgeLLMError(f"cannot serve on {server.config.host}:{server.config.port} "
+                           "(address in use?)")

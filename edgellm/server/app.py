@@ -1,0 +1,337 @@
+"""The OpenAI-compatible HTTP app (FastAPI): its routes (limits.py checks the API key and
+the body size first).
+
+    app = create_app(llm, Settings(model_id="smollm2", parallel=4), embedder=None)
+
+Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
+POST /v1/embeddings (when an embedding model is given), GET / (the chat page). A request
+is checked and planned (its prompt rendered and tokenized, its constraint compiled) before
+it waits for a slot, so a bad one is answered 400 at once; then it runs on a slot of the
+Batch (edgellm/batch.py), streaming as server-sent events when asked.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..batch import Batch
+from ..chat_completion import plan_chat_completion, run_plan
+from ..errors import EdgeLLMError
+from ..llm import LLM
+from .errors import APIError, from_edgellm, from_validation
+from .limits import Limits
+from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Sampling
+from .slots import QueueFull, SlotPool
+from .streaming import DONE, event, in_thread
+
+
+@dataclass
+class Settings:
+    model_id: str
+    parallel: int = 1
+    queue: int = 64  # requests waiting for a slot, beyond which 503
+    api_key: str | None = None
+    cors: tuple[str, ...] = ()
+    max_body: int = 1 << 20  # bytes of a request body (413 beyond)
+    max_tokens: int = 4096  # the most a request may ask for
+    max_messages: int = 512
+    max_inputs: int = 2048  # texts in one embeddings request
+    embedding_id: str | None = None
+
+
+def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> FastAPI:
+    """The app serving `llm` (and `embedder` at /v1/embeddings); it owns neither: the
+    caller closes them after the app has shut down (its lifespan closes the Batch)."""
+    from contextlib import asynccontextmanager
+
+    batch = Batch(llm, settings.parallel)
+    pool = SlotPool(batch.slots, settings.queue)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        batch.close()  # generations still running end at their next step
+
+    app = FastAPI(title="edgellm", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.batch, app.state.pool = batch, pool
+    app.add_middleware(Limits, max_body=settings.max_body, api_key=settings.api_key)
+    if settings.cors:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors),
+                           allow_methods=["GET", "POST", "OPTIONS"],
+                           allow_headers=["Authorization", "Content-Type"])
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError):
+        err = from_validation(list(e.errors()))
+        return JSONResponse(err.body(), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        return JSONResponse(APIError(e.status_code, f"{request.method} {request.url.path}: "
+                                     f"{e.detail}", kind).body(), status_code=e.status_code)
+
+    def models() -> list[str]:
+        return [settings.model_id] + ([settings.embedding_id] if embedder is not None else [])
+
+    def model_card(name: str) -> dict:
+        return {"id": name, "object": "model", "created": created, "owned_by": "edgellm"}
+
+    def check_model(name: str, ids: list[str], what: str = "model") -> None:
+        if name not in ids:
+            raise APIError(404, f"model {name!r} is not served here (serving: "
+                           f"{', '.join(ids) or 'none'})", "not_found_error", "model",
+                           "model_not_found")
+
+    async def planned(fn, fields: set[str], *args, **kwargs):
+        """fn(*args, **kwargs) in a worker thread, edgellm's errors as 400s."""
+        try:
+            return await run_in_threadpool(fn, *args, **kwargs)
+        except EdgeLLMError as e:
+            raise from_edgellm(e, fields) from None
+
+    async def slot_for(ids):
+        try:
+            return await pool.acquire(ids)
+        except QueueFull as e:
+            raise APIError(503, str(e), "server_error", code="queue_full",
+                           headers={"Retry-After": "1"}) from None
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "slots": len(pool.slots), "slots_busy": pool.busy,
+                "queued": len(pool.waiting)}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card(m) for m in models()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def get_model(name: str):
+        check_model(name, models())
+        return model_card(name)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def chat_page():
+        return resources.files(__package__).joinpath("static/chat.html").read_text("utf-8")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(req: ChatCompletionRequest):
+        check_model(req.model, [settings.model_id])
+        fields = set(req.model_fields_set)
+        if len(req.messages) > settings.max_messages:
+            raise APIError(400, f"{len(req.messages)} messages: at most "
+                           f"{settings.max_messages} are allowed", param="messages")
+        max_tokens = _max_tokens(req.max_completion_tokens if req.max_completion_tokens
+                                 is not None else req.max_tokens, settings)
+        kwargs = dict(tools=req.tools, tool_choice=req.tool_choice,
+                      response_format=req.response_format, max_tokens=max_tokens,
+                      stop=req.stop, parallel_tool_calls=req.parallel_tool_calls,
+                      **_sampling(req))
+        plan = await planned(plan_chat_completion, fields, llm, _messages(req), **kwargs)
+        slot = await slot_for(plan.ids)
+        if not req.stream:
+            try:
+                result = await planned(run_plan, fields, slot, plan, False)
+            finally:
+                pool.release(slot)
+            return {**result, "model": settings.model_id}
+        usage = req.stream_options is not None and req.stream_options.include_usage
+        chunks = in_thread(run_plan(slot, plan, True), lambda: pool.release(slot))
+        return _sse(_chat_events(chunks, settings.model_id, usage), fields)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest):
+        check_model(req.model, [settings.model_id])
+        fields = set(req.model_fields_set)
+        prompt = req.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise APIError(400, "prompt: one prompt per request (n=1)", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, str) and not prompt:
+            raise APIError(400, "prompt is empty", param="prompt")
+        ids = await planned(llm.encode_prompt, fields, prompt)
+        kwargs = dict(max_tokens=_max_tokens(req.max_tokens, settings), stop=req.stop,
+                      **_sampling(req))
+        slot = await slot_for(ids)
+        base = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion",
+                "created": int(time.time()), "model": settings.model_id}
+        if not req.stream:
+            try:
+                text, finish, n = await planned(_complete, fields, slot, ids, kwargs)
+            finally:
+                pool.release(slot)
+            return {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                         "finish_reason": finish}],
+                    "usage": _usage(len(ids), n)}
+        try:
+            stream = await planned(slot.stream_ids, fields, ids, **kwargs)
+        except BaseException:
+            pool.release(slot)
+            raise
+        usage = req.stream_options is not None and req.stream_options.include_usage
+        chunks = in_thread(stream, lambda: pool.release(slot))
+        return _sse(_completion_events(chunks, base, len(ids), usage), fields)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest):
+        if embedder is None:
+            raise APIError(404, "no embedding model is loaded (start the server with "
+                           "--embedding-model MODEL)", "not_found_error", "model",
+                           "model_not_found")
+        check_model(req.model, [settings.embedding_id])
+        texts = [req.input] if isinstance(req.input, str) else list(req.input)
+        if not texts or len(texts) > settings.max_inputs:
+            raise APIError(400, f"input: give 1..{settings.max_inputs} texts, got "
+                           f"{len(texts)}", param="input")
+        if req.dimensions is not None:
+            raise APIError(400, "dimensions: the model's embeddings cannot be shortened",
+                           param="dimensions")
+        fields = set(req.model_fields_set) | {"input"}
+
+        def embed():
+            n = sum(len(ids) for ids in embedder.embedder.tokenize(texts))
+            return batch.call(embedder.embed, texts), n
+
+        vectors, n = await planned(embed, fields)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": _encode_vector(v, req.encoding_format)}
+                for i, v in enumerate(vectors)]
+        return {"object": "list", "data": data, "model": settings.embedding_id,
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+    return app
+
+
+# request -> edgellm arguments --------------------------------------------------------
+def _max_tokens(value: int | None, settings: Settings) -> int:
+    if value is None:
+        return min(256, settings.max_tokens)
+    if value > settings.max_tokens:
+        raise APIError(400, f"max_tokens is {value}: at most {settings.max_tokens} are "
+                       "allowed", param="max_tokens")
+    return value
+
+
+def _sampling(req: Sampling) -> dict:
+    out: dict[str, Any] = {}
+    for name, key in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                      ("min_p", "min_p"), ("repeat_penalty", "repetition_penalty"),
+                      ("presence_penalty", "presence_penalty"),
+                      ("frequency_penalty", "frequency_penalty"), ("seed", "seed")):
+        value = getattr(req, name)
+        if value is not None:
+            out[key] = value
+    if req.logit_bias:
+        bias = {}
+        for k, v in req.logit_bias.items():
+            if not k.strip().lstrip("-").isdigit():
+                raise APIError(400, f"logit_bias: key {k!r} is not a token id",
+                               param="logit_bias")
+            bias[int(k)] = v
+        out["logit_bias"] = bias
+    return out
+
+
+def _messages(req: ChatCompletionRequest) -> list[dict]:
+    """The messages as the chat template takes them (text parts joined)."""
+    out = []
+    for i, m in enumerate(req.messages):
+        d = m.model_dump(exclude_none=True)
+        if d["role"] == "developer":
+            d["role"] = "system"
+        if isinstance(d.get("content"), list):
+            parts = d["content"]
+            if any(p.get("type") != "text" or not isinstance(p.get("text"), str)
+                   for p in parts):
+                raise APIError(400, f"messages[{i}].content: only text parts are supported",
+                               param="messages")
+            d["content"] = "".join(p["text"] for p in parts)
+        out.append(d)
+    return out
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _complete(slot, ids: list[int], kwargs: dict) -> tuple[str, str, int]:
+    """(text, finish_reason, tokens generated) of a whole completion on `slot`."""
+    parts, finish, n = [], "length", 0
+    with slot.stream_ids(ids, **kwargs) as chunks:
+        for c in chunks:
+            parts.append(c.text)
+            n += c.token is not None
+            if c.finish_reason is not None:
+                finish = c.finish_reason
+    return "".join(parts), finish, n
+
+
+def _encode_vector(v: np.ndarray, fmt: str):
+    if fmt == "base64":
+        return base64.b64encode(np.ascontiguousarray(v, "<f4").tobytes()).decode("ascii")
+    return [float(x) for x in v]
+
+
+# streams -------------------------------------------------------------------------------
+def _sse(events, fields: set[str]) -> StreamingResponse:
+    async def body():
+        try:
+            async for e in events:
+                yield event(e)
+        except EdgeLLMError as e:  # after the first byte: the error as the last event
+            yield event(from_edgellm(e, fields).body())
+        yield DONE
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _chat_events(chunks, model_id: str, include_usage: bool):
+    """edgellm's chunk dicts as OpenAI streams them: usage only in a last chunk of its own
+    (with stream_options.include_usage), null in the others."""
+    async for c in chunks:
+        usage = c.pop("usage", None)
+        c["model"] = model_id
+        if include_usage:
+            c["usage"] = None
+        yield c
+        if usage is not None and include_usage:
+            yield {**c, "choices": [], "usage": usage}
+
+
+async def _completion_events(chunks, base: dict, prompt_tokens: int, include_usage: bool):
+    n = 0
+    async for c in chunks:
+        n += c.token is not None
+        if not c.text and c.finish_reason is None:
+            continue
+        out = {**base, "choices": [{"text": c.text, "index": 0, "logprobs": None,
+                                    "finish_reason": c.finish_reason}]}
+        if include_usage:
+            out["usage"] = None
+        yield out
+        if c.finish_reason is not None and include_usage:
+            yield {**base, "choices": [], "usage": _usage(prompt_tokens, n)}

@@ -1,0 +1,67 @@
+"""A blocking generation, iterated in its own thread, as an async iterator; and
+server-sent events.
+
+The worker thread owns the generator: it pulls items and hands them to the event loop.
+When the consumer stops (the client disconnected, or the server is shutting down), the
+worker ends the generation after the item in progress (one token step) and closes it,
+which frees the model's turn; `on_exit` (releasing the slot) then runs on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+DONE = "data: [DONE]\n\n"
+
+
+def event(data: Any) -> str:
+    """One server-sent event carrying `data` as JSON."""
+    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def in_thread(items: Iterator, on_exit: Callable[[], None]) -> AsyncIterator:
+    """`items` (a blocking iterator) pulled by a worker thread; see the module doc."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+    stop = threading.Event()
+
+    def hand(kind: str, value: Any = None) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, (kind, value))
+        except RuntimeError:  # the loop is gone (the server stopped)
+            pass
+
+    def work() -> None:
+        try:
+            for item in items:
+                hand("item", item)
+                if stop.is_set():
+                    break
+            hand("end")
+        except BaseException as e:  # noqa: B036 -- handed to the consumer, which re-raises
+            hand("error", e)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+            try:
+                loop.call_soon_threadsafe(on_exit)
+            except RuntimeError:  # the loop is gone: so are the slots it handed out
+                pass
+
+    threading.Thread(target=work, name="edgellm-request", daemon=True).start()
+    try:
+        while True:
+            kind, value = await queue.get()
+            if kind == "item":
+                yield value
+            elif kind == "end":
+                return
+            else:
+                raise value
+    finally:
+        stop.set()

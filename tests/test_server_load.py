@@ -1,0 +1,135 @@
+"""`edgellm serve` as a process: a bounded load test (8 concurrent clients, 64 requests),
+a client killed mid-stream frees its slot, SIGTERM exits 0 within seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+psutil = pytest.importorskip("psutil")
+
+from server_helpers import ROOT, request, serve_subprocess  # noqa: E402
+
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def served(smollm2):
+    proc, url = serve_subprocess(smollm2, "--parallel", str(SLOTS), "--ctx", "512")
+    yield proc, url
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _client(url):
+    from openai import OpenAI
+
+    return OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def _busy(url) -> int:
+    return json.loads(request(url + "/health")[2])["slots_busy"]
+
+
+def test_load_8_clients_64_requests_memory_flat(served):
+    proc, url = served
+    c = _client(url)
+    errors: list = []
+    done = []
+    lock = threading.Lock()
+    rss: dict = {}
+    me = psutil.Process(proc.pid)
+
+    def one(i):
+        r = c.chat.completions.create(
+            model="smollm2", max_tokens=4, temperature=0.7, seed=i,
+            messages=[{"role": "user", "content": f"Say a word about the number {i}."}])
+        assert r.choices[0].finish_reason in ("stop", "length")
+        assert isinstance(r.choices[0].message.content, str)
+        assert 1 <= r.usage.completion_tokens <= 4
+
+    def client(k):
+        for j in range(8):
+            try:
+                one(8 * k + j)
+            except Exception as e:  # noqa: BLE001 -- reported below, with the others
+                errors.append(e)
+            with lock:
+                done.append(1)
+                if len(done) == 8:
+                    rss["first"] = me.memory_info().rss
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rss["last"] = me.memory_info().rss
+    assert not errors, errors[:3]
+    assert len(done) == 64
+    assert rss["last"] <= rss["first"] * 1.10, rss
+    assert _busy(url) == 0
+
+
+KILLED_CLIENT = textwrap.dedent("""
+    import sys, threading
+    from openai import OpenAI
+    c = OpenAI(base_url=sys.argv[1] + "/v1", api_key="none", max_retries=0)
+    started = threading.Semaphore(0)
+    def go():
+        for i, ch in enumerate(c.chat.completions.create(model="smollm2", max_tokens=400,
+                stream=True, messages=[{"role": "user", "content": "Tell a long story."}])):
+            if i == 1:
+                started.release()
+    for _ in range(int(sys.argv[2])):
+        threading.Thread(target=go, daemon=True).start()
+    for _ in range(int(sys.argv[2])):
+        started.acquire()
+    print("streaming", flush=True)
+    threading.Event().wait()
+""")
+
+
+def test_a_killed_client_frees_its_slot(served):
+    proc, url = served
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, url, str(SLOTS)],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert killed.stdout.readline().strip() == "streaming"
+        assert _busy(url) == SLOTS  # every slot is streaming to the client
+    finally:
+        killed.kill()
+        killed.wait()
+    deadline = time.monotonic() + 10  # 400-token streams would take far longer
+    while _busy(url) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _busy(url) == 0
+    r = _client(url).chat.completions.create(model="smollm2", max_tokens=2,
+                                             messages=[{"role": "user", "content": "Hi"}])
+    assert r.usage.completion_tokens >= 1
+
+
+def test_sigterm_mid_stream_exits_0_within_seconds(served):
+    proc, url = served
+    stream = _client(url).chat.completions.create(
+        model="smollm2", max_tokens=400, stream=True,
+        messages=[{"role": "user", "content": "Tell a long story."}])
+    next(iter(stream))
+    t = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=30)
+    took = time.monotonic() - t
+    assert code == 0, proc.stderr.read()[-2000:]
+    assert took < 15, took

@@ -24,6 +24,7 @@ import numpy as np
 
 from edgellm import format as fmt
 from edgellm import quant
+from edgellm import tokenizer_store
 from edgellm.errors import EdgeLLMError, FormatError, QuantizationError, SourceError
 from edgellm.validate import check_model
 
@@ -162,11 +163,31 @@ def _temp_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.tmp-{os.getpid()}")
 
 
+def stored_tokenizer(source: Source) -> tuple[dict | None, bytes]:
+    """(header field tokenizer.stored without its offset, blob) of the source's tokenizer;
+    (None, b"") without one."""
+    if not source.tokenizer_json:
+        return None, b""
+    try:
+        return tokenizer_store.store(source.tokenizer_json)
+    except Exception as e:  # tokenizers raises bare Exceptions from Rust
+        raise SourceError(f"tokenizer.json is invalid: {_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
 def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None) -> dict:
+    """The header fields; the stored tokenizer starts the data section."""
+    stored, _ = stored_tokenizer(source)
+    tokenizer = {"config": source.tokenizer_config}
+    if stored is not None:
+        tokenizer["stored"] = {**stored, "offset": 0}
     meta = {
         "architecture": source.config.get("model_type", ""),
         "config": source.config,
-        "tokenizer": {"json": source.tokenizer_json, "config": source.tokenizer_config},
+        "tokenizer": tokenizer,
         "chat_template": source.chat_template,
         "generation_config": source.generation_config,
         "quantization": {"recipe": recipe, "block_size": block_size, **(meta_extra or {})},
@@ -200,8 +221,9 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
     if folded:
         meta_extra = {**(meta_extra or {}), "norms_folded": folded,
                       "folded_gains": norm_fold.gain_table(planned, source.config)}
+    _, blob = stored_tokenizer(source)  # first in the data section, the tensors after it
     infos = fmt.plan_tensors([(name, ty, tuple(t.shape), block_size if quant.TYPES[ty].quantized
-                               else quant.DEFAULT_BLOCK) for t, name, ty in planned])
+                               else quant.DEFAULT_BLOCK) for t, name, ty in planned], len(blob))
     _check_model(source, infos)
     meta = _meta(source, recipe, block_size, meta_extra)
     summary = Summary(str(out))
@@ -212,6 +234,8 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
             f.write(fmt.encode_preamble(header))
             f.write(header)
             data_start = fmt.align(fmt.PREAMBLE.size + len(header))
+            f.seek(data_start)
+            f.write(blob)
             final = []
             for (t, name, ty), info in _progress(list(zip(planned, infos, strict=True)), progress):
                 stats = summary.by_type[ty]

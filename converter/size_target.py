@@ -40,6 +40,7 @@ from .recipes import TARGET_TYPES
 DEFAULT_CANDIDATES = TARGET_TYPES
 SENSITIVITY_TOKENS = 256  # calibration tokens each sensitivity measurement runs
 HEADER_SLACK = 32  # bytes per tensor: the header's numbers change length with the types
+ALIGN_SLACK = 64  # the tensors start on a 64-byte boundary after the stored tokenizer
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "k": 10**3,
           "m": 10**6, "g": 10**9, "t": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -113,7 +114,7 @@ def plan(source, *, target_bytes: int | None = None, target_bpw: float | None = 
     """Choose every matrix's type so that the file fits target_bytes (or the tensor data
     fits target_bpw bits per weight). `model`: the calibration FloatModel and `sens_ids`
     its tokens, to measure sensitivities; `quantize`: the block quantizer to measure with."""
-    from .pack import _meta, _plan
+    from .pack import _meta, _plan, stored_tokenizer
 
     candidates = tuple(dict.fromkeys(candidates))
     for ty in candidates:
@@ -142,7 +143,8 @@ def plan(source, *, target_bytes: int | None = None, target_bpw: float | None = 
         infos = fmt.plan_tensors([(n, "q4_0" if n not in fixed else ty, tuple(t.shape),
                                    block_size) for t, n, ty in planned])
         header = fmt.encode_header(_meta(source, "target", block_size, meta_extra), infos)
-        overhead = fmt.align(fmt.PREAMBLE.size + len(header)) + HEADER_SLACK * len(planned)
+        overhead = (fmt.align(fmt.PREAMBLE.size + len(header)) + HEADER_SLACK * len(planned)
+                    + ALIGN_SLACK + len(stored_tokenizer(source)[1]))
         budget, limit = int(target_bytes), int(target_bytes) - overhead - fixed_bytes
     else:
         overhead = 0

@@ -10,6 +10,11 @@ Layout (all integers little-endian):
   64  .. header: UTF-8 JSON object (see `build_header`)
   ..     tensor data; the data section starts at the first 64-byte boundary after the
          header, and each tensor's `offset` (relative to that start) is a multiple of 64.
+         (version 2) The stored tokenizer comes first in the data section, the tensors
+         after it: header field `tokenizer.stored` gives its place and kind
+         (edgellm/tokenizer_store.py).
+Version 1 files keep the tokenizer.json text in the header (`tokenizer.json`); version 2
+files may do either, and this reader reads both versions.
 Quantized tensors are stored as `edgellm.quant` describes (ggml block bytes, rows
 contiguous). Opening checks the header checksum and every offset and size against the file
 length, so it stays O(1) in the file size; `verify()` checks per-tensor crc32s on demand.
@@ -33,7 +38,8 @@ from . import quant
 from .errors import FormatError
 
 MAGIC = b"EDGELLM\0"
-VERSION = 1
+VERSION = 2  # 2: the tokenizer may be stored in the data section (tokenizer.stored)
+READS_VERSIONS = (1, 2)
 ALIGN = 64
 PREAMBLE = struct.Struct("<8sIIQ32s8s")  # 64 bytes
 MAX_HEADER_BYTES = 1 << 30
@@ -82,9 +88,11 @@ class Tensor:
         return quant.dequantize(self.data, self.type, self.shape, self.block_size)
 
 
-def plan_tensors(entries: list[tuple[str, str, tuple[int, ...], int]]) -> list[TensorInfo]:
-    """Lay out (name, type, shape, block_size) entries back to back, 64-byte aligned."""
-    infos, offset = [], 0
+def plan_tensors(entries: list[tuple[str, str, tuple[int, ...], int]],
+                 start: int = 0) -> list[TensorInfo]:
+    """Lay out (name, type, shape, block_size) entries back to back, 64-byte aligned, from
+    offset `start` of the data section."""
+    infos, offset = [], align(start)
     for name, type_name, shape, block_size in entries:
         nbytes = quant.qtype(type_name).nbytes(tuple(shape), block_size)
         infos.append(TensorInfo(name, type_name, tuple(int(s) for s in shape), block_size,
@@ -100,8 +108,8 @@ def encode_header(meta: dict, tensors: list[TensorInfo]) -> bytes:
     return json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
-def encode_preamble(header: bytes) -> bytes:
-    return PREAMBLE.pack(MAGIC, VERSION, 0, len(header), hashlib.sha256(header).digest(),
+def encode_preamble(header: bytes, version: int = VERSION) -> bytes:
+    return PREAMBLE.pack(MAGIC, version, 0, len(header), hashlib.sha256(header).digest(),
                          b"\0" * 8)
 
 
@@ -125,9 +133,10 @@ class PackedModel:
                 if magic != MAGIC:
                     raise FormatError(f"{where}: wrong magic {magic!r}: not an edgellm model "
                                       "file (convert it with convert-model)")
-                if version != VERSION:
+                if version not in READS_VERSIONS:
                     raise FormatError(f"{where}: format version {version} is not supported "
-                                      f"(this edgellm reads version {VERSION})")
+                                      f"(this edgellm reads versions "
+                                      f"{', '.join(map(str, READS_VERSIONS))})")
                 if hlen > min(MAX_HEADER_BYTES, size - PREAMBLE.size):
                     raise FormatError(f"{where}: header length {hlen} runs past the end of "
                                       f"the file ({size} bytes): file is truncated or corrupt")
@@ -138,10 +147,13 @@ class PackedModel:
             raise FormatError(f"{where}: header checksum mismatch: file is corrupt")
         header = _parse_json(where, raw)
         self.header = header
+        self.version = version
         self.data_start = align(PREAMBLE.size + hlen)
         self.file_size = size
         self.tensors = _parse_table(where, header.get("tensors"), size - self.data_start)
         _check_fields(where, header)
+        self.tokenizer_stored = _parse_stored(where, header, self.tensors,
+                                              size - self.data_start)
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if size else None
 
     # header fields -------------------------------------------------------------
@@ -154,8 +166,37 @@ class PackedModel:
         return str(self.header.get("architecture") or self.config.get("model_type", ""))
 
     @property
+    def has_tokenizer(self) -> bool:
+        return bool(self.tokenizer_stored or (self.header.get("tokenizer") or {}).get("json"))
+
+    @property
     def tokenizer_json(self) -> str | None:
-        return (self.header.get("tokenizer") or {}).get("json")
+        """The tokenizer.json text: the header's, or (version 2) rebuilt from the stored
+        tokenizer, which costs as much as building it (for tools and tests)."""
+        inline = (self.header.get("tokenizer") or {}).get("json")
+        if inline or not self.tokenizer_stored:
+            return inline
+        kind, raw = self.tokenizer_bytes()
+        if kind == "json":
+            return raw.decode("utf-8")
+        from .tokenizer_store import build
+
+        return build(kind, raw).to_str()
+
+    def tokenizer_bytes(self) -> tuple[str, bytes]:
+        """(kind, decompressed bytes) of the stored tokenizer (tokenizer_store.py's
+        layout); FormatError if it is corrupt."""
+        from .tokenizer_store import decompress
+
+        st = self.tokenizer_stored
+        start = self.data_start + st["offset"]
+        blob = self._mm[start:start + st["nbytes"]]
+        if zlib.crc32(blob) != st["crc32"]:
+            raise FormatError(f"{self.path}: stored tokenizer checksum mismatch: file is corrupt")
+        try:
+            return st["kind"], decompress(blob, st["size"])
+        except ValueError as e:
+            raise FormatError(f"{self.path}: stored tokenizer {e}: file is corrupt") from None
 
     @property
     def tokenizer_config(self) -> dict:
@@ -263,6 +304,45 @@ def _check_fields(where: str, header: dict) -> None:
 
 
 _JSON = {str: "a string", dict: "an object", type(None): "null"}
+MAX_TOKENIZER_BYTES = 1 << 30  # decompressed
+
+
+def _parse_stored(where: str, header: dict, tensors: dict[str, TensorInfo],
+                  data_bytes: int) -> dict | None:
+    """tokenizer.stored: its kind, and a place in the data section that no tensor uses."""
+    st = (header.get("tokenizer") or {}).get("stored")
+    if st is None:
+        return None
+    from .tokenizer_store import KINDS
+
+    name = "stored tokenizer"
+    if not isinstance(st, dict) or st.get("kind") not in KINDS:
+        raise FormatError(f"{where}: header field tokenizer.stored is {_short(st)}: expected an "
+                          f"object with kind {' or '.join(KINDS)}")
+    out = {"kind": st["kind"]}
+    for field in ("offset", "nbytes", "size", "tokens", "merges"):
+        v = st.get(field)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise FormatError(f"{where}: {name}: field {field!r} is {_short(v)}, expected an "
+                              "integer >= 0")
+        out[field] = v
+    try:
+        out["crc32"] = int(st.get("crc32"), 16)
+    except (TypeError, ValueError):
+        raise FormatError(f"{where}: {name}: field 'crc32' is {_short(st.get('crc32'))}") \
+            from None
+    start, end = out["offset"], out["offset"] + out["nbytes"]
+    if start % ALIGN:
+        raise FormatError(f"{where}: {name}: offset {start} is not {ALIGN}-byte aligned")
+    if end > data_bytes:
+        raise FormatError(f"{where}: {name}: data at {start}+{out['nbytes']} runs past the end "
+                          "of the file (truncated?)")
+    if out["size"] > MAX_TOKENIZER_BYTES:
+        raise FormatError(f"{where}: {name}: size {out['size']} is too large")
+    for t in tensors.values():
+        if t.nbytes and start < t.offset + t.nbytes and t.offset < end:
+            raise FormatError(f"{where}: {name} and tensor {t.name} overlap")
+    return out
 
 
 def _short(value, limit: int = 60) -> str:

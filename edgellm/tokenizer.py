@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import tokenizers
 
+from edgellm import tokenizer_store
 from edgellm.errors import TokenizerError
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -99,7 +100,23 @@ class Tokenizer:
         except Exception as e:  # tokenizers raises a bare Exception
             first = (str(e).splitlines() or [type(e).__name__])[0]
             raise TokenizerError(f"tokenizer.json is invalid: {first}") from None
+        finally:
+            tokenizer_store.release_freed_memory()  # the JSON parse's transient
         return cls(backend, tokenizer_config, generation_config)
+
+    @classmethod
+    def from_packed(cls, packed) -> Tokenizer:
+        """Build from a packed file (format.PackedModel): its stored tokenizer (version 2)
+        or the tokenizer.json text in its header."""
+        if packed.tokenizer_stored:
+            backend = tokenizer_store.build(*packed.tokenizer_bytes())
+            return cls(backend, packed.tokenizer_config, packed.generation_config)
+        return cls.from_json(packed.tokenizer_json, packed.tokenizer_config,
+                             packed.generation_config)
+
+    def to_json(self) -> str:
+        """tokenizer.json text of this tokenizer (e.g. for the constraint engine)."""
+        return self._tok.to_str()
 
     @property
     def vocab_size(self) -> int:

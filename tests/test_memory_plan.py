@@ -96,8 +96,10 @@ def test_total_and_default_context(converted):
         assert p.total == (p.weights + p.kv_cache + p.buffers + p.tokenizer
                            + memory_plan.BASELINE)
         assert p.to_json()["total"] == p.total
-        assert p.tokenizer == memory_plan.TOKENIZER_PER_JSON_BYTE * len(
-            (packed.tokenizer_json or "").encode())
+        stored = packed.tokenizer_stored  # the tiny llama's 512 tokens and 253 merges
+        assert (stored["kind"], stored["tokens"], stored["merges"]) == ("bpe", 512, 253)
+        assert p.tokenizer == (memory_plan.TOKENIZER_PER_TOKEN * 512
+                               + memory_plan.TOKENIZER_PER_MERGE * 253)
         default = memory_plan.default_context(args)
     with edgellm.load(path) as llm:
         assert llm.model.context == default

@@ -53,6 +53,14 @@ def rewrite(src: Path, dst: Path, mutate) -> Path:
     return dst
 
 
+def inline_tokenizer(header: dict) -> str:
+    """Put the tiny llama's tokenizer.json text in the header (as version 1 files keep it)
+    in place of the stored tokenizer; return it."""
+    text = (TINY / "llama" / "tokenizer.json").read_text()
+    header["tokenizer"] = {"config": header["tokenizer"]["config"], "json": text}
+    return text
+
+
 def retype(header: dict, name: str, type_name: str | None = None, shape=None) -> None:
     """Give tensor `name` another type or shape, with nbytes to match (passes the format)."""
     e = header["tensors"][name]
@@ -542,7 +550,7 @@ def test_broken_tokenizer_is_refused_by_the_converter(tmp_path, capsys):
 
 def test_tokenizer_ids_outside_the_model_vocabulary(llama_q8, tmp_path):
     def remap(h):  # the tokenizer maps a token to id 700, the model has 512
-        tok = json.loads(h["tokenizer"]["json"])
+        tok = json.loads(inline_tokenizer(h))
         vocab = tok["model"]["vocab"]
         vocab["a"] = 700
         h["tokenizer"]["json"] = json.dumps(tok)
@@ -901,7 +909,7 @@ def test_tokenizer_library_panics_are_typed_and_quiet(part, llama_q8, tmp_path, 
     key, value = PANICKING_TOKENIZER_PARTS[part]
 
     def poison(h):
-        tok = json.loads(h["tokenizer"]["json"])
+        tok = json.loads(inline_tokenizer(h))
         tok[key] = value
         h["tokenizer"]["json"] = json.dumps(tok)
 

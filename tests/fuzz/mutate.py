@@ -305,10 +305,22 @@ def p_structure(rng, b: Packed):
     return how, b.join(h)
 
 
+def tokenizer_text(b: Packed) -> str:
+    """The file's tokenizer.json text: the header's, or rebuilt from the stored tokenizer."""
+    tok = b.header.get("tokenizer") or {}
+    st = tok.get("stored")
+    if isinstance(tok.get("json"), str) or not isinstance(st, dict):
+        return tok.get("json") or ""
+    from edgellm.tokenizer_store import build, decompress
+
+    raw = decompress(b.data[st["offset"]:st["offset"] + st["nbytes"]], st["size"])
+    return raw.decode() if st["kind"] == "json" else build(st["kind"], raw).to_str()
+
+
 def p_meta(rng, b: Packed):
     h = copy.deepcopy(b.header)
     how = rng.choice(["tokenizer json", "tokenizer config", "template", "template",
-                      "generation", "architecture", "tokenizer"])
+                      "generation", "architecture", "tokenizer", "tokenizer stored"])
     if not isinstance(h.get("tokenizer"), dict):
         h["tokenizer"] = {}
     if not isinstance(h.get("generation_config"), dict):
@@ -316,7 +328,8 @@ def p_meta(rng, b: Packed):
     if how == "tokenizer json":
         tok = h["tokenizer"]
         if not isinstance(tok.get("json"), str):
-            tok["json"] = ""
+            tok["json"] = tokenizer_text(b)
+        tok.pop("stored", None)  # a stored tokenizer would win over the header's text
         value = rng.choice([None, 5, "", "{", "[]", '{"model": {"type": "BPE"}}',
                             (tok.get("json") or "")[: rng.randrange(1, 2000)],
                             (tok.get("json") or "").replace('"vocab"', '"vocab_"'),
@@ -330,6 +343,13 @@ def p_meta(rng, b: Packed):
         value = tok["config"]
     elif how == "tokenizer":
         h["tokenizer"] = value = rng.choice([[], "x", 3, {"json": []}])
+    elif how == "tokenizer stored":
+        st = h["tokenizer"].setdefault("stored", {"kind": "bpe"})
+        if not isinstance(st, dict):
+            st = h["tokenizer"]["stored"] = {"kind": "bpe"}
+        key = rng.choice(["kind", "offset", "nbytes", "size", "crc32", "tokens", "merges"])
+        st[key] = value = rng.choice(["json", "zip", None, 3]) if key == "kind" \
+            else interesting(rng, st.get(key))
     elif how == "template":
         h["chat_template"] = value = rng.choice(HOSTILE_TEMPLATES + [5, [], ""])
     elif how == "generation":

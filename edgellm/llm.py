@@ -15,7 +15,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from . import arch, arguments
-from .chat_template import ChatTemplate
 from .errors import (
     ClosedError,
     ContextError,
@@ -86,7 +85,7 @@ class LLM:
         self.precise = precise
         self.prompt_cache = PromptCache(self.model, prompt_cache_bytes)
         self._tokenizer: Tokenizer | None = None
-        self._template: ChatTemplate | None = None
+        self._template = None  # a chat_template.ChatTemplate, made on first use
         self._engine = None  # constraints.ConstraintEngine, built on first use
         self._embedder = None
         self.lora: list[tuple[str, float]] = []  # the active adapters: (path, scale)
@@ -200,6 +199,8 @@ class LLM:
         if self._template is None:
             if not self.packed.chat_template:
                 raise TemplateError(f"{self.packed.path}: the model has no chat template")
+            from .chat_template import ChatTemplate  # jinja2: only for chat prompts
+
             try:
                 self._template = ChatTemplate(self.packed.chat_template,
                                               self.tokenizer.special_tokens)

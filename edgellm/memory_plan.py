@@ -110,7 +110,7 @@ def buffer_bytes(args: ModelArgs, inner: int, chunk: int = CHUNK, context: int =
 
 def chunk_buffer_bytes(args: ModelArgs, inner: int, chunk: int) -> int:
     """As arch/base.py allocates them: a prefill chunk's f32 rows (x, h, q, k, v, attn,
-    gate, up, ffn), its int8 copy of x, and a chunk of logits."""
+    gate, up, ffn), its int16 copy of x, and a chunk of logits."""
     D, F, V = args.hidden_size, inner, args.vocab_size
     qd = args.num_attention_heads * args.head_dim
     kvd = args.num_key_value_heads * args.head_dim
@@ -122,7 +122,7 @@ def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
                         threads: int = PLAN_THREADS) -> int:
     """As arch/fused.py allocates them (where a model has the fused step; planned for every
     model with int8 activations): the arena of the step's rows (shared, and one normed row
-    per thread), the per-thread int8 slots and attention scratch, and its tables (the
+    per thread), the per-thread int16 activation slots and attention scratch, and its tables (the
     program, matrix table and the copies of the norms and biases: bounded, ~32 operations
     per layer)."""
     D, F, V, Dh = args.hidden_size, inner, args.vocab_size, args.head_dim
@@ -136,7 +136,7 @@ def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
     rows = 2 * _pad(D) + 2 * _pad(qd) + 2 * _pad(kvd) + 3 * _pad(F) + _pad(V)
     total = 4 * (rows + threads * _pad(D))  # x h q attn k v gate up ffn logits; private h
     kmax = max(D, qd, F)
-    total += threads * 2 * (kmax + 12 * (kmax // 32))  # two int8 slots per thread
+    total += threads * 2 * (ACT_ITEM * kmax + 12 * (kmax // 32))  # two act slots per thread
     total += 4 * threads * ((1 + group) * Dh + (group + 1) * max(cap, group)) + 24
     return total + fused_table_bytes(args)
 
@@ -158,9 +158,12 @@ def _pad(n: int) -> int:
     return (n + 15) // 16 * 16
 
 
+ACT_ITEM = 2  # bytes per activation value: the default int16 blocks (arch/base.py)
+
+
 def _act_bytes(rows: int, k: int) -> int:
-    """kernels/linear.py's ActQ8: int8 rows plus three 4-byte values per block of 32."""
-    return rows * k + 3 * 4 * rows * (k // 32)
+    """kernels/linear.py's ActQ8: int16 rows plus three 4-byte values per block of 32."""
+    return rows * k * ACT_ITEM + 3 * 4 * rows * (k // 32)
 
 
 def tokenizer_bytes(packed: PackedModel) -> int:

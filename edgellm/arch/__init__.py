@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..config import ModelArgs
 from ..errors import UnsupportedArchitectureError
 from ..format import PackedModel
@@ -10,10 +12,12 @@ from .registry import spec_for, supported
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
-          chunk: int = 64, kv_type: str = "f32", fused: bool = True):
+          chunk: int = 64, kv_type: str = "f32", fused: bool = True, act_dtype=np.int16):
     """The runnable model of a packed file; fused: decode through the fused step where the
     model's weights allow it (arch/fused.py) and the KV cache is f32 (the step reads f32
-    caches only), else the per-operation path."""
+    caches only), else the per-operation path. act_dtype: the integer activations of
+    quantized weights when not precise (int16, or int8 as llama.cpp: faster, and it flips
+    the float model's near-ties)."""
     model_type = packed.architecture
     spec = spec_for(model_type)
     if spec is None:
@@ -24,9 +28,9 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
     if not issubclass(spec.model, Transformer):  # encoders (bert.py): no KV cache
         return spec.model(packed, args, precise=precise, context=context, chunk=chunk)
     model = spec.model(packed, args, precise=precise, context=context, chunk=chunk,
-                       kv_type=kv_type)
+                       kv_type=kv_type, act_dtype=act_dtype)
     if fused and kv_type == "f32":  # decoders: one compiled step per token
         from .fused import FusedDecoder
 
-        model.fused = FusedDecoder.build(model)
+        model.fused = FusedDecoder.build(model, act_dtype=model.act_dtype)
     return model

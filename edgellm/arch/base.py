@@ -43,7 +43,7 @@ class LayerWeights:
 class Buffers:
     """Activation buffers for up to `rows` tokens, allocated once and reused."""
 
-    def __init__(self, args: ModelArgs, rows: int, inner: int):
+    def __init__(self, args: ModelArgs, rows: int, inner: int, act_dtype=np.int16):
         D, F = args.hidden_size, inner
         qd = args.num_attention_heads * args.head_dim
         kvd = args.num_key_value_heads * args.head_dim
@@ -57,7 +57,7 @@ class Buffers:
         self.gate = np.zeros((rows, F), f32)
         self.up = np.zeros((rows, F), f32)
         self.ffn = np.zeros((rows, F), f32)
-        self.act_d = ActQ8(rows, D) if D % 32 == 0 else None
+        self.act_d = ActQ8(rows, D, act_dtype) if D % 32 == 0 else None
 
     @property
     def nbytes(self) -> int:
@@ -75,8 +75,11 @@ class Transformer:
 
     def __init__(self, packed: PackedModel, args: ModelArgs, precise: bool = False,
                  context: int | None = None, chunk: int = 64, n_keep: int = 4,
-                 kv_type: str = "f32"):
+                 kv_type: str = "f32", act_dtype=np.int16):
         self.packed, self.args, self.precise = packed, args, precise
+        # quantized weights' activations (unless precise): int16 blocks keep the float
+        # model's greedy answers; int8 (llama.cpp's) flip its near-ties (README, Precision)
+        self.act_dtype = np.dtype(act_dtype)
         self.context = int(context or min(args.max_position_embeddings, 4096))
         if self.context < 8:
             raise ContextError(f"context {self.context} is too small (at least 8)")
@@ -96,7 +99,7 @@ class Transformer:
         self.cache = KVCache([args.layer_window(i) for i in range(args.num_hidden_layers)],
                              self.context, args.num_key_value_heads, args.head_dim,
                              [inv for inv, _ in self.rope], n_keep=n_keep, kv_type=kv_type)
-        self.buffers = Buffers(args, self.chunk, self.ffn_width())
+        self.buffers = Buffers(args, self.chunk, self.ffn_width(), self.act_dtype)
         self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
         self.tokens: list[int] = []  # the ids the cache holds, in order
         self.runner = StepRunner(self)
@@ -223,7 +226,7 @@ class Transformer:
         rmsnorm(rows, self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:n])
         out = self.logit_buf[:n]
         act = quantize_act(b.h[:n], b.act_d) if self.int8_acts else None
-        linear(self.head, b.h[:n], out, precise=self.precise, act=act)
+        linear(self.head, b.h[:n], out, precise=self.precise, act=act, act_dtype=self.act_dtype)
         if self.logit_scale != 1.0:
             out *= np.float32(self.logit_scale)
         if self.logit_softcap:
@@ -292,7 +295,7 @@ class Transformer:
         if self.fused is not None:
             from .fused import FusedDecoder
 
-            self.fused = FusedDecoder.build(self, self.fused.threads)
+            self.fused = FusedDecoder.build(self, self.fused.threads, self.act_dtype)
         self.reset()
 
     def reset(self) -> None:

@@ -369,7 +369,11 @@ class FusedDecoder:
     """A compiled program with its tables and buffers, run once per decode token."""
 
     @classmethod
-    def build(cls, model, threads: int | None = None) -> FusedDecoder | None:
+    def build(cls, model, threads: int | None = None,
+              act_dtype=np.int16) -> FusedDecoder | None:
+        """The model's fused step, or None where it does not apply. act_dtype: the integer
+        activations of the default (not precise) path, int16 (keeps the float model's
+        answers: README, "Precision") or int8 (llama.cpp's, for comparison)."""
         a = model.args
         if a.hidden_size % 32:
             return None
@@ -378,9 +382,10 @@ class FusedDecoder:
             prog.compile()
         except Unsupported:
             return None
-        return cls(model, prog, threads)
+        return cls(model, prog, threads, act_dtype)
 
-    def __init__(self, model, prog: Program, threads: int | None = None):
+    def __init__(self, model, prog: Program, threads: int | None = None,
+                 act_dtype=np.int16):
         a = model.args
         self.model, self.program, self.threads = model, prog, threads
         self.blob = model.packed._mm
@@ -397,7 +402,7 @@ class FusedDecoder:
         self.shared, self.private = prog.shared_size, _pad(max(prog.private_size, 1))
         self.mem = np.zeros(self.shared + nt * self.private, f32)
         K = prog.kmax
-        self.xq = np.zeros(nt * SLOTS * K, np.int8)
+        self.xq = np.zeros(nt * SLOTS * K, act_dtype)
         self.xd = np.zeros(nt * SLOTS * K // 32, f32)
         self.xs = np.zeros(nt * SLOTS * K // 32, np.int32)
         self.xds = np.zeros(nt * SLOTS * K // 32, f32)

@@ -175,10 +175,11 @@ class MoE(Llama):
                 xe, a = m.x[:n], None
                 np.take(h, rows, axis=0, out=xe)
             gate, up, down = w.experts[e]
-            linear(gate, xe, m.gate[:n], precise=self.precise, act=a)
-            linear(up, xe, m.up[:n], precise=self.precise, act=a)
+            kw = dict(precise=self.precise, act_dtype=self.act_dtype)
+            linear(gate, xe, m.gate[:n], act=a, **kw)
+            linear(up, xe, m.up[:n], act=a, **kw)
             swiglu(m.gate[:n], m.up[:n], m.ffn[:n])
-            linear(down, m.ffn[:n], m.y[:n], precise=self.precise)
+            linear(down, m.ffn[:n], m.y[:n], **kw)
             scatter_add(out, rows, weights[rows, slot], m.y[:n])
             self.expert_bytes_read += w.expert_nbytes[e]
 

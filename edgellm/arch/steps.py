@@ -138,7 +138,8 @@ class StepRunner:
                 N = s.w.shape[0]
                 outs = s.outputs
                 out = get(outs[0], N) if len(outs) == 1 else get("+".join(outs), N)
-                linear(s.w, x, out, precise=m.precise or s.float_acts, act=act)
+                linear(s.w, x, out, precise=m.precise or s.float_acts, act=act,
+                       act_dtype=m.act_dtype)
                 delta = m.lora.get(s.w.name)
                 if delta is not None:  # LoRA: out += (x @ A.T) @ BT, in float
                     out += (x @ delta.A.T) @ delta.BT

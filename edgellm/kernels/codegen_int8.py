@@ -17,6 +17,12 @@ offset and the q4_1 minimum cost one multiply-add per block and row:
   q4_1: sum_j (d q_j + m) dx x_j = d dx (q . x) + m xds
 Block sizes 64 and 128 reuse the 32-element activation blocks: a weight block's scale
 multiplies the sum over its 2 or 4 activation sub-blocks, each with its own dx.
+
+int16 activations (xq int16, the same blocks and scales; the default decode step's): the
+same codegens with A = I16. Their dot products never take vpdpbusd (u8 x s8 only): the
+generic sext/zext-multiply-pair-add IR, which x86 lowers to vpmaddwd (i16 x i16 -> i32),
+the instruction the portable int8 path ends in as well, so on AVX2 they cost about what
+int8 ones do. Sums fit in i32: |w| <= 128, |x| <= 32767, 32 products per block.
 """
 
 from __future__ import annotations
@@ -65,8 +71,8 @@ PF_GROUPS = 2  # prefetch distance of the row-group tiles, in groups (1: 4-7% sl
 _PAIR_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
-def _q8act_codegen(kind, B, RW, RT):
-    """Tile codegen for int8 activations.
+def _q8act_codegen(kind, B, RW, RT, A=I8):
+    """Tile codegen for int8 (A = I8) or int16 (A = I16) activations.
 
     The loop works on 64 columns per dot product (vpdpbusd on 512 bits): two activation
     blocks, from two weight blocks (B = 32), one (B = 64) or half of one (B = 128). The
@@ -80,6 +86,7 @@ def _q8act_codegen(kind, B, RW, RT):
     NW = E // B  # weight blocks per step
     U = E // 64  # 64-column units per step
     q4 = kind != "q8_0"
+    AB = A.width // 8  # bytes per activation value
 
     def units(b, p):
         """The weight step at p: [(<64 x i8> weights, <2 x f32> scales, <2 x f32> minima)]."""
@@ -125,7 +132,7 @@ def _q8act_codegen(kind, B, RW, RT):
             a0 = b.mul(k, _i64(E // 32))  # first activation block of the step
             ablk = [b.add(a0, _i64(2 * h)) for h in range(U)]
             # activation side, shared by the RW rows: int8 vectors, scales as 16 lanes
-            xs = [[_load(b, xrow[s], b.mul(a, _i64(32)), _v(I8, 64)) for a in ablk]
+            xs = [[_load(b, xrow[s], b.mul(a, _i64(32 * AB)), _v(A, 64)) for a in ablk]
                   for s in range(RT)]
             dx = [[_pick(b, _load(b, drow[s], b.mul(a, _i64(4)), _v(F32, 2)), expand)
                    for a in ablk] for s in range(RT)]
@@ -163,7 +170,8 @@ def _q8act_codegen(kind, B, RW, RT):
             res.append(v)
         if B == 32:  # the last block when K / 32 is odd
             res = _for(b, b.mul(nstep, _i64(2)), b.sdiv(K, _i64(32)), res,
-                       lambda bi, st: _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT))
+                       lambda bi, st: _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT,
+                                                  A))
         for r in range(RW):
             for s in range(RT):
                 _store(b, out, b.add(t, _i64(s)), b.add(i, _i64(r)), res[r * RT + s])
@@ -173,7 +181,7 @@ def _q8act_codegen(kind, B, RW, RT):
 
 
 
-def _q8act_row_codegen(kind, RW=1):
+def _q8act_row_codegen(kind, RW=1, A=I8):
     """Tile codegen for RW weight rows (RW > 1: q8_0 only) x one token, B = 32, on 256 bits
     per block.
 
@@ -189,7 +197,8 @@ def _q8act_row_codegen(kind, RW=1):
     BB = hdr + 32 // per_byte
     q4 = kind != "q8_0"
     assert RW == 1 or not q4
-    flip_trick = VNNI and RW > 1
+    flip_trick = VNNI and RW > 1 and A == I8
+    AB = A.width // 8
     v8 = _v(F32, 8)
 
     def codegen(ctx, b, sig, args):
@@ -203,7 +212,7 @@ def _q8act_row_codegen(kind, RW=1):
         nxt = w.row(b.add(i, _i64(PF_ROWS * RW)))  # the rows PF_ROWS tiles ahead
 
         def body(bi, st):
-            x = _load(b, xrow, b.mul(bi, _i64(32)), _v(I8, 32))
+            x = _load(b, xrow, b.mul(bi, _i64(32 * AB)), _v(A, 32))
             dx = _load(b, drow, b.mul(bi, _i64(4)), F32)
             if RW > 1:
                 _prefetch_ahead(b, nxt, bi, RW * BB)
@@ -275,7 +284,7 @@ def scale_block(b, kind, tot, drow, srow, foff, dw, mw, acc):
 
 
 
-def _group_codegen(kind, RT):
+def _group_codegen(kind, RT, A=I8):
     """Tile codegen for GROUP weight rows x RT tokens, B = 32: one vector per block.
 
     Per block the int8 dot products of all rows are reduced to one <8 x i32> (one lane a
@@ -292,6 +301,7 @@ def _group_codegen(kind, RT):
     R = GROUP
     q4 = kind != "q8_0"
     order = _PAIR_ORDER if q4 else tuple(range(R))
+    AB = A.width // 8
 
     def codegen(ctx, b, sig, args):
         w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
@@ -316,14 +326,14 @@ def _group_codegen(kind, RT):
         def body(bi, st):
             ps = [b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True) for row in wrow]
             _prefetch_ahead(b, nxt, bi, R * BB)
-            xoff = b.mul(bi, _i64(32))
+            xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             dots = [[] for _ in range(RT)]
             if q4:
                 xs = []
                 for s in range(RT):
-                    xl = _load(b, xrow[s], xoff, _v(I8, 16))
-                    xh = _load(b, xrow[s], b.add(xoff, _i64(16)), _v(I8, 16))
+                    xl = _load(b, xrow[s], xoff, _v(A, 16))
+                    xh = _load(b, xrow[s], b.add(xoff, _i64(16 * AB)), _v(A, 16))
                     xs.append((_pick(b, xl, list(range(16)) * 2),
                                _pick(b, xh, list(range(16)) * 2)))
                 for r in range(0, R, 2):
@@ -334,7 +344,7 @@ def _group_codegen(kind, RT):
                     for s in range(RT):
                         dots[s].append(_dot_acc(b, _dot_acc(b, zero_i, lo, xs[s][0]), hi,
                                                 xs[s][1]))
-            elif VNNI:  # (w + 128) . x - 128 sum(x): the second term starts each sum
+            elif VNNI and A == I8:  # (w + 128) . x - 128 sum(x), which starts each sum
                 xs = [_load(b, xrow[s], xoff, _v(I8, 32)) for s in range(RT)]
                 bias = [b.sub(zero_i, _dot_acc(b, zero_i, flip, x)) for x in xs]
                 for r in range(R):
@@ -342,7 +352,7 @@ def _group_codegen(kind, RT):
                     for s in range(RT):
                         dots[s].append(_dot_acc(b, bias[s], wu, xs[s]))
             else:
-                xs = [_load(b, xrow[s], xoff, _v(I8, 32)) for s in range(RT)]
+                xs = [_load(b, xrow[s], xoff, _v(A, 32)) for s in range(RT)]
                 for r in range(R):
                     dot = _signed_dot(b, _load(b, ps[r], hdr, _v(I8, 32)))
                     for s in range(RT):
@@ -369,7 +379,7 @@ def _group_codegen(kind, RT):
 
 
 
-def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT):
+def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT, A=I8):
     """Add one 32-column block (index bi, B = 32) to the scalar results st."""
     hdr, per_byte = BLOCK_BYTES[kind]
     BB = hdr + 32 // per_byte
@@ -380,7 +390,7 @@ def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT):
         wv = _load(b, p, 2, _v(I8, 32)) if kind == "q8_0" else _nibbles(b, p, hdr, 32)
         dot = _weight_dot(b, kind, wv)
         for s in range(RT):
-            x = _load(b, xrow[s], b.mul(bi, _i64(32)), _v(I8, 32))
+            x = _load(b, xrow[s], b.mul(bi, _i64(A.width * 4)), _v(A, 32))
             dx = _load(b, drow[s], b.mul(bi, _i64(4)), F32)
             v = b.fmul(_hsum(b, b.sitofp(dot(x), _v(F32, 8))), b.fmul(dw, dx, flags=FAST),
                        flags=FAST)
@@ -393,9 +403,9 @@ def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT):
 
 
 
-def _stacked(kind, B, RT):
+def _stacked(kind, B, RT, A=I8):
     """A GROUP x RT tile as GROUP / 2 tiles of 2 x RT (block sizes 64 and 128)."""
-    pair = _q8act_codegen(kind, B, 2, RT)
+    pair = _q8act_codegen(kind, B, 2, RT, A)
 
     def codegen(ctx, b, sig, args):
         for r in range(0, GROUP, 2):
@@ -406,20 +416,29 @@ def _stacked(kind, B, RT):
 
 
 def make_tile(kind, RW, RT):
-    """The intrinsic tile_<kind>_<RW>x<RT>(W, block, i, xq, xd, xds, t, out) (tiles.py)."""
+    """The intrinsic tile_<kind>_<RW>x<RT>(W, block, i, xq, xd, xds, t, out) (tiles.py).
+
+    xq int8 or int16 [T, K] (the same block scales xd, xds): the codegen follows its type.
+    """
     name = f"tile_{kind}_{RW}x{RT}"
-    def make(B):
+
+    def make(B, A):
         # decode's one-row tile: 256-bit blocks measured faster for q8_0 and q4_0 (79 vs 92,
         # 87 vs 97 us at 2560x960, hot cache), 64-column units for q4_1 (96 vs 100 us)
         # q8_0: 4 rows (shared activation work, prefetched: 25 vs 36 us at 1536x576, hot,
         # 0.78 vs 1.13 ms at 49152x576)
         if B == 32 and RT == 1 and (RW == 1 and kind != "q4_1" or RW == 4 and kind == "q8_0"):
-            return _q8act_row_codegen(kind, RW)
+            return _q8act_row_codegen(kind, RW, A)
         if RW == GROUP:
-            return _group_codegen(kind, RT) if B == 32 else _stacked(kind, B, RT)
-        return _q8act_codegen(kind, B, RW, RT)
+            return _group_codegen(kind, RT, A) if B == 32 else _stacked(kind, B, RT, A)
+        return _q8act_codegen(kind, B, RW, RT, A)
 
-    codegen = _by_block(make)
-    arrays = {0: types.uint8, 3: types.int8, 4: types.float32, 5: types.float32,
+    by_act = {types.int8: _by_block(lambda B: make(B, I8)),
+              types.int16: _by_block(lambda B: make(B, I16))}
+
+    def codegen(ctx, b, sig, args):
+        return by_act[sig.args[3].dtype](ctx, b, sig, args)
+
+    arrays = {0: types.uint8, 3: (types.int8, types.int16), 4: types.float32, 5: types.float32,
               7: types.float32}
     return _typed(name, codegen, arrays, ints=(1, 2, 6))

@@ -123,10 +123,16 @@ def _pairsum(b, p):
     return b.add(_pick(b, p, range(0, n // 2, 2)), _pick(b, p, range(1, n // 2, 2)))
 
 
+def _vnni(x) -> bool:
+    """Does the dot of activation vector x run on vpdpbusd? Only int8 activations do: int16
+    ones (the default decode path) take the generic IR, which x86 lowers to vpmaddwd."""
+    return VNNI and x.type.element == I8
+
+
 def _dot_us(b, u8, s8):
-    """<n/4 x i32> partial sums of unsigned u8 x signed s8 (n = 32 or 64 lanes)."""
+    """<n/4 x i32> partial sums of unsigned u8 x signed s8 or s16 (n = 32 or 64 lanes)."""
     n = u8.type.count
-    if VNNI:
+    if _vnni(s8):
         vi = _v(I32, n // 4)
         fn = _llvm_fn(b, f"llvm.x86.avx512.vpdpbusd.{8 * n}", vi, [vi] * 3)
         return b.call(fn, [_c(vi, [0] * (n // 4)), b.bitcast(u8, vi), b.bitcast(s8, vi)])
@@ -143,14 +149,20 @@ def _weight_dot(b, kind, w):
 
 
 def _signed_dot(b, w):
-    """dot(x) for signed int8 weights w: VNNI needs |w| . sign(w) x (u8 x s8)."""
+    """dot(x) for signed int8 weights w: VNNI needs |w| . sign(w) x (u8 x s8); int16 x and
+    the portable path multiply the sign-extended lanes."""
+    n = w.type.count
     if not VNNI:
-        n = w.type.count
         return lambda x: _pairsum(b, b.mul(b.sext(w, _v(I32, n)), b.sext(x, _v(I32, n))))
     zero = _c(w.type, [0] * w.type.count)
     neg = b.icmp_signed("<", w, zero)
     absw = b.select(neg, b.sub(zero, w), w)
-    return lambda x: _dot_us(b, absw, b.select(neg, b.sub(zero, x), x))
+
+    def dot(x):
+        if not _vnni(x):
+            return _pairsum(b, b.mul(b.sext(w, _v(I32, n)), b.sext(x, _v(I32, n))))
+        return _dot_us(b, absw, b.select(neg, b.sub(zero, x), x))
+    return dot
 
 
 def _nibbles(b, base, off, B):
@@ -242,9 +254,9 @@ def _prefetch_ahead(b, nxt, bi, nbytes):
 
 
 def _dot_acc(b, acc, u8, s8):
-    """acc + the <n/4 x i32> partial sums of unsigned u8 x signed s8 (32 lanes)."""
+    """acc + the <n/4 x i32> partial sums of unsigned u8 x signed s8 or s16 (32 lanes)."""
     n = u8.type.count
-    if VNNI:
+    if _vnni(s8):
         vi = _v(I32, n // 4)
         fn = _llvm_fn(b, f"llvm.x86.avx512.vpdpbusd.{8 * n}", vi, [vi] * 3)
         return b.call(fn, [acc, b.bitcast(u8, vi), b.bitcast(s8, vi)])
@@ -312,8 +324,9 @@ def _typed(name, codegen, arrays, ints):
                     raise TypingError(f"{name}: argument {k} must be an integer, got {a}")
                 sig.append(types.int64)
             else:
-                dt = arrays[k]
-                if not (isinstance(a, types.Array) and a.ndim == 2 and a.dtype == dt):
+                dt = arrays[k]  # a dtype, or a tuple of the dtypes the codegen takes
+                ok = dt if isinstance(dt, tuple) else (dt,)
+                if not (isinstance(a, types.Array) and a.ndim == 2 and a.dtype in ok):
                     raise TypingError(f"{name}: argument {k} must be a 2-D {dt} array, got {a}")
                 sig.append(a)
         return types.none(*sig), codegen

@@ -9,6 +9,9 @@ f32/f16. Which kernels run each type: registry.py.
 They are never copied or dequantized as a whole.
 
 Precision of quantized weights:
+  act_dtype=int16  x is quantized to int16 blocks of 32 (ActQ8(dtype=np.int16)), the same
+                 kernels on 16-bit lanes (vpmaddwd): ~1e-5 relative error, the models'
+                 default (arch/base.py), which keeps the float model's greedy answers
   default        x is quantized to int8 blocks of 32 (ActQ8, llama.cpp's q8_0 activations)
                  and the kernels use integer dot products (VNNI where the CPU has it). Pass
                  an already filled `act` to share one quantization between layers reading
@@ -42,23 +45,27 @@ BLOCK_SIZES = quant.BLOCK_SIZES
 _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
 PARALLEL_QUANT_T = 16  # quantize activations with a parallel kernel from this many rows
+ACT_DTYPES = (np.dtype(np.int8), np.dtype(np.int16))
 
 
 class ActQ8:
-    """Preallocated int8 activations for up to T_max rows of K features (K % 32 == 0).
+    """Preallocated integer activations for up to T_max rows of K features (K % 32 == 0).
 
-    xq int8 [T_max, K]; per block of 32: xd float32 scale, xs int32 sum of the int8 values,
-    xds float32 = xd * xs. `T` is the number of rows the last quantize_act filled.
+    xq int8 (or int16: dtype=np.int16) [T_max, K]; per block of 32: xd float32 scale, xs
+    int32 sum of the block's integers, xds float32 = xd * xs. `T` is the number of rows the
+    last quantize_act filled.
     """
 
     __slots__ = ("xq", "xd", "xs", "xds", "T")
 
-    def __init__(self, T_max: int, K: int):
+    def __init__(self, T_max: int, K: int, dtype=np.int8):
         if int(T_max) < 1 or int(K) < 32 or int(K) % 32:
             raise ValueError(f"ActQ8 needs T_max >= 1 and K a positive multiple of 32, "
                              f"got T_max={T_max}, K={K}")
+        if np.dtype(dtype) not in ACT_DTYPES:
+            raise ValueError(f"ActQ8 dtype must be int8 or int16, got {np.dtype(dtype)}")
         T_max, K = int(T_max), int(K)
-        self.xq = np.zeros((T_max, K), np.int8)
+        self.xq = np.zeros((T_max, K), dtype)
         self.xd = np.zeros((T_max, K // 32), np.float32)
         self.xs = np.zeros((T_max, K // 32), np.int32)
         self.xds = np.zeros((T_max, K // 32), np.float32)
@@ -73,7 +80,7 @@ class ActQ8:
         return self.xq.shape[1]
 
     def __repr__(self) -> str:
-        return f"ActQ8(T_max={self.T_max}, K={self.K}, T={self.T})"
+        return f"ActQ8(T_max={self.T_max}, K={self.K}, T={self.T}, {self.xq.dtype})"
 
 
 def _check_x(x, what: str = "x") -> None:
@@ -103,12 +110,13 @@ def quantize_act(x: np.ndarray, act: ActQ8) -> ActQ8:
 _scratch = threading.local()
 
 
-def _scratch_act(T: int, K: int) -> ActQ8:
+def _scratch_act(T: int, K: int, dtype) -> ActQ8:
     """A per-thread ActQ8 for callers that pass no `act` (grows to the largest T seen)."""
     cache = _scratch.__dict__.setdefault("acts", {})
-    act = cache.get(K)
+    key = (K, np.dtype(dtype))
+    act = cache.get(key)
     if act is None or act.T_max < T:
-        act = cache[K] = ActQ8(max(T, 1), K)
+        act = cache[key] = ActQ8(max(T, 1), K, dtype)
     return act
 
 
@@ -188,11 +196,12 @@ def _threads() -> int:
 
 
 def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
-           act: ActQ8 | None = None) -> None:
+           act: ActQ8 | None = None, act_dtype=np.int8) -> None:
     """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (see the module docstring).
 
     x and out are C-contiguous float32; `act`, if given, holds x already quantized
-    (quantize_act) and is used instead of x on the int8 path. Raises ValueError on any
+    (quantize_act) and is used instead of x on the integer path; without it x is quantized
+    to act_dtype (int8 or int16) blocks. Raises ValueError on any
     shape, dtype or layout mismatch, before a kernel runs.
     """
     kind, N, K, block, data = _weight(w)
@@ -212,7 +221,7 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
         return
     if kind in registry.INT8 and not precise:
         if act is None:
-            act = quantize_act(x, _scratch_act(T, K))
+            act = quantize_act(x, _scratch_act(T, K, act_dtype))
         elif not isinstance(act, ActQ8):
             raise ValueError(f"act must be an ActQ8, got {type(act).__name__}")
         elif act.K != K or act.T != T:

@@ -24,6 +24,8 @@ differently there), the same error against the float64 product.
   pack_<type>(w, i, panel, scales, g)                      rows i..i+7 -> panel row g
   ptile_<type>_8x<RT>(panel, scales, g, xq, xd, xs, xds, t, out, i)
                                                            out[t+s, i+r], s < RT, r < 8
+int16 activations (xq int16, the default path's): the same panels, each chunk's 4
+activations loaded as 8 bytes, the dot in generic IR (vpmaddwd on x86, never vpdpbusd).
 Callers validate shapes (linear.py, matmul.py): these do not check bounds. Each intrinsic
 is defined by name at the end of this file; a new type with int8 kernels adds its lines.
 """
@@ -132,9 +134,12 @@ def _pack_codegen(kind, B):
     return codegen
 
 
-def _ptile_codegen(kind, RT):
-    """8 packed rows x RT tokens, all blocks (module docstring)."""
+def _ptile_codegen(kind, RT, A=I8):
+    """8 packed rows x RT tokens, all blocks (module docstring); activations int8 (A = I8)
+    or int16 (I16: each chunk's 4 activations are 8 bytes, the dot the generic IR)."""
     v8 = _v(F32, 8)
+    AB = A.width // 8
+    X4 = ir.IntType(32 * AB)  # 4 activations
 
     def codegen(ctx, b, sig, args):
         panel, scales, xq, xd, xs, xds, out = (
@@ -154,7 +159,7 @@ def _ptile_codegen(kind, RT):
             sb = b.mul(bi, _i64(4 * SCALES_BLOCK))
             dw = _load(b, srow, sb, v8)
             mw = _load(b, srow, b.add(sb, _i64(4 * GROUP)), v8) if kind == "q4_1" else None
-            xoff = b.mul(bi, _i64(32))
+            xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             new = []
             for s in range(RT):
@@ -164,9 +169,9 @@ def _ptile_codegen(kind, RT):
                     tot = zero_i
                 part = [tot] + [zero_i] * (CHAINS - 1)
                 for c in range(8):
-                    x4 = _splat(b, _load(b, xrow[s], b.add(xoff, _i64(4 * c)), I32), 8)
+                    x4 = _splat(b, _load(b, xrow[s], b.add(xoff, _i64(4 * AB * c)), X4), 8)
                     part[c % CHAINS] = _dot_acc(b, part[c % CHAINS], chunks[c],
-                                                b.bitcast(x4, _v(I8, 32)))
+                                                b.bitcast(x4, _v(A, 32)))
                 while len(part) > 1:
                     part = [b.add(part[k], part[k + 1]) for k in range(0, len(part), 2)]
                 new.append(scale_block(b, kind, part[0], drow[s], srows[s], foff, dw, mw,
@@ -190,9 +195,14 @@ def make_pack(kind):
 def make_ptile(kind, RT):
     """The intrinsic ptile_<kind>_8x<RT>(panel, scales, g, xq, xd, xs, xds, t, out, i)."""
     name = f"ptile_{kind}_{GROUP}x{RT}"
-    arrays = {0: types.uint8, 1: types.float32, 3: types.int8, 4: types.float32,
+    by_act = {types.int8: _ptile_codegen(kind, RT, I8), types.int16: _ptile_codegen(kind, RT, I16)}
+
+    def codegen(ctx, b, sig, args):  # xq int8 or int16: the codegen follows its type
+        return by_act[sig.args[3].dtype](ctx, b, sig, args)
+
+    arrays = {0: types.uint8, 1: types.float32, 3: (types.int8, types.int16), 4: types.float32,
               5: types.int32, 6: types.float32, 8: types.float32}
-    return _typed(name, _ptile_codegen(kind, RT), arrays, ints=(2, 7, 9))
+    return _typed(name, codegen, arrays, ints=(2, 7, 9))
 
 
 pack_q8_0 = make_pack("q8_0")

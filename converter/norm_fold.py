@@ -14,6 +14,13 @@ and a block copied losslessly from the source cannot be rescaled. Only architect
 norm is x / rms(x) * g, each feeding nothing else (the final norm feeds the output head,
 which may be tied to the embedding: never folded). Calibrated quantization (column
 weights or GPTQ moments measured on the unfolded model) turns it off.
+
+The gain folded into the columns is kept beside them: "model.layers.{i}.{norm}.folded_gain"
+(f32 [K], the vector the columns were multiplied by, i.e. the gain the norm applied: g for
+x / rms(x) * g, it would be 1 + w for a Gemma-style norm), and the header's
+quantization.folded_gains maps each folded projection to it (`gain_table`). A LoRA adapter
+at run time reads the normed input x / rms(x) * g, so on a folded file its A becomes
+A diag(g) (edgellm/lora/attach.py).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from collections.abc import Callable
 import numpy as np
 
 from edgellm import quant
+from edgellm.arch.llama import FOLDED_GAIN
 from edgellm.errors import SourceError
 
 from .source import SourceTensor
@@ -38,16 +46,23 @@ PAIRS = (
 Planned = list[tuple[SourceTensor, str, str]]  # (source tensor, edgellm name, storage type)
 
 
+def gain_name(i: int, norm: str) -> str:
+    """The tensor keeping the gain of layer i's `norm` after it was folded."""
+    return f"model.layers.{i}.{norm}.{FOLDED_GAIN}"
+
+
 def fold_norms(planned: Planned, config: dict, block_size: int,
                types: frozenset[str] | None = None) -> tuple[Planned, int]:
-    """`planned` with each foldable norm's weight loading as ones and its projections'
-    columns scaled by it; returns (new plan, number of norms folded). types: the storage
-    types that allow folding (default TYPES)."""
+    """`planned` with each foldable norm's weight loading as ones, its projections' columns
+    scaled by it and its gain kept right after it (an f32 tensor, `gain_name`); returns
+    (new plan, number of norms folded). types: the storage types that allow folding
+    (default TYPES)."""
     types = TYPES if types is None else types
     if config.get("model_type") not in ARCHITECTURES:
         return planned, 0
     by_name = {name: (t, ty) for t, name, ty in planned}
     new: dict[str, SourceTensor] = {}
+    gains: dict[str, SourceTensor] = {}  # norm weight name -> its kept gain
     folded = 0
     for i in range(int(config.get("num_hidden_layers") or 0)):
         for norm, projections in PAIRS:
@@ -61,10 +76,29 @@ def fold_norms(planned: Planned, config: dict, block_size: int,
             if not all(_requantized(*by_name[p], block_size, types) for p in pnames):
                 continue
             new[nname] = _ones(nt)
+            gains[nname] = SourceTensor(gain_name(i, norm), nt.shape, "f32", nt.load)
             for p in pnames:
                 new[p] = _scaled(by_name[p][0], nt.load)
             folded += 1
-    return [(new.get(name, t), name, ty) for t, name, ty in planned], folded
+    out: Planned = []
+    for t, name, ty in planned:
+        out.append((new.get(name, t), name, ty))
+        if name in gains:
+            out.append((gains[name], gains[name].name, "f32"))
+    return out, folded
+
+
+def gain_table(planned: Planned, config: dict) -> dict[str, str]:
+    """projection weight name -> the kept gain folded into its columns, for the header's
+    quantization.folded_gains (from a plan fold_norms returned)."""
+    names = {name for _, name, _ in planned}
+    table = {}
+    for i in range(int(config.get("num_hidden_layers") or 0)):
+        for norm, projections in PAIRS:
+            if gain_name(i, norm) in names:
+                for p in projections:
+                    table[f"model.layers.{i}.{p}.weight"] = gain_name(i, norm)
+    return table
 
 
 def _requantized(t: SourceTensor, ty: str, block_size: int, types: frozenset[str]) -> bool:

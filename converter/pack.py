@@ -219,7 +219,8 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
     if fold_norms and not getattr(quantize, "calibrated", False):
         planned, folded = norm_fold.fold_norms(planned, source.config, block_size)
     if folded:
-        meta_extra = {**(meta_extra or {}), "norms_folded": folded}
+        meta_extra = {**(meta_extra or {}), "norms_folded": folded,
+                      "folded_gains": norm_fold.gain_table(planned, source.config)}
     _, blob = stored_tokenizer(source)  # first in the data section, the tensors after it
     infos = fmt.plan_tensors([(name, ty, tuple(t.shape), block_size if quant.TYPES[ty].quantized
                                else quant.DEFAULT_BLOCK) for t, name, ty in planned], len(blob))

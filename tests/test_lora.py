@@ -1,7 +1,7 @@
 """LoRA adapters against peft's own outputs (tests/fixtures/lora, made by
 make_lora_fixtures.py): at run time over f32 and q8_0 bases, in the per-operation path, the
-fused decode step and prefill; merged at conversion; switched with set_lora; refused
-clearly where edgellm does not run them."""
+fused decode step and prefill, on files with their norms folded or not; merged at
+conversion; switched with set_lora; refused clearly where edgellm does not run them."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from reference_checks import decode_fused_or_not, decode_steps, greedy
 import edgellm
 from converter.hf_source import open_hf
 from converter.pack import convert
-from edgellm.errors import AdapterError, SourceError
+from edgellm.errors import AdapterError, FormatError, SourceError
 from edgellm.lora.attach import Delta
 
 LORA = Path(__file__).parent / "fixtures" / "lora"
@@ -33,16 +33,17 @@ def ref(name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    """base(name, quant) -> the tiny fixture converted (norms not folded: see test_folded)."""
+    """base(name, quant, fold=False) -> the tiny fixture converted, its norms folded into
+    the q8_0 projections only with fold=True (the converter's default)."""
     root = tmp_path_factory.mktemp("lora-base")
     done = {}
 
-    def get(name: str, quant: str = "f32") -> Path:
-        if (name, quant) not in done:
-            out = root / f"{name}-{quant}.edgellm"
-            convert(open_hf(TINY / name), out, quant, progress=False, fold_norms=False)
-            done[name, quant] = out
-        return done[name, quant]
+    def get(name: str, quant: str = "f32", fold: bool = False) -> Path:
+        if (name, quant, fold) not in done:
+            out = root / f"{name}-{quant}{'-folded' if fold else ''}.edgellm"
+            convert(open_hf(TINY / name), out, quant, progress=False, fold_norms=fold)
+            done[name, quant, fold] = out
+        return done[name, quant, fold]
 
     return get
 
@@ -103,13 +104,15 @@ def f16_rounded(deltas: dict) -> dict:
     return r
 
 
-@pytest.mark.parametrize("case,threads", [("llama", 1), ("llama", 2), ("phi3", 2)])
-def test_fused_step_adds_the_adapter(base, case, threads):
+@pytest.mark.parametrize("case,threads,fold", [("llama", 1, False), ("llama", 2, False),
+                                               ("phi3", 2, False), ("llama", 2, True)])
+def test_fused_step_adds_the_adapter(base, case, threads, fold):
     """The fused step's LoRA ops compute what the per-operation path does on the same
-    float16-rounded A and B (float activations: within 1e-4)."""
+    float16-rounded A and B (float activations: within 1e-4); on a folded file too."""
     arch = "phi3" if case == "phi3" else "llama"
     ids = ref(case)["input_ids"]
-    with edgellm.load(base(arch, "q8_0"), lora=LORA / case, precise=True, threads=threads) as llm:
+    path = base(arch, "q8_0", fold)
+    with edgellm.load(path, lora=LORA / case, precise=True, threads=threads) as llm:
         m = llm.model
         assert m.fused is not None and m.fused.program.lora
         fused = decode_fused_or_not(llm, ids, True)
@@ -118,14 +121,17 @@ def test_fused_step_adds_the_adapter(base, case, threads):
         assert np.abs(fused - per_op).max() < 1e-4
 
 
-def test_q8_0_base_effect_agrees_with_peft(base):
-    """On a q8_0 base (int8 activations, fused decode), the adapter's effect (logits with
-    minus without) correlates with peft's >= 0.99; top-1 equal to peft's."""
+@pytest.mark.parametrize("fold", [False, True])
+def test_q8_0_base_effect_agrees_with_peft(base, fold):
+    """On a q8_0 base (int8 activations, fused decode), norms folded or not, the adapter's
+    effect (logits with minus without) correlates with peft's >= 0.99; top-1 equal to
+    peft's."""
     r = ref("llama")
     with np.load(TINY / "llama" / "reference.npz") as z:
         peft_effect = r["logits"] - z["logits"]
     ids = r["input_ids"]
-    with edgellm.load(base("llama", "q8_0")) as llm:
+    with edgellm.load(base("llama", "q8_0", fold)) as llm:
+        assert bool(llm.packed.header["quantization"].get("norms_folded")) == fold
         without = decode_steps(llm, ids)
         llm.set_lora(LORA / "llama")
         assert llm.model.fused is not None
@@ -231,12 +237,94 @@ def test_adapter_name_in_tensor_names(base, tmp_path):
         assert np.abs(llm.logits(ref("llama")["input_ids"]) - ref("llama")["logits"]).max() < 1e-3
 
 
-def test_folded_norms_refused(tmp_path):
-    """A q8_0 file converted with norms folded into q/k/v, gate/up (the default at q8_0)
-    lost the norm weight LoRA's A must see: refused, naming the way out."""
-    out = tmp_path / "folded.edgellm"
-    convert(open_hf(TINY / "llama"), out, "q8_0", progress=False)
+# folded norms ---------------------------------------------------------------------------
+# A q8_0 conversion folds each RMSNorm's gain g into q/k/v and gate/up (W diag(g), the norm
+# then multiplying by ones: converter/norm_fold.py) and keeps g beside them; the adapter's A,
+# which reads the normed input times g, is applied as A diag(g).
+FOLDED = ("model.layers.1.input_layernorm", "model.layers.1.self_attn.v_proj",
+          "model.layers.1.post_attention_layernorm", "model.layers.1.mlp.up_proj")
+
+
+def test_folded_file_keeps_gains_and_folds_them_into_A(base):
+    """The file keeps each folded gain (the source norm's weight) and names it for every
+    projection it went into; the stacked Delta's A is scale * A diag(g) there."""
+    from safetensors.numpy import load_file
+
+    src = {t.name: t for t in open_hf(TINY / "llama").tensors()}
+    lora = load_file(LORA / "llama" / "adapter_model.safetensors")
+    cfg = json.loads((LORA / "llama" / "adapter_config.json").read_text())
+    with edgellm.load(base("llama", "q8_0", True), lora=LORA / "llama") as llm:
+        table = llm.packed.header["quantization"]["folded_gains"]
+        assert len(table) == 5 * 3  # q, k, v, gate, up in each of 3 layers
+        for norm, proj in zip(FOLDED[::2], FOLDED[1::2], strict=True):
+            g = src[norm + ".weight"].load()
+            assert table[proj + ".weight"] == norm + ".folded_gain"
+            np.testing.assert_array_equal(llm.packed.tensor(norm + ".folded_gain").data, g)
+            assert np.all(llm.packed.tensor(norm + ".weight").data == 1.0)
+            A = lora[f"base_model.model.{proj}.lora_A.weight"]
+            want = np.float32(cfg["lora_alpha"] / cfg["r"]) * A * g[None, :]
+            np.testing.assert_allclose(llm.model.lora[proj + ".weight"].A, want, rtol=1e-6)
+        assert "model.layers.1.self_attn.o_proj.weight" not in table
+
+
+def test_folded_f32_is_exact(tmp_path, monkeypatch):
+    """Folding allowed at f32 (as test_norm_fold does): the same function, so the adapter
+    on it matches peft within 1e-3, like the unfolded f32 base."""
+    from converter import norm_fold
+
+    monkeypatch.setattr(norm_fold, "TYPES", frozenset({"f32"}))
+    out = tmp_path / "folded-f32.edgellm"
+    convert(open_hf(TINY / "llama"), out, "f32", progress=False)
+    with edgellm.load(out, lora=LORA / "llama") as llm:
+        assert llm.packed.header["quantization"]["norms_folded"] == 6
+        check_against_peft(llm, ref("llama"))
+
+
+def test_folded_agrees_with_unfolded(base):
+    """q8_0 with the adapter, folded against --no-fold-norms (int8 rounding differs, so
+    close, not equal): prefill and decode within 0.25 (max logit ~3; ignoring g: ~0.95),
+    the adapter's effects correlated >= 0.999 (ignoring g: 0.99), same top-1."""
+    ids = ref("llama")["input_ids"]
+    got = {}
+    for fold in (False, True):
+        with edgellm.load(base("llama", "q8_0", fold)) as llm:
+            without = decode_steps(llm, ids)
+            llm.set_lora(LORA / "llama")
+            assert llm.model.fused is not None  # decode through the fused step
+            got[fold] = (without, decode_steps(llm, ids), llm.logits(ids))
+    (u0, u, up), (f0, f, fp) = got[False], got[True]
+    assert np.abs(f - u).max() < 0.25 and np.abs(fp - up).max() < 0.25
+    assert np.corrcoef((f - f0).ravel(), (u - u0).ravel())[0, 1] >= 0.999
+    assert f[-1].argmax() == u[-1].argmax()
+
+
+def test_folded_file_without_gains_refused(base, tmp_path):
+    """A file folded before the gains were kept lost g: refused, naming the way out."""
+    from test_format import _rewrite
+
+    def old(header):
+        del header["quantization"]["folded_gains"]
+        for name in [n for n in header["tensors"] if n.endswith(".folded_gain")]:
+            del header["tensors"][name]
+
+    out = _rewrite(base("llama", "q8_0", True), tmp_path / "old.edgellm", old)
     with pytest.raises(AdapterError, match="--no-fold-norms"):
+        edgellm.load(out, lora=LORA / "llama")
+    with edgellm.load(out) as llm:  # without an adapter it runs as before
+        llm.logits([5, 6, 7])
+
+
+def test_bad_folded_gain_refused(base, tmp_path):
+    from test_format import _rewrite
+
+    q = "model.layers.0.self_attn.q_proj.weight"
+
+    def bad(header):
+        header["quantization"]["folded_gains"][q] = "model.layers.0.self_attn.o_proj.weight"
+
+    out = _rewrite(base("llama", "q8_0", True), tmp_path / "bad.edgellm", bad)
+    with pytest.raises(FormatError, match=r"o_proj.weight \(q8_0 \[64, 64\]\) is not the "
+                                          "finite f32 gain"):
         edgellm.load(out, lora=LORA / "llama")
 
 

@@ -35,8 +35,15 @@ def test_fold_is_exact_in_float(name, tmp_path, monkeypatch):
     convert(open_hf(TINY / name), folded, "f32", progress=False)
     layers = open_hf(TINY / name).config["num_hidden_layers"]
     assert _folded(folded) == 2 * layers and _folded(plain) == 0
+    norm = "model.layers.0.input_layernorm"
+    g = next(t for t in open_hf(TINY / name).tensors() if t.name == norm + ".weight").load()
     with PackedModel(folded) as p:
-        assert np.all(p.tensor("model.layers.0.input_layernorm.weight").dequantize() == 1)
+        assert np.all(p.tensor(norm + ".weight").dequantize() == 1)
+        # the gain is kept for LoRA at run time (lora/attach.py), named per projection
+        np.testing.assert_array_equal(p.tensor(norm + ".folded_gain").data, g)
+        gains = p.header["quantization"]["folded_gains"]
+        assert len(gains) == 5 * layers
+        assert gains["model.layers.0.self_attn.k_proj.weight"] == norm + ".folded_gain"
     a, b = _logits(plain, ids), _logits(folded, ids)
     assert np.abs(a - b).max() <= 1e-4 * max(1.0, np.abs(a).max())
 

@@ -26,6 +26,11 @@ ATTENTION = tuple(TensorSpec(n, r, s, q, f, g) for f, n, r, s, q, g in (
 ))
 FFN_NORM = TensorSpec("post_attention_layernorm.weight", VEC, ("hidden",), True, "ffn_norm",
                       "ffn_norm.weight")
+# The gains converter/norm_fold.py folded into the q8_0 projections a norm feeds, kept for
+# LoRA at run time (lora/attach.py reads them through the header's quantization.folded_gains)
+FOLDED_GAIN = "folded_gain"
+FOLDED_GAINS = tuple(TensorSpec(f"{norm}.{FOLDED_GAIN}", VEC, ("hidden",), OPT)
+                     for norm in ("input_layernorm", "post_attention_layernorm"))
 DENSE_MLP = tuple(TensorSpec(n, MAT, s, True, f, g) for f, n, s, g in (
     ("gate", "mlp.gate_proj.weight", ("inter", "hidden"), "ffn_gate.weight"),
     ("up", "mlp.up_proj.weight", ("inter", "hidden"), "ffn_up.weight"),
@@ -53,6 +58,6 @@ class Llama(Transformer):
 
 SPEC = ArchSpec(
     model_types=("llama", "mistral", "qwen2", "qwen3", "smollm", "smollm2", "smollm3"),
-    family="llama", model=Llama, tensors=ATTENTION + (FFN_NORM,) + DENSE_MLP,
+    family="llama", model=Llama, tensors=ATTENTION + (FFN_NORM,) + DENSE_MLP + FOLDED_GAINS,
     gguf={"llama": ("llama", "LlamaForCausalLM"), "mistral": ("mistral", "MistralForCausalLM"),
           "qwen2": ("qwen2", "Qwen2ForCausalLM"), "qwen3": ("qwen3", "Qwen3ForCausalLM")})

@@ -18,8 +18,8 @@ Recipes (`--quant`):
   (and q6_k)          choices (no importance matrix): the output matrix (and a tied
                       embedding) q6_k, v_proj and down_proj q6_k in use_more_bits layers, the
                       rest q4_k / q5_k; a matrix whose columns do not split into 256 falls back
-                      as llama.cpp's does (q4_k -> q5_0, q6_k -> q8_0, q2_k/q3_k -> q4_0; q5_k
-                      -> q8_0, where llama.cpp has q5_1, which edgellm lacks)
+                      as llama.cpp's does (q4_k -> q5_0, q5_k -> q5_1, q6_k -> q8_0,
+                      q2_k/q3_k -> q4_0)
 Instead of a recipe, --target-size 80MB / --target-bpw 4.5 (converter/size_target.py) give
 each matrix q4_0, q4_1 or q8_0 by its measured sensitivity so that the file meets the budget.
 The plain recipes use llama.cpp's reference rounding (edgellm.quant), bit for bit, unless
@@ -43,7 +43,7 @@ SEARCHED = ("q4_0_best", "q4_1_best")  # recipes that always use the searched qu
 TARGET_TYPES = tuple(sorted(t for t in quant.INT8_TYPES if t not in quant.K_TYPES))
 K_REPORTED = (*K_MIXES, "q6_k")  # recipes whose summary lists each tensor's type
 # llama-quantize's fallback for a matrix whose columns do not split into its blocks
-K_FALLBACK = {"q4_k": "q5_0", "q5_k": "q8_0", "q6_k": "q8_0", "q2_k": "q4_0", "q3_k": "q4_0"}
+K_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q2_k": "q4_0", "q3_k": "q4_0"}
 DEFAULT_HF = "q4_0_mixed"
 DEFAULT_GGUF = "keep"
 SENSITIVE = ("embed_tokens.weight", "lm_head.weight", "word_embeddings.weight",

@@ -19,7 +19,7 @@ Block layouts (ggml's, generalized to block size B; B = 32 is exactly ggml's):
 A quantized tensor of shape [rows, cols] is stored as uint8 [rows, (cols // B) * block_bytes]:
 rows contiguous, blocks along the columns.
 
-ggml's K-quants (q2_k .. q6_k: super-blocks of 256) and q5_0 (blocks of 32) have one fixed
+ggml's K-quants (q2_k .. q6_k: super-blocks of 256), q5_0 and q5_1 (blocks of 32) have one fixed
 block size each (`QuantType.blocks`); their layouts and reference code: quant_k.py.
 """
 
@@ -238,6 +238,9 @@ TYPES: dict[str, QuantType] = {t.name: t for t in (
     QuantType("q5_0", 5, "Q5_0", "[f16 d][u32 high bits][B/2 bytes of low nibbles], value "
               "d (q - 16)", bits=5, header_bytes=2, codes=(-16, 15), max_abs=F16_MAX * 16,
               blocks=(32,), **_ref("q5_0")),
+    QuantType("q5_1", 11, "Q5_1", "[f16 d][f16 m][u32 high bits][B/2 bytes of low nibbles], "
+              "value d q + m", bits=5, header_bytes=4, codes=(0, 31), affine=True,
+              max_abs=F16_MAX, blocks=(32,), **_ref("q5_1")),
     *(QuantType(name, code, name.upper(), layout, bits=bits, header_bytes=hdr, blocks=(256,),
                 max_abs=F16_MAX, **_ref(name))
       for name, code, bits, hdr, layout in (
@@ -258,7 +261,7 @@ QUANTIZED = tuple(n for n, t in TYPES.items() if t.quantized)
 MATRIX_TYPES = tuple(n for n, t in TYPES.items() if t.float_kernels)  # what linear() runs
 INT8_TYPES = tuple(n for n, t in TYPES.items() if t.int8_kernels)  # int8 activations too
 FLOAT_TYPES = tuple(n for n, t in TYPES.items() if not t.quantized)
-K_TYPES = tuple(n for n, t in TYPES.items() if t.superblock)  # q5_0 and the K-quants
+K_TYPES = tuple(n for n, t in TYPES.items() if t.superblock)  # q5_0, q5_1, the K-quants
 SIZED_TYPES = tuple(n for n in QUANTIZED if n not in K_TYPES)  # block size chosen (32/64/128)
 
 

@@ -16,6 +16,8 @@ is exactly it (the same float32 products as the gguf package's dequantization):
   q6_k 210 B: [128 B low nibbles][64 B of 2-bit highs][16 int8 scales][f16 d]
               dsub = d sc, msub = 0, q = q6 - 32, -32..31
   q5_0  22 B (blocks of 32): [f16 d][u32 of high bits][16 B nibbles], value d (q - 16)
+  q5_1  24 B (blocks of 32): [f16 d][f16 m][u32 of high bits][16 B nibbles], value d q + m
+        (msub = -m: d q - (-m) is d q + m exactly)
 
 Quantization follows llama.cpp's reference C code without an importance matrix
 (`quantize_row_q*_K_ref`, `make_qx_quants`, `make_qkx2_quants`, `make_q3_quants`),
@@ -117,10 +119,11 @@ def _make_qkx2_quants(x, weights, nmax, rmin, rdelta, nstep, use_mad):
         return _seq_sum(weights * diff)
 
     best = error(scale, xmin, L)
-    vmin = xmin
+    vmin = xmin  # the C loop goes on from the best minimum found so far
     for k in range(nstep + 1):
-        it = (np.float32(rmin) + np.float32(rdelta) * np.float32(k) + np.float32(nmax)) / rng
-        la = np.clip(_rint(it[:, None] * (x - xmin[:, None])), 0, nmax)
+        span = np.where(flat, np.float32(1), xmax - vmin)
+        it = (np.float32(rmin) + np.float32(rdelta) * np.float32(k) + np.float32(nmax)) / span
+        la = np.clip(_rint(it[:, None] * (x - vmin[:, None])), 0, nmax)
         lf = la.astype(np.float32)
         sum_l = _seq_sum(weights * lf)
         sum_l2 = _seq_sum(weights * lf * lf)
@@ -252,7 +255,12 @@ def _parts_q5_0(r):
     return q.astype(np.int8) - np.int8(16), d, np.zeros((len(r), 2), np.float32)
 
 
-PARTS = {"q2_k": _parts_q2_k, "q3_k": _parts_q3_k, "q4_k": lambda r: _parts_q45_k(r, False),
+def _parts_q5_1(r):
+    q, d, _ = _parts_q5_0(np.concatenate([r[:, 0:2], r[:, 4:24]], axis=1))
+    return q + np.int8(16), d, -np.repeat(_f16(r, 2), 2, axis=1)
+
+
+PARTS = {"q5_1": _parts_q5_1, "q2_k": _parts_q2_k, "q3_k": _parts_q3_k, "q4_k": lambda r: _parts_q45_k(r, False),
          "q5_k": lambda r: _parts_q45_k(r, True), "q6_k": _parts_q6_k, "q5_0": _parts_q5_0}
 
 
@@ -407,7 +415,22 @@ def _quantize_q5_0(x):
     return np.concatenate([db, qh.astype("<u4").view(np.uint8).reshape(-1, 4), qs], axis=1)
 
 
-QUANTIZERS = {"q2_k": _quantize_q2_k, "q3_k": _quantize_q3_k,
+def _quantize_q5_1(x):
+    vmin, vmax = x.min(axis=1), x.max(axis=1)
+    d = (vmax - vmin) / np.float32(31)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), F0).astype(np.float32)
+    db, _ = _to_f16(d)
+    mb, _ = _to_f16(vmin)
+    # (uint8_t)((x - min) * id + 0.5f): truncation
+    q = np.trunc((x - vmin[:, None]) * inv[:, None] + np.float32(0.5)).astype(np.int32)
+    q = q.astype(np.uint8)
+    qs = (q[:, :16] & 15) | ((q[:, 16:] & 15) << 4)
+    qh = (((q >> 4) & 1).astype(np.uint32) << np.arange(32, dtype=np.uint32)).sum(axis=1)
+    return np.concatenate([db, mb, qh.astype("<u4").view(np.uint8).reshape(-1, 4), qs], axis=1)
+
+
+QUANTIZERS = {"q5_1": _quantize_q5_1, "q2_k": _quantize_q2_k, "q3_k": _quantize_q3_k,
               "q4_k": lambda x: _quantize_q45_k(x, False),
               "q5_k": lambda x: _quantize_q45_k(x, True), "q6_k": _quantize_q6_k,
               "q5_0": _quantize_q5_0}
@@ -428,4 +451,4 @@ DEQUANTIZE_BLOCKS = {k: _dequantizer(k) for k in PARTS}
 
 # byte offsets of each block's f16 scales (d, and dmin where there is one)
 F16_AT = {"q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
-          "q5_0": (0,)}
+          "q5_0": (0,), "q5_1": (0, 2)}

@@ -109,3 +109,28 @@ def test_wrong_block_size_is_refused():
     with pytest.raises(ValueError, match="block size 32 is not one of"):
         L.linear(Tensor("w", "q4_k", (2, 256), 32, data), np.ones((1, 256), np.float32),
                  np.zeros((1, 2), np.float32))
+
+
+def test_gguf_q5_0_and_q5_1_are_kept_and_decode_fused(tmp_path):
+    """convert-model's `keep` copies q5_0 / q5_1 GGUF tensors byte for byte, and the model runs
+    them in the fused decode step as the per-operation path does."""
+    from reference_checks import check_fused_equals_per_operation
+    from test_arch_gemma3 import NAME, write_gemma3_gguf
+
+    from converter.gguf_source import open_gguf
+    from converter.pack import convert
+    from edgellm.format import PackedModel
+
+    for qt in (gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q5_1):
+        path = tmp_path / f"{qt.name}.gguf"
+        write_gemma3_gguf(path, qt)
+        src = open_gguf(path)
+        out = tmp_path / f"{qt.name}.edgellm"
+        convert(src, out, "keep", progress=False)
+        raw = {t.name: t for t in src.tensors()}
+        with PackedModel(out) as p:
+            kept = [n for n, t in p.tensors.items() if t.type == qt.name.lower()]
+            assert kept
+            for n in kept:
+                np.testing.assert_array_equal(p.tensor(n).data, raw[n].load_raw())
+        check_fused_equals_per_operation(out, NAME)

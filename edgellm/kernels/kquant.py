@@ -1,4 +1,4 @@
-"""Kernels for ggml's K-quants (q2_k .. q6_k, super-blocks of 256) and q5_0: decode, prefill
+"""Kernels for ggml's K-quants (q2_k .. q6_k, super-blocks of 256), q5_0 and q5_1: decode, prefill
 and the embedding lookup. Plain numba (no IR intrinsics), float32 activations.
 
 Each type has a row dequantizer (`_deq_<type>`, dispatched by `_dequant` on the type's code
@@ -30,8 +30,8 @@ from .panel_gemm import W, _group, _tail
 
 __all__ = ["embed_k", "gemm_k", "mvp_k", "mvp_rows_k"]
 
-Q5_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (quant.TYPES[n].code for n in
-                                      ("q5_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
+Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (
+    quant.TYPES[n].code for n in ("q5_0", "q5_1", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"))
 CHUNK = 16  # rows per parallel work item
 # every float16 bit pattern as float32: the scales' conversion is one load
 F16 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -151,19 +151,24 @@ def _deq_q2_k(row, out, L):
 
 
 @kernel
-def _deq_q5_0(row, out, L):
+def _deq_q5(row, out, L, one):
+    """q5_0 (value d (q - 16)) or, one=True, q5_1 (d q + m)."""
     H = L // 2
+    bb, h0 = (24, 4) if one else (22, 2)
     for blk in range(out.shape[0] // 32):
-        o = blk * 22
+        o = blk * bb
         d = _f16(row, o)
-        qh = (np.int64(row[o + 2]) | (np.int64(row[o + 3]) << 8)
-              | (np.int64(row[o + 4]) << 16) | (np.int64(row[o + 5]) << 24))
-        qs = row[o + 6:o + 22]
+        m = _f16(row, o + 2) if one else np.float32(0.0)
+        off = 0 if one else 16
+        qh = (np.int64(row[o + h0]) | (np.int64(row[o + h0 + 1]) << 8)
+              | (np.int64(row[o + h0 + 2]) << 16) | (np.int64(row[o + h0 + 3]) << 24))
+        qs = row[o + h0 + 4:o + bb]
         y = out[32 * blk:32 * blk + 32]
         for j in range(H):
             b = np.int32(qs[j])
-            y[j] = d * np.float32(((b & 15) | np.int32(((qh >> j) & 1) << 4)) - 16)
-            y[16 + j] = d * np.float32(((b >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4)) - 16)
+            y[j] = d * np.float32(((b & 15) | np.int32(((qh >> j) & 1) << 4)) - off) + m
+            y[16 + j] = d * np.float32(((b >> 4) | np.int32(((qh >> (j + 16)) & 1) << 4))
+                                       - off) + m
 
 
 @kernel
@@ -179,8 +184,10 @@ def _dequant(kind, row, out, L):
         _deq_q3_k(row, out, L)
     elif kind == Q2_K:
         _deq_q2_k(row, out, L)
+    elif kind == Q5_1:
+        _deq_q5(row, out, L, True)
     else:
-        _deq_q5_0(row, out, L)
+        _deq_q5(row, out, L, False)
 
 
 @kernel

@@ -76,10 +76,13 @@ def _started(pid: int) -> bool:
 
 
 def interrupt_at(cmd: list[str], delay: float, sig=signal.SIGINT,
-                 after_temporary_in: Path | None = None) -> tuple[int, str, float]:
+                 after_temporary_in: Path | None = None,
+                 before_temporary_in: Path | None = None) -> tuple[int, str, float]:
     """Run cmd, send `sig` `delay` seconds after its main() started (or after a temporary
-    file shows up in `after_temporary_in`); returns (exit code, stderr, seconds from the
-    signal to the exit)."""
+    file shows up in `after_temporary_in`; or at the latest when one shows up in
+    `before_temporary_in`, so a moment meant to fall before the writing does so however
+    the machine's load changed since the timing run); returns (exit code, stderr, seconds
+    from the signal to the exit)."""
     p = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     if not Path("/proc").is_dir():
@@ -89,7 +92,13 @@ def interrupt_at(cmd: list[str], delay: float, sig=signal.SIGINT,
     if after_temporary_in is not None:
         while p.poll() is None and not _temporary(after_temporary_in):
             time.sleep(0.001)
-    time.sleep(delay)
+    if before_temporary_in is None:
+        time.sleep(delay)
+    else:
+        until = time.monotonic() + delay
+        while (time.monotonic() < until and p.poll() is None
+               and not _temporary(before_temporary_in)):
+            time.sleep(0.001)
     sent = time.monotonic()
     if p.poll() is None:
         p.send_signal(sig)
@@ -136,7 +145,8 @@ def test_sigint_at_ten_moments_of_convert_model(big_source, convert_seconds, tmp
     for delay, watch in moments:
         out.write_bytes(PRECIOUS)
         rc, err, took = interrupt_at(convert_cmd(big_source, out), delay,
-                                     after_temporary_in=watch)
+                                     after_temporary_in=watch,
+                                     before_temporary_in=None if watch else tmp_path)
         results.append((("writing+" if watch else "main+") + f"{delay:.2f}s", rc,
                         round(took, 2)))
         assert os.listdir(tmp_path) == ["o.edgellm"], (delay, os.listdir(tmp_path))

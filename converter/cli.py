@@ -119,7 +119,7 @@ def _convert(source, args, recipe: str) -> None:
     """Calibrate, plan the types for a target, convert, and report, as the flags ask."""
     from .pack import convert
     from .quantizers import searcher
-    from .recipes import SEARCHED
+    from .recipes import K_REPORTED, SEARCHED
 
     target = args.target_size is not None or args.target_bpw is not None
     gptq = args.quantizer == "gptq"
@@ -164,6 +164,8 @@ def _convert(source, args, recipe: str) -> None:
                           fold_norms=args.fold_norms)
         if not args.quiet:
             print("\n".join(summary.lines()))
+            if recipe in K_REPORTED:  # llama-quantize's per-tensor choices, tensor by tensor
+                print("\n".join(summary.tensor_lines()))
         if target and model is not None and args.eval_chunks:
             print(_report(model, args.out, chunks, rest, args.eval_chunks, args.calibrate))
     finally:

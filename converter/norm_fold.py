@@ -102,7 +102,7 @@ def gain_table(planned: Planned, config: dict) -> dict[str, str]:
 
 
 def _requantized(t: SourceTensor, ty: str, block_size: int, types: frozenset[str]) -> bool:
-    raw_copy = t.load_raw is not None and t.dtype == ty and block_size == quant.DEFAULT_BLOCK
+    raw_copy = t.load_raw is not None and t.dtype == ty and quant.TYPES[ty].is_ggml_block(block_size)
     return ty in types and not raw_copy and len(t.shape) == 2
 
 

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from edgellm import format as fmt
-from edgellm import quant
+from edgellm import quant, quant_k
 from edgellm import tokenizer_store
 from edgellm.errors import EdgeLLMError, FormatError, QuantizationError, SourceError
 from edgellm.validate import check_model
@@ -58,11 +58,16 @@ class Summary:
     params: int = 0
     by_type: dict[str, TypeStats] = field(default_factory=lambda: defaultdict(TypeStats))
     requantized: list[str] = field(default_factory=list)
+    types: dict[str, str] = field(default_factory=dict)  # tensor name -> stored type
 
     @property
     def bits_per_weight(self) -> float:
         data = sum(s.nbytes for s in self.by_type.values())
         return 8.0 * data / max(self.params, 1)
+
+    def tensor_lines(self) -> list[str]:
+        """One line per tensor: its stored type (the K mixes report their choices so)."""
+        return [f"  {name} {ty}" for name, ty in self.types.items()]
 
     def lines(self) -> list[str]:
         out = [f"wrote {self.path}: {self.file_size / 1e6:.1f} MB, {self.params / 1e6:.1f}M "
@@ -96,7 +101,8 @@ def _plan(source: Source, recipe: str, block_size: int, types: dict[str, str] | 
             raise SourceError(f"{source.path}: tensor {t.name} has shape {list(t.shape)}")
         ty = (types or {}).get(name) or choose_type(
             name, tuple(t.shape), t.dtype, recipe, block_size,
-            int(source.config.get("num_hidden_layers") or 0))
+            int(source.config.get("num_hidden_layers") or 0),
+            bool(source.config.get("tie_word_embeddings")))
         planned.append((t, name, ty))
     if not planned:
         raise SourceError(f"{source.path}: no tensors")
@@ -107,7 +113,8 @@ def _encode(t: SourceTensor, name: str, type_name: str, block_size: int,
             stats: TypeStats, quantize: Quantize | None = None) -> list[np.ndarray]:
     """The stored bytes of one tensor, as a list of chunks; updates the error stats."""
     quantize = quantize or quant.quantize
-    if t.load_raw is not None and t.dtype == type_name and block_size == quant.DEFAULT_BLOCK:
+    if t.load_raw is not None and t.dtype == type_name and \
+            quant.TYPES[type_name].is_ggml_block(block_size):
         raw = np.ascontiguousarray(t.load_raw(), dtype=np.uint8)  # lossless repack
         _check_raw_scales(raw, name, type_name)
         return [raw]
@@ -152,7 +159,9 @@ def _check_raw_scales(raw: np.ndarray, name: str, type_name: str) -> None:
         return
     per = t.block_bytes(quant.DEFAULT_BLOCK)
     blocks = raw.reshape(raw.shape[0], -1, per)
-    heads = np.ascontiguousarray(blocks[..., :t.header_bytes]).view("<f2")
+    at = quant_k.F16_AT.get(type_name, range(0, t.header_bytes, 2))
+    heads = np.concatenate([np.ascontiguousarray(blocks[..., o:o + 2]).view("<f2") for o in at],
+                           axis=-1)
     bad = int(heads.size - np.count_nonzero(np.isfinite(heads)))
     if bad:
         raise QuantizationError(f"tensor {name}: {bad} {type_name} block scales are NaN or "
@@ -222,8 +231,9 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
         meta_extra = {**(meta_extra or {}), "norms_folded": folded,
                       "folded_gains": norm_fold.gain_table(planned, source.config)}
     _, blob = stored_tokenizer(source)  # first in the data section, the tensors after it
-    infos = fmt.plan_tensors([(name, ty, tuple(t.shape), block_size if quant.TYPES[ty].quantized
-                               else quant.DEFAULT_BLOCK) for t, name, ty in planned], len(blob))
+    infos = fmt.plan_tensors([(name, ty, tuple(t.shape), quant.TYPES[ty].block_for(block_size)
+                               if quant.TYPES[ty].quantized else quant.DEFAULT_BLOCK)
+                              for t, name, ty in planned], len(blob))
     _check_model(source, infos)
     meta = _meta(source, recipe, block_size, meta_extra)
     summary = Summary(str(out))
@@ -252,6 +262,7 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
                 if ty != t.dtype and t.load_raw is None and t.dtype not in ("f32", "f16", "bf16"):
                     summary.requantized.append(name)
                 stats.tensors += 1
+                summary.types[name] = ty
                 stats.params += int(np.prod(t.shape))
                 stats.nbytes += info.nbytes
                 summary.params += int(np.prod(t.shape))

@@ -400,9 +400,10 @@ def _parse_entry(where: str, name: str, e, data_bytes: int) -> TensorInfo:
                           f"file's {max(data_bytes, 0)} bytes of data")
     block = _int(where, name, "block_size", e.get("block_size", quant.DEFAULT_BLOCK), 1)
     t = quant.qtype(type_name)
-    if block not in quant.BLOCK_SIZES:  # float tensors too: the kernels take it as an int
+    allowed = t.blocks if t.quantized else quant.BLOCK_SIZES  # floats too: kernels take it
+    if block not in allowed:
         raise FormatError(f"{where}: tensor {name}: block_size {block} is not one of "
-                          f"{list(quant.BLOCK_SIZES)}")
+                          f"{list(allowed)}" + (f" for {type_name}" if t.quantized else ""))
     if t.quantized and (len(shape) != 2 or shape[-1] % block):
         raise FormatError(f"{where}: tensor {name}: shape {list(shape)} does not fit "
                           f"{type_name} blocks of {block}")

@@ -18,6 +18,9 @@ Block layouts (ggml's, generalized to block size B; B = 32 is exactly ggml's):
   4-bit bytes: byte j holds element j in its low nibble and element j + B/2 in its high one.
 A quantized tensor of shape [rows, cols] is stored as uint8 [rows, (cols // B) * block_bytes]:
 rows contiguous, blocks along the columns.
+
+ggml's K-quants (q2_k .. q6_k: super-blocks of 256), q5_0 and q5_1 (blocks of 32) have one fixed
+block size each (`QuantType.blocks`); their layouts and reference code: quant_k.py.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import quant_k
 from .errors import QuantizationError
 
 BLOCK_SIZES = (32, 64, 128)
@@ -134,8 +138,9 @@ class QuantType:
     quantize_blocks / dequantize_blocks   the reference: float32 [rows, nb, B] <-> uint8
                   [rows, nb, block_bytes] (float types: None, they are only converted)
     int8_kernels  matvec / matmul kernels on int8 activation blocks of ACT_BLOCK (ActQ8),
-                  with prefill's 8-row panels (kernels/panel.py)
+                  with prefill's 8-row panels (kernels/panel.py; K-quants: kernels/kquant.py)
     float_kernels matvec / matmul on float32 activations and the embedding lookup
+    blocks        the block sizes it can be stored in (K-quants: 256 only; q5_0: 32)
     The kernels themselves: kernels/registry.py, one entry per type that has them.
     """
 
@@ -153,6 +158,22 @@ class QuantType:
     dequantize_blocks: Blocks | None = None
     int8_kernels: bool = False
     float_kernels: bool = True
+    blocks: tuple[int, ...] = BLOCK_SIZES
+
+    @property
+    def superblock(self) -> bool:
+        """One fixed block size (K-quants, q5_0): kernels in kernels/kquant.py."""
+        return self.quantized and len(self.blocks) == 1
+
+    def is_ggml_block(self, block_size: int) -> bool:
+        """Whether this type stored at `block_size` is ggml's own block (GGUF bytes as they
+        are): 32 for q8_0/q4_0/q4_1, the fixed size of the others."""
+        return self.block_for(block_size) == (self.blocks[0] if self.superblock else 32)
+
+    def block_for(self, block_size: int) -> int:
+        """The block size a tensor of this type is stored in when `block_size` is asked:
+        the type's own where it has one fixed size, else block_size."""
+        return self.blocks[0] if len(self.blocks) == 1 else block_size
 
     @property
     def quantized(self) -> bool:
@@ -165,19 +186,22 @@ class QuantType:
         return np.dtype(np.uint8 if self.quantized else FLOAT_DTYPE[self.name])
 
     def block_bytes(self, block_size: int) -> int:
-        """Bytes of one block of `block_size` elements."""
+        """Bytes of one block of `block_size` elements (the type's own size if it has one)."""
+        block_size = self.block_for(block_size)
         return self.header_bytes + block_size * self.bits // 8
 
     def bits_per_weight(self, block_size: int = DEFAULT_BLOCK) -> float:
         """Stored bits per element, scales included."""
         if not self.quantized:
             return 8.0 * self.itemsize
+        block_size = self.block_for(block_size)
         return 8.0 * self.block_bytes(block_size) / block_size
 
     def row_bytes(self, cols: int, block_size: int = DEFAULT_BLOCK) -> int:
         """Bytes of one stored row of `cols` elements."""
         if not self.quantized:
             return cols * self.itemsize
+        block_size = self.block_for(block_size)
         return (cols // block_size) * self.block_bytes(block_size)
 
     def nbytes(self, shape: tuple[int, ...], block_size: int = DEFAULT_BLOCK) -> int:
@@ -189,6 +213,13 @@ class QuantType:
 
 
 FLOAT_DTYPE = {"f32": np.float32, "f16": np.float16}
+
+
+def _ref(name: str) -> dict:
+    """quant_k.py's reference for `name`, with its kernels (kernels/kquant.py)."""
+    return dict(quantize_blocks=quant_k.QUANTIZE_BLOCKS[name],
+                dequantize_blocks=quant_k.DEQUANTIZE_BLOCKS[name])
+
 
 TYPES: dict[str, QuantType] = {t.name: t for t in (
     QuantType("f32", 0, "F32", "float32 values", itemsize=4),
@@ -204,12 +235,34 @@ TYPES: dict[str, QuantType] = {t.name: t for t in (
               bits=4, header_bytes=4, codes=(0, 15), affine=True, max_abs=F16_MAX,
               quantize_blocks=_quantize_q4_1, dequantize_blocks=_dequantize_q4_1,
               int8_kernels=True),
+    QuantType("q5_0", 5, "Q5_0", "[f16 d][u32 high bits][B/2 bytes of low nibbles], value "
+              "d (q - 16)", bits=5, header_bytes=2, codes=(-16, 15), max_abs=F16_MAX * 16,
+              blocks=(32,), **_ref("q5_0")),
+    QuantType("q5_1", 11, "Q5_1", "[f16 d][f16 m][u32 high bits][B/2 bytes of low nibbles], "
+              "value d q + m", bits=5, header_bytes=4, codes=(0, 31), affine=True,
+              max_abs=F16_MAX, blocks=(32,), **_ref("q5_1")),
+    *(QuantType(name, code, name.upper(), layout, bits=bits, header_bytes=hdr, blocks=(256,),
+                max_abs=F16_MAX, **_ref(name))
+      for name, code, bits, hdr, layout in (
+          ("q2_k", 6, 2, 20, "[16 B 4-bit scales|mins][64 B 2-bit q][f16 d][f16 dmin], value "
+                             "d sc q - dmin m"),
+          ("q3_k", 7, 3, 14, "[32 B high bits][64 B 2-bit q][12 B 6-bit scales][f16 d], "
+                             "value d (sc - 32) q, q -4..3"),
+          ("q4_k", 8, 4, 16, "[f16 d][f16 dmin][12 B 6-bit scales, mins][128 B 4-bit q], "
+                             "value d sc q - dmin m"),
+          ("q5_k", 9, 5, 16, "[f16 d][f16 dmin][12 B 6-bit scales, mins][32 B high bits]"
+                             "[128 B 4-bit q], value d sc q - dmin m"),
+          ("q6_k", 10, 6, 18, "[128 B low nibbles][64 B 2-bit high][16 int8 scales][f16 d], "
+                              "value d sc (q - 32)"),
+      )),
 )}
 FLOAT_ITEMSIZE = {n: t.itemsize for n, t in TYPES.items() if not t.quantized}
 QUANTIZED = tuple(n for n, t in TYPES.items() if t.quantized)
 MATRIX_TYPES = tuple(n for n, t in TYPES.items() if t.float_kernels)  # what linear() runs
 INT8_TYPES = tuple(n for n, t in TYPES.items() if t.int8_kernels)  # int8 activations too
 FLOAT_TYPES = tuple(n for n, t in TYPES.items() if not t.quantized)
+K_TYPES = tuple(n for n, t in TYPES.items() if t.superblock)  # q5_0, q5_1, the K-quants
+SIZED_TYPES = tuple(n for n in QUANTIZED if n not in K_TYPES)  # block size chosen (32/64/128)
 
 
 def qtype(name: str) -> QuantType:
@@ -222,10 +275,13 @@ def qtype(name: str) -> QuantType:
         ) from None
 
 
-def check_quantizable(name: str, shape: tuple[int, ...], block_size: int) -> None:
+def check_quantizable(name: str, shape: tuple[int, ...], block_size: int,
+                      type_name: str | None = None) -> None:
     """Raise QuantizationError unless a tensor of `shape` can be block-quantized."""
-    if block_size not in BLOCK_SIZES:
-        raise QuantizationError(f"block size {block_size} is not one of {BLOCK_SIZES}")
+    allowed = qtype(type_name).blocks if type_name else BLOCK_SIZES
+    if block_size not in allowed:
+        raise QuantizationError(f"block size {block_size} is not one of {allowed}"
+                                + (f" for {type_name}" if type_name else ""))
     if len(shape) != 2 or shape[-1] % block_size:
         raise QuantizationError(
             f"tensor {name}: shape {list(shape)} cannot be split into blocks of {block_size}"
@@ -246,7 +302,8 @@ def quantize(x: np.ndarray, type_name: str, block_size: int = DEFAULT_BLOCK,
         raise QuantizationError(f"tensor {name}: {bad} NaN or infinite values")
     if not t.quantized:
         return np.ascontiguousarray(x, dtype=FLOAT_DTYPE[type_name])
-    check_quantizable(name, x.shape, block_size)
+    block_size = t.block_for(block_size)
+    check_quantizable(name, x.shape, block_size, type_name)
     blocks = t.quantize_blocks(_blocks(x, block_size))
     return np.ascontiguousarray(blocks.reshape(x.shape[0], -1))
 
@@ -258,6 +315,7 @@ def dequantize(data: np.ndarray, type_name: str, shape: tuple[int, ...],
     if not t.quantized:
         return np.asarray(data, dtype=np.float32).reshape(shape)
     rows, cols = shape
+    block_size = t.block_for(block_size)
     raw = np.asarray(data, dtype=np.uint8).reshape(rows, cols // block_size,
                                                    t.block_bytes(block_size))
     return t.dequantize_blocks(raw).reshape(rows, cols).astype(np.float32)

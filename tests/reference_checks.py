@@ -95,7 +95,7 @@ def top1_agreement(converted, name: str) -> dict[str, float]:
     ref = reference(name)
     top_ref = ref["logits"].argmax(-1)
     agree = {}
-    for kind in quant.QUANTIZED:
+    for kind in quant.SIZED_TYPES:
         with edgellm.load(converted(name, kind)) as llm:
             agree[kind] = float((llm.logits(ref["input_ids"]).argmax(-1) == top_ref).mean())
     print(name, agree)

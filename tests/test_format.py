@@ -41,7 +41,7 @@ def test_f32_round_trip_is_bit_exact(name, converted):
 
 
 @pytest.mark.parametrize("name", TINY_NAMES)
-@pytest.mark.parametrize("kind", quant.QUANTIZED)
+@pytest.mark.parametrize("kind", quant.SIZED_TYPES)  # K types: tiny models' rows are < 256
 def test_quantized_round_trip_equals_oracle(name, kind, converted):
     source = open_hf(TINY / name)
     with fmt.PackedModel(converted(name, kind)) as packed:

@@ -5,6 +5,7 @@ lowers to; these tests read the assembly of freshly compiled (uncached) kernels:
   VNNI path       vpdpbusd in the int8 matvec and matmul kernels
   portable path   (EDGELLM_PORTABLE=1, in a subprocess) vpmaddwd and no vpdpbusd
   precise path    packed float multiply-adds
+  K-quants        (kquant.py, float activations) vectorized dequantization and multiply-adds
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numba
 import numpy as np
 import pytest
 
-from edgellm.kernels import act_quant, matmul, matvec, simd
+from edgellm import quant
+from edgellm.kernels import act_quant, kquant, matmul, matvec, simd
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,3 +145,18 @@ def test_float_paths_are_vectorized():
     q = fresh_asm(act_quant.quantize_rows, x, np.zeros((1, 64), np.int8), f, np.zeros(
         (1, 2), np.int32), f, 0, 1)
     assert re.search(r"vmulps\s[^\n]*%[yz]mm", q)
+
+
+@pytest.mark.skipif(not X86, reason="checks x86 vector registers")
+@pytest.mark.parametrize("kind", quant.K_TYPES)
+def test_kquant_paths_are_vectorized(kind):
+    """kquant.py's decode rows: the row dequantizer converts codes to floats in vector
+    registers (its runtime trip counts keep LLVM's loop vectorizer on) and the dot product is
+    packed multiply-adds."""
+    t = quant.TYPES[kind]
+    w = np.zeros((4, t.block_bytes(256)), np.uint8)
+    w.flags.writeable = False
+    f = np.zeros((1, 256), np.float32)
+    asm = fresh_asm(kquant.mvp_rows_k, t.code, w, f, f, 0, 4)
+    assert re.search(r"vfmadd\S*\s[^\n]*%[yz]mm", asm)
+    assert re.search(r"vcvtdq2ps\s[^\n]*%[yz]mm", asm), kind

@@ -20,7 +20,7 @@ from edgellm import numba_setup, quant
 from edgellm.format import Tensor
 from edgellm.kernels import linear as L
 
-QTYPES = quant.QUANTIZED  # every row of quant.TYPES: a new type is tested here at once
+QTYPES = quant.SIZED_TYPES  # every block-size type; K-quants: test_kernels_kquant.py
 FTYPES = quant.FLOAT_TYPES
 RTOL = 2e-5  # of sum |x| |w|
 

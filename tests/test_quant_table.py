@@ -27,7 +27,8 @@ def test_row_matches_gguf(name):
     g = gguf.GGMLQuantizationType[t.ggml]
     block, nbytes = gguf.GGML_QUANT_SIZES[g]
     if t.quantized:
-        assert (block, nbytes) == (quant.DEFAULT_BLOCK, t.block_bytes(quant.DEFAULT_BLOCK))
+        assert (block, nbytes) == (t.block_for(quant.DEFAULT_BLOCK),
+                                   t.block_bytes(quant.DEFAULT_BLOCK))
         lo, hi = t.codes
         assert hi - lo < 2 ** t.bits
         x = np.random.default_rng(1).standard_normal((3, 4 * block)).astype(np.float32)

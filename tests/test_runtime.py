@@ -20,7 +20,7 @@ def test_f32_matches_transformers(name, converted):
 
 
 @pytest.mark.parametrize("name", LLAMA_FAMILY)
-@pytest.mark.parametrize("kind", quant.QUANTIZED)
+@pytest.mark.parametrize("kind", quant.SIZED_TYPES)
 def test_precise_path_is_exact_on_quantized_weights(name, kind, converted, tmp_path):
     check_precise_is_exact(converted(name, kind), name, tmp_path)
 

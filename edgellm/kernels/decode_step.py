@@ -50,6 +50,7 @@ from .activations import geglu_tanh, swiglu_row
 from .dots import LANES, dots16
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
+from .kquant import mvp_rows_k
 from .matvec import (
     mv_rows_q4_0,
     mv_rows_q4_1,
@@ -67,8 +68,10 @@ from .sync import barrier
 
 # Matrix kinds the step has kernels for (f32 only where a step asks for float activations:
 # routers); each kind's code is its row's in the quant table (quant.TYPES[name].code).
-KINDS = ("q8_0", "q4_0", "q4_1", "f32")
+# q5_0 and the K-quants (codes from K_FIRST up) run kquant.py's float-activation rows.
+KINDS = ("q8_0", "q4_0", "q4_1", "f32", *quant.K_TYPES)
 KIND_CODE = {name: quant.TYPES[name].code for name in KINDS}
+K_FIRST = min(quant.TYPES[n].code for n in quant.K_TYPES)
 Q8_0, Q4_0, Q4_1, F32 = (KIND_CODE[n] for n in ("q8_0", "q4_0", "q4_1", "f32"))
 # mats[m] = (offset in the file, rows, row bytes, kind, block size)
 MAT_OFF, MAT_ROWS, MAT_ROW_BYTES, MAT_KIND, MAT_BLOCK = range(5)
@@ -156,7 +159,9 @@ def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts):
     off, rb, kind, block = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES], m[MAT_KIND], \
         m[MAT_BLOCK]
     w = blob[off:off + rows * rb].reshape((rows, rb))
-    if kind == F32:
+    if kind >= K_FIRST:  # float activations in either mode (kquant.py)
+        mvp_rows_k(kind, w, h, out, r0, r1)
+    elif kind == F32:
         mvp_rows_f32(w.view(np.float32), block, h, out, r0, r1)
     elif float_acts:
         if kind == Q8_0:

@@ -22,7 +22,8 @@ from .simd import NATIVE_F16, VNNI
 
 BLOCKS = quant.BLOCK_SIZES
 # (header bytes, elements per byte) of each block-quantized type, from quant.TYPES
-BLOCK_BYTES = {n: (t.header_bytes, 8 // t.bits) for n, t in quant.TYPES.items() if t.quantized}
+BLOCK_BYTES = {n: (t.header_bytes, 8 // t.bits) for n, t in quant.TYPES.items()
+               if t.quantized and not t.superblock}  # (K-quants: kquant.py)
 
 # IR helpers
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)

@@ -157,9 +157,9 @@ def _check_weight(w):
         raise ValueError(f"tensor {w.name}: type {kind!r} has no kernel "
                          f"({', '.join(quant.MATRIX_TYPES)})")
     if t.quantized:
-        if block not in BLOCK_SIZES:
+        if block not in t.blocks:
             raise ValueError(f"tensor {w.name}: {kind} block size {block} is not one of "
-                             f"{BLOCK_SIZES}")
+                             f"{t.blocks}")
         if K % block:
             raise ValueError(f"tensor {w.name}: {kind} K={K} does not split into blocks of "
                              f"{block}")

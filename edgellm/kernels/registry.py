@@ -6,6 +6,8 @@
                the encoders' panel GEMM (panel_gemm.py); for quant.MATRIX_TYPES
 quant.TYPES says which types have which kernels; this says which functions they are, and
 checks at import that the two agree. linear.py dispatches through it.
+q5_0 and the K-quants share kquant.py's float-activation kernels, which take the type's code
+first: their entries bind it (`_k_float`; the `block` argument is unused, the type fixes it).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from .. import quant
-from . import matmul, matvec, panel_gemm
+from . import kquant, matmul, matvec, panel_gemm
 
 __all__ = ["FLOAT", "INT8", "FloatKernels", "Int8Kernels"]
 
@@ -49,6 +51,19 @@ FLOAT = {
     "q4_1": FloatKernels(matvec.mvp_rows_q4_1, matvec.mvp_q4_1, matmul.mmp_q4_1,
                          matvec.embed_q4_1, panel_gemm.gemm_q4_1),
 }
+
+
+
+def _k_float(code: int) -> FloatKernels:
+    gemm = lambda w, block, x, out: kquant.gemm_k(code, w, x, out)  # noqa: E731
+    return FloatKernels(
+        lambda w, block, x, out, r0, r1: kquant.mvp_rows_k(code, w, x, out, r0, r1),
+        lambda w, block, x, out: kquant.mvp_k(code, w, x, out), gemm,
+        lambda w, block, ids, out: kquant.embed_k(code, w, ids, out), gemm)
+
+
+for _name in quant.K_TYPES:
+    FLOAT[_name] = _k_float(quant.TYPES[_name].code)
 
 if set(INT8) != set(quant.INT8_TYPES) or set(FLOAT) != set(quant.MATRIX_TYPES):
     raise ImportError(f"kernels/registry.py disagrees with quant.TYPES: int8 kernels for "

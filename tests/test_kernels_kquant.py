@@ -136,6 +136,22 @@ def test_gguf_q5_0_and_q5_1_are_kept_and_decode_fused(tmp_path):
         check_fused_equals_per_operation(out, NAME)
 
 
+def test_gguf_default_recipe_keeps_int8_types_and_makes_k_quants_q8_0():
+    """convert-model's GGUF default (`auto`) keeps what has int8 kernels and turns the
+    float-activation types (K-quants, q5_0, q5_1: ~3x slower decode today) into q8_0;
+    `keep` keeps them all."""
+    from converter.recipes import DEFAULT_GGUF, choose_type
+
+    assert DEFAULT_GGUF == "auto"
+    name = "model.layers.0.mlp.up_proj.weight"
+    for src in ("q8_0", "q4_0", "q4_1", "f16", "f32"):
+        assert choose_type(name, (256, 256), src, "auto", 32) == src
+    for src in ("q4_k", "q5_k", "q6_k", "q2_k", "q3_k", "q5_0", "q5_1", "bf16"):
+        assert choose_type(name, (256, 256), src, "auto", 32) == "q8_0"
+    for src in ("q4_k", "q6_k", "q5_0"):
+        assert choose_type(name, (256, 256), src, "keep", 32) == src
+
+
 def test_k_mixes_choose_llama_quantize_types():
     """--quant q4_k_m / q5_k_m / q6_k give every SmolLM2-135M matrix the type llama-quantize
     gave it (its Q4_K_M, Q5_K_M, Q6_K files made from a float GGUF; 576 columns fall back)."""

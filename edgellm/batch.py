@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from .arch.base import CachedTokens
 from .errors import ArgumentError, ClosedError, ContextError
 from .kernels.linear import embedding
 from .lifetime import Lifetime
@@ -64,7 +65,7 @@ class _Job:
         return self.result
 
 
-class SlotModel:
+class SlotModel(CachedTokens):
     """A model as one slot sees it: its own KV cache and token list over the shared
     weights; `forward` runs on the engine (the interface generate.py and prompt_cache.py
     use of a Transformer)."""
@@ -83,18 +84,6 @@ class SlotModel:
         """As Transformer.forward (a "last" result is this slot's own copy)."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int64).reshape(-1)
         return self.batch.submit(_Job(self, tokens, want, shift))
-
-    def reset(self) -> None:
-        self.cache.reset()
-        self.tokens.clear()
-
-    def truncate(self, n: int) -> None:
-        if n >= len(self.tokens):
-            return
-        if n == 0 or not self.cache.truncate(n):
-            self.reset()
-            return
-        del self.tokens[n:]
 
 
 class SlotLLM(LLM):

@@ -64,7 +64,24 @@ class Buffers:
         return sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray))
 
 
-class Transformer:
+class CachedTokens:
+    """A KV cache (self.cache) and the token ids it holds (self.tokens), kept in step."""
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.tokens.clear()
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first n tokens of the cache (reset when that cannot be done)."""
+        if n >= len(self.tokens):
+            return
+        if n == 0 or not self.cache.truncate(n):
+            self.reset()
+            return
+        del self.tokens[n:]
+
+
+class Transformer(CachedTokens):
     """Chunked forward over a packed model; subclasses define `layer_weights` and `steps`."""
 
     norm_offset = 0.0  # RMSNorm multiplies by (weight + norm_offset)
@@ -323,15 +340,3 @@ class Transformer:
             self.fused = FusedDecoder.build(self, self.fused.threads, self.act_dtype)
         self.reset()
 
-    def reset(self) -> None:
-        self.cache.reset()
-        self.tokens.clear()
-
-    def truncate(self, n: int) -> None:
-        """Keep only the first n tokens of the cache (reset when that cannot be done)."""
-        if n >= len(self.tokens):
-            return
-        if n == 0 or not self.cache.truncate(n):
-            self.reset()
-            return
-        del self.tokens[n:]

@@ -185,13 +185,44 @@ def plan(source, *, target_bytes: int | None = None, target_bpw: float | None = 
     for _, c in cands:
         g = gains.get(c.group, 1.0) if measured else 1.0
         c.damage = {ty: g * e for ty, e in c.error.items()}
-    types = _allocate([c for _, c in cands], limit)
-    data = sum(c.cost[types[c.name]] for _, c in cands)
+    fold = not getattr(quantize, "calibrated", False)  # as pack.convert decides
+    for _ in range(4):  # the gains a fold keeps depend on the types chosen: fit them too
+        types = _allocate([c for _, c in cands], limit)
+        data = sum(c.cost[types[c.name]] for _, c in cands)
+        extra_bytes, extra_params = (_fold_extra(source, planned, types, block_size)
+                                     if fold else (0, 0))
+        if target_bytes is not None:
+            over = overhead + fixed_bytes + data + extra_bytes - budget
+        else:
+            over = fixed_bytes + data + extra_bytes - int(target_bpw * (params + extra_params) / 8)
+        if over <= 0:
+            break
+        limit -= over
+    data += extra_bytes
     damage = sum(c.damage[types[c.name]] for _, c in cands)
     return TargetPlan(types={**fixed, **types}, budget=budget,
                       file_size=overhead + fixed_bytes + data,
                       smallest=overhead + fixed_bytes + smallest, damage=damage,
                       measured=measured, gains=gains, kl=kl)
+
+
+def _fold_extra(source, planned, types: dict[str, str], block_size: int) -> tuple[int, int]:
+    """(file bytes, values) that norm folding (norm_fold.py) adds with these types: each kept
+    gain (f32, aligned), its tensor-table entry and the header's folded_gains table."""
+    import json
+
+    from . import norm_fold
+
+    chosen = [(t, n, types.get(n, ty)) for t, n, ty in planned]
+    folded, count = norm_fold.fold_norms(chosen, source.config, block_size)
+    if not count:
+        return 0, 0
+    before = {n for _, n, _ in chosen}
+    kept = [(t, n) for t, n, _ in folded if n not in before]
+    table = len(json.dumps(norm_fold.gain_table(folded, source.config)))
+    size = sum(_cost("f32", tuple(t.shape), block_size) + len(n) + 2 * HEADER_SLACK
+               for t, n in kept)
+    return size + table + HEADER_SLACK, sum(int(np.prod(t.shape)) for t, _ in kept)
 
 
 def _cost(type_name: str, shape: tuple[int, ...], block_size: int) -> int:

@@ -290,12 +290,7 @@ def decode_rows(model, views: list, tokens: list[int], shifts: list[bool]) -> np
     n = len(views)
     assert n <= model.chunk, "more rows than the model's buffers hold"
     for view, shift in zip(views, shifts):
-        if view.cache.room() < 1:
-            if not shift:
-                raise ContextError(f"context of {model.context} tokens is full")
-            discard = view.cache.shift(1)
-            keep = min(view.cache.n_keep, len(view.tokens))
-            del view.tokens[keep:keep + discard]
+        view.make_room(1, shift)
     positions = np.array([v.cache.next_pos for v in views], np.int64)
     b = model.buffers
     embedding(model.embed, np.array(tokens, np.int64), b.x[:n])

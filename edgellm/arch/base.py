@@ -67,6 +67,16 @@ class Buffers:
 class CachedTokens:
     """A KV cache (self.cache) and the token ids it holds (self.tokens), kept in step."""
 
+    def make_room(self, n: int, shift: bool) -> None:
+        """Room for n more tokens: the cache's context shift (dropping tokens after the kept
+        first n_keep), or ContextError when shift is off and the context is full."""
+        if self.cache.room() < n:
+            if not shift:
+                raise ContextError(f"context of {self.context} tokens is full")
+            discard = self.cache.shift(n)
+            keep = min(self.cache.n_keep, len(self.tokens))
+            del self.tokens[keep:keep + discard]
+
     def reset(self) -> None:
         self.cache.reset()
         self.tokens.clear()
@@ -295,24 +305,14 @@ class Transformer(CachedTokens):
             raise ContextError(f"token id {int(tokens[bad][0])} is outside the vocabulary "
                                f"(0..{self.args.vocab_size - 1})")
         if tokens.size == 1 and not every and self.fused is not None:
-            if self.cache.room() < 1:
-                if not shift:
-                    raise ContextError(f"context of {self.context} tokens is full")
-                discard = self.cache.shift(1)
-                keep = min(self.cache.n_keep, len(self.tokens))
-                del self.tokens[keep:keep + discard]
+            self.make_room(1, shift)
             logits = self.fused.step(int(tokens[0]), self.precise)
             self.tokens.append(int(tokens[0]))
             return logits if want == "last" else None
         outs = []
         for s in range(0, tokens.size, self.chunk):
             part = tokens[s:s + self.chunk]
-            if self.cache.room() < part.size:
-                if not shift:
-                    raise ContextError(f"context of {self.context} tokens is full")
-                discard = self.cache.shift(part.size)
-                keep = min(self.cache.n_keep, len(self.tokens))
-                del self.tokens[keep:keep + discard]
+            self.make_room(part.size, shift)
             last = s + self.chunk >= tokens.size
             mode = want if every or last else "none"
             out = self._chunk(part, mode)

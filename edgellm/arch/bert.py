@@ -17,7 +17,7 @@ The linear layers always take float activations (kernels/panel_gemm.py: each wei
 dequantized once per batch into a panel, then register-tiled over all tokens), whatever
 the weights' type. Measured on all-MiniLM-L6-v2 at q8_0 (minimum cosine similarity to
 sentence-transformers over tests/fixtures/embed/minilm; float activations: 0.99955):
-int8 activations on every product 0.9984, on q/k/v alone 0.9989 (LayerNorm's outlier
+int8 activations on q/k/v and FFN-up 0.9984, on q/k/v alone 0.9989 (LayerNorm's outlier
 channels), on FFN-up alone 0.9991, on the attention output and FFN-down 0.9993; int16
 ones 0.99955. On an AVX2 machine without VNNI none of them is faster than the float panel
 kernel (~40 GMAC/s per core, near the FMA peak): vpmaddwd does 16 products where an FMA

@@ -324,10 +324,33 @@ class Transformer(CachedTokens):
         return np.concatenate(outs) if every else None
 
     def warmup(self) -> None:
-        """Run the decode and prefill paths once (compiles or loads every kernel)."""
+        """Run the decode and prefill paths once (each kernel they call loads from the
+        cache, or compiles). Where that compiled anything (the first run on a machine), the
+        other variants are compiled now too, while the compiler's work is in memory: the
+        fused step's parallel and serial forms and the other precision's prefill, so that a
+        later run with another thread count or --precise (or the decode scheduler's serial
+        probe, mid-generation) compiles nothing."""
+        from ..kernels.warmup import compiled
+
+        before = compiled()
         self.forward([0, 0], want="last")
         self.forward([0], want="last")
+        if compiled() > before:
+            self._warm_variants()
         self.reset()
+
+    def _warm_variants(self) -> None:
+        if self.fused is not None:
+            self.reset()
+            self.fused.warm_variants()
+        precise, int8_acts = self.precise, self.int8_acts
+        self.precise = not precise
+        self.int8_acts = not self.precise and self.args.hidden_size % 32 == 0
+        try:
+            self.reset()
+            self.forward([0, 0], want="last")
+        finally:
+            self.precise, self.int8_acts = precise, int8_acts
 
     def set_lora(self, deltas: dict) -> None:
         """Apply these LoRA deltas (lora/attach.py; {} for none) from the next token on:

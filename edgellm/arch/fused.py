@@ -437,6 +437,19 @@ class FusedDecoder:
                                       self.scores, self.state, self.layers, self.inv_freq,
                                       self.lora))
 
+    def warm_variants(self) -> None:
+        """Run one token through each form of the step, parallel and serial (compiling or
+        loading both): which one runs is chosen per token by the scheduler and by the
+        thread count, neither of which is part of the kernels' signatures. Leaves a token
+        in the cache: the caller resets it."""
+        scheduler = self.scheduler
+        try:
+            for parallel in (True, False):
+                self.scheduler = _Forced(parallel, self.nt)
+                self.step(0, False)
+        finally:
+            self.scheduler = scheduler
+
     def step(self, token: int, precise: bool) -> np.ndarray:
         """Run one token at the cache's next position; logits [vocab] (an internal buffer)."""
         m, cache = self.model, self.model.cache
@@ -460,3 +473,17 @@ class FusedDecoder:
             for e in self.ints[off:off + m.top_k]:
                 m.expert_bytes_read += nbytes[e]
         return self.logits[0]
+
+
+class _Forced:
+    """A StepScheduler stand-in that always runs the parallel (on nt workers) or the serial
+    form of the step."""
+
+    def __init__(self, parallel: bool, nt: int):
+        self.parallel, self.nt = parallel, nt
+
+    def run(self, parallel_fn, serial_fn, args: tuple) -> None:
+        if self.parallel:
+            parallel_fn(self.nt, *args)
+        else:
+            serial_fn(*args)

@@ -36,19 +36,49 @@ def test_first_run_warmup_compiles_both_step_forms_and_both_precisions(converted
     parallel step and the precise prefill, then leaves the model computing what it did."""
     ids = reference("llama")["input_ids"][:6]
     calls = []
-    parallel, serial = ds.decode_parallel, ds.decode_serial
-    monkeypatch.setattr(ds, "decode_parallel",
-                        lambda *a: calls.append("parallel") or parallel(*a))
-    monkeypatch.setattr(ds, "decode_serial", lambda *a: calls.append("serial") or serial(*a))
+
+    class Spy:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __call__(self, *args):
+            calls.append(self.name)
+            return self.kernel(*args)
+
+        def compile(self, sig):
+            calls.append("load " + self.name)
+            return self.kernel.compile(sig)
+
+    monkeypatch.setattr(ds, "decode_parallel", Spy("parallel", ds.decode_parallel))
+    monkeypatch.setattr(ds, "decode_serial", Spy("serial", ds.decode_serial))
     with edgellm.load(converted("llama", "q4_1"), threads=2) as llm:
         m = llm.model
         m.reset()
         before = m.forward(ids, want="all"), m.forward([int(ids[0])], want="last").copy()
         counts = iter(range(100))
         monkeypatch.setattr(warmup, "compiled", lambda: next(counts))
-        m.warmup()
-        assert {"parallel", "serial"} <= set(calls)
+        released = []
+        calls.clear()
+        m.warmup(lambda: released.append(len(calls)))
+        assert calls[0] == "load parallel" and released[0] == 1  # loaded before any run
+        assert {"parallel", "serial"} <= set(calls) and len(released) == 2
         assert not m.precise and m.int8_acts and len(m.tokens) == 0
         after = m.forward(ids, want="all"), m.forward([int(ids[0])], want="last")
         np.testing.assert_array_equal(before[0], after[0])
         np.testing.assert_array_equal(before[1], after[1])
+
+
+def test_released_compiler_pages_come_back_when_needed(converted):
+    """release_compiler_pages drops clean pages of LLVM's library only: the loaded kernels
+    still run, and a new compile (which reads those pages again) still works."""
+    with edgellm.load(converted("llama", "q8_0")) as llm:
+        ids = reference("llama")["input_ids"][:4]
+        a = llm.logits(ids)
+        assert warmup.release_compiler_pages() >= 0
+        np.testing.assert_array_equal(llm.logits(ids), a)
+
+        @numba.njit
+        def tripled(x):
+            return 3 * x
+
+        assert tripled(3) == 9

@@ -14,6 +14,7 @@ workers may still read; a step reading a vector on the split that wrote it needs
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from ..kernels import decode_step as ds
@@ -437,6 +438,17 @@ class FusedDecoder:
                                       self.scores, self.state, self.layers, self.inv_freq,
                                       self.lora))
 
+    def load(self) -> None:
+        """Load (or compile) the step's kernel without running it, as the scheduler will
+        call it: parallel on nt > 1 workers, else serial. Leaves a token counted in the
+        cache (nothing computed): the caller resets it."""
+        scheduler = self.scheduler
+        try:
+            self.scheduler = _Forced(self.nt > 1, self.nt, run=False)
+            self.step(0, False)
+        finally:
+            self.scheduler = scheduler
+
     def warm_variants(self) -> None:
         """Run one token through each form of the step, parallel and serial (compiling or
         loading both): which one runs is chosen per token by the scheduler and by the
@@ -477,13 +489,15 @@ class FusedDecoder:
 
 class _Forced:
     """A StepScheduler stand-in that always runs the parallel (on nt workers) or the serial
-    form of the step."""
+    form of the step; with run=False it only loads (or compiles) that kernel for the
+    arguments' types."""
 
-    def __init__(self, parallel: bool, nt: int):
-        self.parallel, self.nt = parallel, nt
+    def __init__(self, parallel: bool, nt: int, run: bool = True):
+        self.parallel, self.nt, self.execute = parallel, nt, run
 
     def run(self, parallel_fn, serial_fn, args: tuple) -> None:
-        if self.parallel:
-            parallel_fn(self.nt, *args)
+        fn, args = (parallel_fn, (self.nt, *args)) if self.parallel else (serial_fn, args)
+        if self.execute:
+            fn(*args)
         else:
-            serial_fn(*args)
+            fn.compile(tuple(numba.typeof(a) for a in args))

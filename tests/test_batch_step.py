@@ -58,7 +58,7 @@ def test_each_row_is_the_single_steps_bit_for_bit(name, kind, threads, converted
         caches = _prefilled(m, prompts)
         stepper = BatchDecoder.build(m, caches)
         rng = np.random.default_rng(0)
-        for slots in ([2, 0, 3, 1], [1], [3, 0], [0, 1, 2]):  # 4, 1, 2, 3 rows
+        for slots in ([2, 0, 3, 1], [3, 0], [0, 1, 2]):  # 4, 2, 3 rows
             tokens = [int(t) for t in rng.integers(0, m.args.vocab_size, len(slots))]
             states = [caches[s].state() for s in slots]
             out = stepper.step(slots, tokens)

@@ -75,6 +75,15 @@ class BatchDecoder:
         """Whether this is still the model's step (set_lora rebuilds the model's)."""
         return self.model.fused is self.fused
 
+    def _single(self, slot: int, token: int) -> np.ndarray:
+        """One row through the fused step itself, on cache `slot`."""
+        m = self.model
+        saved, m.cache = m.cache, self.caches[slot]
+        try:
+            return self.fused.step(token, m.precise)[None].copy()
+        finally:
+            m.cache = saved
+
     def step(self, slots: list[int], tokens: list[int]) -> np.ndarray:
         """Run tokens[r] at the next position of cache slots[r] (distinct slots);
         logits [n, vocab] (a new array)."""
@@ -82,6 +91,8 @@ class BatchDecoder:
         n = len(slots)
         if not 1 <= n <= len(self.caches) or len(set(slots)) != n or len(tokens) != n:
             raise ValueError(f"{n} rows for {len(self.caches)} caches: slots {slots}")
+        if n == 1:  # the same result, without the rows' bookkeeping
+            return self._single(slots[0], tokens[0])
         for r, s in enumerate(slots):
             cache = self.caches[s]
             if cache.k_all is not self.rows[s][0] or cache.pos_all is not self.rows[s][2]:

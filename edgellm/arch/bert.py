@@ -251,9 +251,12 @@ class Bert:
         raise ModelKindError(f"{self.packed.path}: {self.args.model_type} is an encoder: it "
                              "computes embeddings (embed()), not next-token logits")
 
-    def warmup(self) -> None:
-        """Run the encoder once (compiles or loads every kernel it uses)."""
+    def warmup(self, between=None) -> None:
+        """Run the encoder once (compiles or loads every kernel it uses); then `between()`
+        (as Transformer.warmup's)."""
         self.encode(np.zeros(4, np.int64), np.array([0, 2, 4], np.int64))
+        if between is not None:
+            between()
 
     def reset(self) -> None:
         """Nothing to reset: an encoder keeps no cache between calls."""

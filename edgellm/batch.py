@@ -11,12 +11,13 @@ time). A slot's generation runs in its caller's thread as an LLM's does, unchang
 (sampling, constraints, tool calls, stop strings); where it needs the model
 (`SlotModel.forward`) it hands its tokens to the engine and waits for the logits. Each
 round the engine runs
-  - one decode step for every slot waiting with one token: the rows [n, D] go through
-    the per-operation kernels together, so each weight block is read once for all of them,
-    and each row attends over its own slot's cache (`decode_rows`). A row computes the
-    same alone as with others (the kernels treat rows independently), so a greedy answer
-    does not depend on what else the server is doing; with a single slot the engine
-    decodes through the model's fused step instead (rounding differently, but always);
+  - one decode step for every slot waiting with one token (`decode_rows`): where the
+    model has a fused step, its program on all the rows in one parallel region
+    (arch/batched.py), each weight block read once for all of them and each row attending
+    over its own slot's cache; a row's logits are the fused step's alone, bit for bit, so
+    a greedy answer does not depend on what else the server is doing. Without a fused step the rows [n, D] go through the
+    per-operation kernels together (whose matrix kernels round a row differently with 1,
+    2-3 or 4 rows: a near-tie can then go either way);
   - then at most one chunk (model.chunk tokens) of one slot's prefill, so a long prompt
     does not stall the streams in flight.
 Before a round the engine waits up to GATHER_S for slots that are mid-generation (they
@@ -34,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from .arch.base import CachedTokens
+from .arch.batched import BatchDecoder
 from .errors import ArgumentError, ClosedError, ContextError
 from .kernels.linear import embedding
 from .lifetime import Lifetime
@@ -136,6 +138,7 @@ class Batch:
             raise ArgumentError(f"slots must be an int in 1..{self.model.chunk} (the rows "
                                 f"one step holds), got {slots!r}")
         self.slots = [SlotLLM(llm, SlotModel(self, i)) for i in range(slots)]
+        self.stepper = BatchDecoder.build(self.model, [s.model.cache for s in self.slots])
         self._cond = threading.Condition()
         self._decodes: list[_Job] = []
         self._prefills: list[_Job] = []  # consumed a chunk at a time, in arrival order
@@ -251,14 +254,11 @@ class Batch:
             return
         self.rounds += 1
         self.rows += len(jobs)
-        if len(self.slots) == 1:  # nothing to batch with: the fused step, where there is one
-            job = jobs[0]
-            with self._as(job.view) as m:
-                out = m.forward(job.tokens, want=job.want, shift=job.shift)
-            self._done(job, None if out is None else out.copy())
-            return
+        if self.stepper is not None and not self.stepper.current:  # the model's step changed
+            self.stepper = BatchDecoder.build(self.model, self.stepper.caches)
         logits = decode_rows(self.model, [j.view for j in jobs],
-                             [int(j.tokens[0]) for j in jobs], [j.shift for j in jobs])
+                             [int(j.tokens[0]) for j in jobs], [j.shift for j in jobs],
+                             self.stepper)
         for job, row in zip(jobs, logits):
             self._done(job, row if job.want == "last" else None)
 
@@ -283,14 +283,21 @@ class Batch:
         self._done(job, out if every or out is None else out.copy())
 
 
-def decode_rows(model, views: list, tokens: list[int], shifts: list[bool]) -> np.ndarray:
+def decode_rows(model, views: list, tokens: list[int], shifts: list[bool],
+                stepper: BatchDecoder | None = None) -> np.ndarray:
     """Logits [n, vocab] (a new array) of one token for each of n slots (views: their
-    SlotModels), in one pass over the weights: rows [n, D] through the per-operation steps,
-    each row's attention over its own cache at its own position."""
+    SlotModels), in one pass over the weights: the batched fused step (`stepper`, whose
+    caches are the views'), else rows [n, D] through the per-operation steps; each row's
+    attention over its own cache at its own position."""
     n = len(views)
     assert n <= model.chunk, "more rows than the model's buffers hold"
     for view, shift in zip(views, shifts):
         view.make_room(1, shift)
+    if stepper is not None:
+        logits = stepper.step([v.index for v in views], tokens)
+        for view, token in zip(views, tokens):
+            view.tokens.append(token)
+        return logits
     positions = np.array([v.cache.next_pos for v in views], np.int64)
     b = model.buffers
     embedding(model.embed, np.array(tokens, np.int64), b.x[:n])

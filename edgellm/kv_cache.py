@@ -241,6 +241,21 @@ class KVCache:
             layer.written = written
         self.next_pos, self.n_tokens = st.next_pos, st.n_tokens
 
+    def move_to(self, k_all: np.ndarray, v_all: np.ndarray, pos_all: np.ndarray) -> None:
+        """Keep the slots in k_all, v_all and pos_all from now on (arrays of the cache's
+        own shapes and types: e.g. a slot's rows of the server's stacked caches), copying
+        the written slots there."""
+        for new, old in ((k_all, self.k_all), (v_all, self.v_all), (pos_all, self.pos_all)):
+            if new.shape != old.shape or new.dtype != old.dtype:
+                raise ValueError(f"cache arrays {new.dtype} {list(new.shape)} must be "
+                                 f"{old.dtype} {list(old.shape)}")
+        live = np.nonzero(self.pos_all >= 0)[0]
+        k_all[live], v_all[live] = self.k_all[live], self.v_all[live]
+        pos_all[:] = self.pos_all
+        self.k_all, self.v_all, self.pos_all = k_all, v_all, pos_all
+        for layer, (k, v, pos) in zip(self.layers, self._parts(k_all, v_all)):
+            layer.k, layer.v, layer.pos = k, v, pos
+
     def room(self) -> int:
         """Tokens that fit before a shift is needed."""
         if all(layer.window for layer in self.layers):

@@ -227,10 +227,11 @@ def test_full_queue_is_503_with_retry_after(llm):
 def test_a_request_batched_with_others_answers_as_alone(server):
     """Greedy answers of four requests decoded in one batch equal each served alone."""
     c = server.client()
-    # (not "What is the capital of France?": its int8 answer rides a near-tie, and in two
-    # of ~10 runs its 11th token differed between batched and alone: see the issue-24
-    # report; the cause is not found yet)
-    prompts = ["Name a planet.", "Write a haiku about snow.",
+    # "What is the capital of France?" rides a near-tie (README, Precision): it once
+    # flipped at its 11th token when the batched rows ran the per-operation kernels, whose
+    # matrix products round a row differently with 1, 2-3 or 4 rows in the step. The
+    # batched fused step computes every row as the fused step alone, bit for bit.
+    prompts = ["What is the capital of France?", "Write a haiku about snow.",
                "Count from one to ten.", "Name three colors."]
 
     def ask(p):

@@ -251,11 +251,12 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
 
 
 
-def group_blocks(b, nblocks, RT, body, out, t, i, order):
-    """Run body(block, acc) over the blocks with RT <8 x f32> accumulators (two chains when
-    RT == 1), then store lane k of token s's sum to out[t + s, i + order[k]]."""
+def group_blocks(b, nblocks, RT, body, out, t, i, order, chains=None):
+    """Run body(block, acc) over the blocks with RT <8 x f32> accumulators (in `chains`
+    chains; default two when RT == 1, else one), then store lane k of token s's sum to
+    out[t + s, i + order[k]]."""
     init = [_c(_v(F32, 8), [0.0] * 8)] * RT
-    states = _loop(b, nblocks, init, body, unroll=2 if RT == 1 else 1)
+    states = _loop(b, nblocks, init, body, unroll=chains or (2 if RT == 1 else 1))
     final = states[0]
     for st in states[1:]:
         final = [b.fadd(u, v, flags=FAST) for u, v in zip(final, st, strict=True)]
@@ -284,8 +285,10 @@ def scale_block(b, kind, tot, drow, srow, foff, dw, mw, acc):
 
 
 
-def _group_codegen(kind, RT, A=I8):
+def _group_codegen(kind, RT, A=I8, chains=None):
     """Tile codegen for GROUP weight rows x RT tokens, B = 32: one vector per block.
+    chains=2 with RT > 1: each token's sums are added in the order of the RT = 1 tile's
+    (group_blocks), so they are its results bit for bit (the batched decode step's tiles).
 
     Per block the int8 dot products of all rows are reduced to one <8 x i32> (one lane a
     row), so the per-block float work (scales, the q4 offset, the multiply-add) is done
@@ -372,7 +375,7 @@ def _group_codegen(kind, RT, A=I8):
                 new.append(scale_block(b, kind, tot, drow[s], srow[s], foff, dw, mw, st[s]))
             return new
 
-        group_blocks(b, b.sdiv(xq.cols, _i64(32)), RT, body, out, t, i, order)
+        group_blocks(b, b.sdiv(xq.cols, _i64(32)), RT, body, out, t, i, order, chains)
         return ctx.get_dummy_value()
 
     return codegen
@@ -415,12 +418,13 @@ def _stacked(kind, B, RT, A=I8):
     return codegen
 
 
-def make_tile(kind, RW, RT):
+def make_tile(kind, RW, RT, chains=None):
     """The intrinsic tile_<kind>_<RW>x<RT>(W, block, i, xq, xd, xds, t, out) (tiles.py).
 
     xq int8 or int16 [T, K] (the same block scales xd, xds): the codegen follows its type.
+    chains: of a row-group tile with B = 32 (see _group_codegen).
     """
-    name = f"tile_{kind}_{RW}x{RT}"
+    name = f"tile_{kind}_{RW}x{RT}" + (f"c{chains}" if chains else "")
 
     def make(B, A):
         # decode's one-row tile: 256-bit blocks measured faster for q8_0 and q4_0 (79 vs 92,
@@ -430,7 +434,7 @@ def make_tile(kind, RW, RT):
         if B == 32 and RT == 1 and (RW == 1 and kind != "q4_1" or RW == 4 and kind == "q8_0"):
             return _q8act_row_codegen(kind, RW, A)
         if RW == GROUP:
-            return _group_codegen(kind, RT, A) if B == 32 else _stacked(kind, B, RT, A)
+            return _group_codegen(kind, RT, A, chains) if B == 32 else _stacked(kind, B, RT, A)
         return _q8act_codegen(kind, B, RW, RT, A)
 
     by_act = {types.int8: _by_block(lambda B: make(B, I8)),

@@ -20,6 +20,7 @@ __all__ = [
     "tile_q8_0_1x1", "tile_q8_0_1x4", "tile_q8_0_4x1",
     "tile_q4_0_1x1", "tile_q4_0_1x4", "tile_q4_0_8x1",
     "tile_q4_1_1x1", "tile_q4_1_1x4", "tile_q4_1_8x1",
+    "tile_q4_0_8x2c2", "tile_q4_0_8x4c2", "tile_q4_1_8x2c2", "tile_q4_1_8x4c2",
     "ftile_f32_1x1", "ftile_f32_1x4", "ftile_f16_1x1", "ftile_f16_1x4",
     "ftile_q8_0_1x1", "ftile_q8_0_1x4", "ftile_q4_0_1x1", "ftile_q4_0_1x4",
     "ftile_q4_1_1x1", "ftile_q4_1_1x4",
@@ -37,6 +38,13 @@ tile_q4_0_8x1 = make_tile("q4_0", GROUP, 1)
 tile_q4_1_1x1 = make_tile("q4_1", 1, 1)
 tile_q4_1_1x4 = make_tile("q4_1", 1, 4)
 tile_q4_1_8x1 = make_tile("q4_1", GROUP, 1)
+
+# the batched decode step's (batch_step.py): a row group x 2 or 4 sequences, each one's
+# sums added as the 8x1 tile adds them (bit for bit its results), the weights unpacked once
+tile_q4_0_8x2c2 = make_tile("q4_0", GROUP, 2, chains=2)
+tile_q4_0_8x4c2 = make_tile("q4_0", GROUP, 4, chains=2)
+tile_q4_1_8x2c2 = make_tile("q4_1", GROUP, 2, chains=2)
+tile_q4_1_8x4c2 = make_tile("q4_1", GROUP, 4, chains=2)
 
 # float activations: one row x one or four tokens
 ftile_f32_1x1 = make_ftile("f32", 1, 1)

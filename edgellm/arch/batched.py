@@ -1,0 +1,125 @@
+"""The batched decode step: the model's fused program (arch/fused.py) run on one token of
+each of up to R sequences per call, each with its own KV cache (kernels/batch_step.py).
+
+    stepper = BatchDecoder.build(model, caches)   # None where the model has no fused step
+    logits = stepper.step([0, 2], [tok0, tok2])    # caches 0 and 2, one token each: [2, V]
+
+The caches (KVCache, the server's slots) move into stacked arrays k, v [R, slots, Hkv, Dh]
+and pos [R, slots] (KVCache.move_to), which the kernel indexes by row; each row also has its
+own copy of the fused step's arena and activation slots. A row's logits are the fused
+step's for that sequence, bit for bit, whatever else the step carries.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kernels import batch_step as bs
+from ..kernels import decode_step as ds
+from ..kernels.linear import embedding
+from ..kernels.schedule import StepScheduler
+from ..kv_cache import lazy_zeros
+
+
+class BatchDecoder:
+    """The fused step of `model` over up to len(caches) rows (see the module docstring)."""
+
+    @classmethod
+    def build(cls, model, caches: list) -> BatchDecoder | None:
+        if getattr(model, "fused", None) is None:
+            return None
+        return cls(model, caches)
+
+    def __init__(self, model, caches: list):
+        self.model = model
+        R = len(caches)
+        c0 = caches[0]
+        self.k = lazy_zeros((R, *c0.k_all.shape), c0.k_all.dtype)
+        self.v = lazy_zeros((R, *c0.v_all.shape), c0.v_all.dtype)
+        self.pos = np.full((R, c0.pos_all.shape[0]), -1, np.int64)
+        self.rows = [(self.k[i], self.v[i], self.pos[i]) for i in range(R)]
+        self.caches = list(caches)
+        for cache, arrays in zip(self.caches, self.rows):
+            cache.move_to(*arrays)
+        self._tables(model.fused)
+
+    def _tables(self, fused) -> None:
+        """Per-row copies of the fused step's buffers (again when the model's step is
+        rebuilt: LoRA)."""
+        R, f32 = len(self.caches), np.float32
+        self.fused = f = fused
+        self.mem = np.zeros((R, f.mem.shape[0]), f32)
+        self.xq = np.zeros((R, f.xq.shape[0]), f.xq.dtype)
+        self.xd = np.zeros((R, f.xd.shape[0]), f32)
+        self.xs = np.zeros((R, f.xs.shape[0]), np.int32)
+        self.xds = np.zeros((R, f.xds.shape[0]), f32)
+        self.kq, self.scores = np.zeros_like(f.kq), np.zeros_like(f.scores)
+        self.state = np.zeros(3, np.int64)
+        self.layers = np.repeat(f.layers[None], R, axis=0)
+        self.cos = np.zeros((R, *f.inv_freq.shape), f32)
+        self.sin = np.zeros((R, *f.inv_freq.shape), f32)
+        self.ints = np.repeat(f.ints[None], R, axis=0)  # MoE: each row's routes
+        p = f.model_tables
+        self.tables = (p[0], p[1], p[2], p[3], self.ints, p[5], p[6])
+        self.positions = np.zeros(R, np.int64)
+        self.slots = np.zeros(R, np.int64)
+        D = self.model.args.hidden_size
+        self.x = np.zeros((R, D), f32)
+        self.x_at, self.logits_at = f.program.x_addr, f.program.logits_addr
+        self.bufs = (self.mem, f.shared, f.private, self.xq, self.xd, self.xs, self.xds,
+                     self.kq, self.scores, self.state)
+        self.scheduler = StepScheduler(f.threads)
+
+    @property
+    def current(self) -> bool:
+        """Whether this is still the model's step (set_lora rebuilds the model's)."""
+        return self.model.fused is self.fused
+
+    def _single(self, slot: int, token: int) -> np.ndarray:
+        """One row through the fused step itself, on cache `slot`."""
+        m = self.model
+        saved, m.cache = m.cache, self.caches[slot]
+        try:
+            return self.fused.step(token, m.precise)[None].copy()
+        finally:
+            m.cache = saved
+
+    def step(self, slots: list[int], tokens: list[int]) -> np.ndarray:
+        """Run tokens[r] at the next position of cache slots[r] (distinct slots);
+        logits [n, vocab] (a new array)."""
+        m, f = self.model, self.fused
+        n = len(slots)
+        if not 1 <= n <= len(self.caches) or len(set(slots)) != n or len(tokens) != n:
+            raise ValueError(f"{n} rows for {len(self.caches)} caches: slots {slots}")
+        if n == 1:  # the same result, without the rows' bookkeeping
+            return self._single(slots[0], tokens[0])
+        for r, s in enumerate(slots):
+            cache = self.caches[s]
+            if cache.k_all is not self.rows[s][0] or cache.pos_all is not self.rows[s][2]:
+                cache.move_to(*self.rows[s])  # it adopted other arrays (a session)
+            p = cache.next_pos
+            self.positions[r], self.slots[r] = p, s
+            ang = float(p) * f.inv_freq  # as FusedDecoder.step computes them
+            self.cos[r] = (np.cos(ang) * f.rope_scale).astype(np.float32)
+            self.sin[r] = (np.sin(ang) * f.rope_scale).astype(np.float32)
+            for i, layer in enumerate(cache.layers):
+                self.layers[r, i, ds.LAYER_SLOT] = layer.written % layer.cap
+                self.layers[r, i, ds.LAYER_FILLED] = min(layer.written, layer.cap)
+        D, V = m.args.hidden_size, m.args.vocab_size
+        embedding(m.embed, np.array(tokens, np.int64), self.x[:n])
+        self.mem[:n, self.x_at:self.x_at + D] = self.x[:n]
+        kv = (self.k, self.v, self.pos, self.layers, self.cos, self.sin)
+        self.scheduler.run(bs.batch_parallel, bs.batch_serial,
+                           (self.tables, self.bufs, kv, self.positions, self.slots, n,
+                            m.precise, bs.TILE))
+        for s in slots:
+            cache = self.caches[s]
+            for layer in cache.layers:
+                layer.written += 1
+            cache.next_pos += 1
+            cache.n_tokens += 1
+        for off, nbytes in f.program.routes:  # MoE: the experts each row read
+            for r in range(n):
+                for e in self.ints[r, off:off + m.top_k]:
+                    m.expert_bytes_read += nbytes[e]
+        return self.mem[:n, self.logits_at:self.logits_at + V].copy()

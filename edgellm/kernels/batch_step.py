@@ -1,0 +1,164 @@
+"""One decode step for n sequences at once, in one parallel region: the fused step's program
+(decode_step.py) run on n rows, each row one slot of the server with its own KV cache and
+position.
+
+arch/batched.py's BatchDecoder gives every row its own copy of the fused step's arena and
+int8 activation slots (mem [R, S], xq [R, .], ...), layer table and RoPE rows (layers
+[R, L, LAYER_WIDTH], cos, sin [R, sets, Dh/2]); the caches are rows of stacked arrays (k, v
+[R, slots, Hkv, Dh], pos [R, slots]), row r of the step using cache slots[r]. The workers run the program once, each op for rows 0..n-1 before the
+next op, so the barriers the compiler placed for one row hold for n:
+
+  PROJ    the worker's rows of W (decode_step._split), as the single step's _mv walks
+          them: q4_0/q4_1 (B = 32) row groups of 8 meet 4, 2 or 1 rows per tile, the
+          weights unpacked once (tiles.py's 8x4c2/8x2c2: each row's sums added in the 8x1
+          tile's order); other matrices a tile of `tile` rows at a time (read from memory
+          once, from L1 for the other rows), each row through _mv itself. Either way each
+          row's result is the single step's, bit for bit
+  others  decode_step._worker on a one-op program, once per row: its own code (ATTEND's
+          barrier, MOE's, LoRA) on row r's buffers and cache
+
+So a row computes exactly what the single-sequence fused step computes for it, whatever
+else is in the step. Every table and offset is the fused step's, checked there; the caller
+checks the rows' arrays (n <= R, one row per cache). These kernels do not check bounds.
+"""
+
+from __future__ import annotations
+
+from numba import prange
+
+from .codegen_int8 import GROUP
+from .decode_step import (
+    I_KMAX,
+    MAT_BLOCK,
+    MAT_KIND,
+    MAT_OFF,
+    MAT_ROW_BYTES,
+    PROJ,
+    Q4_0,
+    Q4_1,
+    SLOTS,
+    _act,
+    _mv,
+    _row,
+    _split,
+    _worker,
+)
+from .jit import kernel
+from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
+    tile_q4_0_8x1,
+    tile_q4_0_8x2c2,
+    tile_q4_0_8x4c2,
+    tile_q4_1_8x1,
+    tile_q4_1_8x2c2,
+    tile_q4_1_8x4c2,
+)
+
+TILE = 32  # weight rows per tile (a multiple of the matvec row groups: the same groups)
+assert TILE % GROUP == 0 and TILE % 4 == 0  # q4 row groups, q8_0's four rows
+
+
+@kernel
+def _groups(kind, w, g, xq, xd, xds, out, n):
+    """out[:n, g:g + GROUP] = W[g:g + GROUP] @ x[:n] for q4_0/q4_1 (B = 32) row groups:
+    four, two, then one sequence per tile, each row's sums the 8x1 tile's."""
+    t = 0
+    if kind == Q4_1:
+        while t + 4 <= n:
+            tile_q4_1_8x4c2(w, 32, g, xq, xd, xds, t, out)
+            t += 4
+        if t + 2 <= n:
+            tile_q4_1_8x2c2(w, 32, g, xq, xd, xds, t, out)
+            t += 2
+        if t < n:
+            tile_q4_1_8x1(w, 32, g, xq, xd, xds, t, out)
+    else:
+        while t + 4 <= n:
+            tile_q4_0_8x4c2(w, 32, g, xq, xd, xds, t, out)
+            t += 4
+        if t + 2 <= n:
+            tile_q4_0_8x2c2(w, 32, g, xq, xd, xds, t, out)
+            t += 2
+        if t < n:
+            tile_q4_0_8x1(w, 32, g, xq, xd, xds, t, out)
+
+
+@kernel
+def _proj(tid, nt, op, model, bufs, n, precise, tile):
+    """The PROJ op of worker tid for rows 0..n-1: its rows of W as the single step splits
+    them; q4 row groups meet all n rows per tile (_groups), other matrices a tile of
+    `tile` rows at a time, each row through the single step's _mv."""
+    prog, mats, consts, params, ints_all, blob, lora = model
+    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    ints = ints_all[0]
+    m = mats[op[1]]
+    row0, rows, K, slot = op[2], op[3], op[4], tid * SLOTS + op[6]
+    r0, r1 = _split(rows, tid, nt)
+    float_acts = precise or op[9] != 0
+    kind = m[MAT_KIND]
+    c0 = r0
+    if not float_acts and m[MAT_BLOCK] == 32 and (kind == Q4_0 or kind == Q4_1):
+        kmax = ints[I_KMAX]
+        q0, b0, nb = slot * kmax, slot * (kmax // 32), K // 32
+        dst = op[7] if op[7] >= 0 else shared + tid * private + (-1 - op[7])
+        off, rb = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]
+        w = blob[off:off + rows * rb].reshape((rows, rb))
+        xqv, xdv, xdsv = xq[:n, q0:q0 + K], xd[:n, b0:b0 + nb], xds[:n, b0:b0 + nb]
+        outv = mem[:n, dst:dst + rows]
+        c0 = r0 + (r1 - r0) // GROUP * GROUP  # then the last rows one at a time, as _mv
+        for g in range(r0, c0, GROUP):
+            _groups(kind, w, g, xqv, xdv, xdsv, outv, n)
+    while c0 < r1:
+        c1 = min(r1, c0 + tile)
+        for r in range(n):
+            aq, ad, asum, ads = _act(xq[r], xd[r], xs[r], xds[r], ints, slot, K)
+            h = _row(mem[r], shared, private, tid, op[5], K)
+            out = _row(mem[r], shared, private, tid, op[7], rows)
+            _mv(blob, m, row0, rows, h, aq, ad, ads, out, c0, c1, float_acts)
+        c0 = c1
+    if op[8] >= 0:
+        b = params[op[8]:op[8] + rows]
+        for r in range(n):
+            out = _row(mem[r], shared, private, tid, op[7], rows)
+            for j in range(r0, r1):
+                out[0, j] += b[j]
+
+
+@kernel
+def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile):
+    """Worker tid's run of the program over rows 0..n-1 (see the module docstring)."""
+    prog, mats, consts, params, ints_all, blob, lora = model
+    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    k_all, v_all, pos_all, layers, cos, sin = kv
+    for i in range(prog.shape[0]):
+        op = prog[i]
+        if op[0] == PROJ:
+            _proj(tid, nt, op, model, bufs, n, precise, tile)
+        else:
+            for r in range(n):
+                c = slots[r]
+                _worker(tid, nt, (prog[i:i + 1], mats, consts, params, ints_all[r], blob, lora),
+                        (mem[r], shared, private, xq[r], xd[r], xs[r], xds[r], kq, scores,
+                         state),
+                        (k_all[c], v_all[c], pos_all[c], layers[r], cos[r], sin[r]), pos[r],
+                        precise)
+
+
+@kernel(parallel=True)
+def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile):
+    """One step of rows 0..n-1 on nt threads (nt == numba.get_num_threads(), omp layer).
+
+    model: the fused step's tables, with ints [R, .] (a copy per row: MoE's routes);
+    bufs = (mem [R, S], shared, private, xq, xd, xs, xds
+    [R, .], kq, scores, state): per-row arenas and act slots, shared attention scratch and
+    barrier; kv = (k, v [R, slots, Hkv, Dh], pos [R, slots], layers [R, L, LAYER_WIDTH], cos,
+    sin [R, sets, Dh/2]): caches by slot, the rest by row; pos [R], slots [R]: each row's
+    position and cache.
+    """
+    for tid in prange(nt):
+        _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile)
+
+
+@kernel
+def batch_serial(model, bufs, kv, pos, slots, n, precise, tile):
+    """One step of rows 0..n-1 on the calling thread."""
+    _batch_worker(0, 1, model, bufs, kv, pos, slots, n, precise, tile)

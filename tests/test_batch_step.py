@@ -1,0 +1,130 @@
+"""The batched decode step (arch/batched.py, kernels/batch_step.py): one token of each of n
+sequences through the fused program at once, each row the single fused step's result bit
+for bit, whatever else the step carries; and close to the per-operation batched rows."""
+
+import threading
+
+import numpy as np
+import pytest
+from conftest import reference
+
+import edgellm
+from edgellm.arch.batched import BatchDecoder
+from edgellm.batch import Batch, decode_rows
+
+
+class _View:
+    """What decode_rows needs of a slot: its cache, index and tokens."""
+
+    def __init__(self, model, cache, index):
+        self.model, self.cache, self.index, self.tokens = model, cache, index, []
+
+    def make_room(self, n, shift):
+        assert self.cache.room() >= n
+
+
+def _prefilled(m, prompts):
+    """A cache per prompt, each holding it (per-operation prefill)."""
+    caches = [m.new_cache() for _ in prompts]
+    saved = m.cache, m.tokens
+    for cache, ids in zip(caches, prompts):
+        m.cache, m.tokens = cache, []
+        m.forward(ids, want="none")
+    m.cache, m.tokens = saved
+    return caches
+
+
+def _solo(m, state, token):
+    """The single fused step's logits of `token` after a cache holding `state`."""
+    saved = m.cache
+    m.cache = m.new_cache()
+    m.cache.restore(state)
+    try:
+        return m.fused.step(token, m.precise).copy()
+    finally:
+        m.cache = saved
+
+
+# q4_1 / q4_0: the shared row-group tiles; q8_0: each row through the single step's kernel.
+# gemma3: sliding and global caches, two RoPE sets; qwen3-moe: each row its own experts.
+@pytest.mark.parametrize("name,kind,threads", [
+    ("llama", "q4_1", 2), ("llama", "q4_0", 1), ("qwen2", "q8_0", 2), ("gemma3", "q4_0", 2),
+    ("qwen3-moe", "q8_0", 2), ("phi3", "q4_1", 1)])
+def test_each_row_is_the_single_steps_bit_for_bit(name, kind, threads, converted):
+    ids = [int(t) for t in reference(name)["input_ids"]]
+    prompts = [ids[:5], ids[:9], ids[2:4], ids[1:12]]
+    with edgellm.load(converted(name, kind), threads=threads) as llm:
+        m = llm.model
+        caches = _prefilled(m, prompts)
+        stepper = BatchDecoder.build(m, caches)
+        rng = np.random.default_rng(0)
+        for slots in ([2, 0, 3, 1], [3, 0], [0, 1, 2]):  # 4, 2, 3 rows
+            tokens = [int(t) for t in rng.integers(0, m.args.vocab_size, len(slots))]
+            states = [caches[s].state() for s in slots]
+            out = stepper.step(slots, tokens)
+            for r, (state, token) in enumerate(zip(states, tokens)):
+                assert np.array_equal(out[r], _solo(m, state, token)), (slots, r)
+            for s in slots:  # the step advanced exactly these caches
+                assert caches[s].next_pos == caches[s].n_tokens
+
+
+def test_rows_agree_with_the_per_operation_batched_rows(converted):
+    """The per-op path computes the same function (other kernels: close, same top-1)."""
+    ids = [int(t) for t in reference("qwen3")["input_ids"]]
+    with edgellm.load(converted("qwen3", "q8_0"), precise=True, threads=2) as llm:
+        m = llm.model
+        prompts = [ids[:6], ids[:3], ids[3:10]]
+        a_caches, b_caches = _prefilled(m, prompts), _prefilled(m, prompts)
+        stepper = BatchDecoder.build(m, a_caches)
+        views = [_View(m, c, i) for i, c in enumerate(b_caches)]
+        for step in range(3):
+            tokens = [ids[step], ids[step + 4], ids[step + 1]]
+            a = stepper.step([0, 1, 2], tokens)
+            b = decode_rows(m, views, tokens, [False] * 3)
+            assert np.abs(a - b).max() < 1e-4, step
+
+
+def test_bad_rows_are_refused(converted):
+    with edgellm.load(converted("llama", "q8_0")) as llm:
+        m = llm.model
+        stepper = BatchDecoder.build(m, [m.new_cache() for _ in range(2)])
+        for slots, tokens in (([0, 0], [1, 2]), ([0, 1, 1], [1, 2, 3]), ([], []), ([0], [1, 2])):
+            with pytest.raises(ValueError, match="rows"):
+                stepper.step(slots, tokens)
+
+
+def test_batch_serves_slots_through_the_batched_step(converted):
+    """A Batch over a model with a fused step decodes its rows in the batched step, and a
+    slot's greedy tokens equal the model's own alone."""
+    ids = [int(t) for t in reference("llama")["input_ids"]]
+    with edgellm.load(converted("llama", "q4_1"), threads=2) as llm:
+        m = llm.model
+        alone = []
+        for p in (ids[:4], ids[:7]):
+            m.reset()
+            last, got = m.forward(p, want="last"), []
+            for _ in range(6):
+                got.append(int(last.argmax()))
+                last = m.forward([got[-1]], want="last")
+            alone.append(got)
+        m.reset()
+        batch = Batch(llm, 2)
+        try:
+            assert batch.stepper is not None
+            views = [s.model for s in batch.slots]
+            lasts = [v.forward(p, want="last") for v, p in zip(views, (ids[:4], ids[:7]))]
+            together = [[], []]
+            for _ in range(6):
+                for i, v in enumerate(views):
+                    together[i].append(int(lasts[i].argmax()))
+                jobs = []
+                for i, v in enumerate(views):
+                    t = threading.Thread(target=lambda i=i, v=v: lasts.__setitem__(
+                        i, v.forward([together[i][-1]], want="last")))
+                    t.start()
+                    jobs.append(t)
+                for t in jobs:
+                    t.join()
+            assert together == alone
+        finally:
+            batch.close()

@@ -54,10 +54,12 @@ from .ir import (
     _prefetch_ahead,
     _Rows,
     _signed_dot,
+    _signed_dot_halves,
     _splat,
     _store,
     _typed,
     _v,
+    _vnni,
     _weight_dot,
 )
 from .simd import VNNI
@@ -226,7 +228,10 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
                     dot = _dot_acc(b, bias, b.xor(_load(b, p, 2, _v(I8, 32)), flip), x)
                 else:
                     wv = _load(b, p, 2, _v(I8, 32)) if kind == "q8_0" else _nibbles(b, p, hdr, 32)
-                    dot = _weight_dot(b, kind, wv)(x)
+                    if kind == "q8_0" and not _vnni(x):
+                        dot = _signed_dot_halves(b, wv)(x)
+                    else:
+                        dot = _weight_dot(b, kind, wv)(x)
                 scale = _splat(b, b.fmul(dw, dx, flags=FAST), 8)
                 out.append(b.fadd(st[r], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
                                   flags=FAST))

@@ -256,23 +256,27 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
 
 
 
-def _q4_i16_row_codegen(kind, RW):
-    """Tile codegen for RW q4_0/q4_1 weight rows x one token of int16 activations, B = 32,
+def _q4_i16_row_codegen(kind, RW, RT=1, chains=None):
+    """Tile codegen for RW q4_0/q4_1 weight rows x RT tokens of int16 activations, B = 32,
     where the dot products are not VNNI's (AVX2's vpmaddwd; the portable path).
 
     Built to spend few shuffle uops, the port the row-group tile runs out of on AVX2 (its
     8-row scale gathers and vphaddd trees). Per row and block: the 16 nibble bytes
     zero-extended to 16 x i16 once (elements j and 16 + j share lane j: & 15 gives the
-    first 16, >> 4 the last 16), two vpmaddwd against the activation's halves and a vpaddd;
-    the scale broadcast straight from the block's f16 (vpbroadcastw + vcvtph2ps). q4_0's
-    offset joins the same 8 lanes, an eighth per lane (the lanes are summed at the end):
-    acc += dw (dx P - xds), with P the block's lane sums as floats and xds = dx sum(x)
-    (module docstring); q4_1's minimum goes to a scalar per row, fix += m xds, which
-    measured faster than a second broadcast.
+    first 16, >> 4 the last 16; shared by the RT tokens), two vpmaddwd against the
+    activation's halves and a vpaddd; the scale broadcast straight from the block's f16
+    (vpbroadcastw + vcvtph2ps). q4_0's offset joins the same 8 lanes, an eighth per lane
+    (the lanes are summed at the end): acc += dw (dx P - xds), with P the block's lane sums
+    as floats and xds = dx sum(x) (module docstring); q4_1's minimum goes to a scalar per
+    row, fix += m xds, which measured faster than a second broadcast.
+    Each (row, token) sum takes the same operations in the same order whatever RW and RT
+    are, in `chains` chains (default: two for one row, else one), so a tile of several
+    tokens gives each token the one-token tile's result bit for bit (the batched step).
     """
     hdr, per_byte = BLOCK_BYTES[kind]
     BB = hdr + 32 // per_byte
     v8, i16x16 = _v(F32, 8), _v(I16, 16)
+    n = RW * RT
 
     def splat16(b, p, off):
         """<8 x f32> of the f16 at p + off."""
@@ -288,49 +292,57 @@ def _q4_i16_row_codegen(kind, RW):
         w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
         i, t = args[1], args[5]
         wrows = [w.row(b.add(i, _i64(r))) for r in range(RW)]
-        xrow, drow, srow = xq.row(t), xd.row(t), xds.row(t)
+        xrows = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drows = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srows = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
         nxt = w.row(b.add(i, _i64(PF_ROWS * RW)))
         low = _c(i16x16, [15] * 16)
         four = _c(i16x16, [4] * 16)
 
         def body(bi, st):
-            x0 = _load(b, xrow, b.mul(bi, _i64(64)), i16x16)
-            x1 = _load(b, xrow, b.add(b.mul(bi, _i64(64)), _i64(32)), i16x16)
-            dx = _splat(b, _load(b, drow, b.mul(bi, _i64(4)), F32), 8)
-            xs = _load(b, srow, b.mul(bi, _i64(4)), F32)
-            c = _splat(b, b.fsub(_c(F32, 0.0), xs, flags=FAST), 8)  # q4_0's offset
+            xo, fo = b.mul(bi, _i64(64)), b.mul(bi, _i64(4))
+            tok = []
+            for s in range(RT):
+                x0 = _load(b, xrows[s], xo, i16x16)
+                x1 = _load(b, xrows[s], b.add(xo, _i64(32)), i16x16)
+                dx = _splat(b, _load(b, drows[s], fo, F32), 8)
+                xs = _load(b, srows[s], fo, F32)
+                c = _splat(b, b.fsub(_c(F32, 0.0), xs, flags=FAST), 8)  # q4_0's offset
+                tok.append((x0, x1, dx, xs, c))
             if RW > 1:
                 _prefetch_ahead(b, nxt, bi, RW * BB)
-            new = []
+            new, fix = [], []
             for r in range(RW):
                 p = b.gep(wrows[r], [b.mul(bi, _i64(BB))], inbounds=True)
                 q = b.zext(_load(b, p, hdr, _v(I8, 16)), i16x16)
-                dot = b.add(madd(b, b.and_(q, low), x0), madd(b, b.lshr(q, four), x1))
-                f = b.sitofp(dot, v8)
+                lo, hi = b.and_(q, low), b.lshr(q, four)
                 dw = splat16(b, p, 0)
-                if kind == "q4_0":
-                    f = b.fadd(b.fmul(f, dx, flags=FAST), c, flags=FAST)
-                    new.append(b.fadd(st[r], b.fmul(f, dw, flags=FAST), flags=FAST))
-                else:
-                    new.append(b.fadd(st[r], b.fmul(b.fmul(f, dx, flags=FAST), dw, flags=FAST),
-                                      flags=FAST))
-            if kind == "q4_1":  # the minima as scalars: no broadcast
-                for r in range(RW):
-                    p = b.gep(wrows[r], [b.mul(bi, _i64(BB))], inbounds=True)
-                    new.append(b.fadd(st[RW + r], b.fmul(_f16(b, p, 2), xs, flags=FAST),
-                                      flags=FAST))
-            return new
+                m = _f16(b, p, 2) if kind == "q4_1" else None
+                for s, (x0, x1, dx, xs, c) in enumerate(tok):
+                    j = r * RT + s
+                    f = b.sitofp(b.add(madd(b, lo, x0), madd(b, hi, x1)), v8)
+                    if kind == "q4_0":
+                        f = b.fadd(b.fmul(f, dx, flags=FAST), c, flags=FAST)
+                        new.append(b.fadd(st[j], b.fmul(f, dw, flags=FAST), flags=FAST))
+                    else:
+                        new.append(b.fadd(st[j], b.fmul(b.fmul(f, dx, flags=FAST), dw,
+                                                        flags=FAST), flags=FAST))
+                        fix.append(b.fadd(st[n + j], b.fmul(m, xs, flags=FAST), flags=FAST))
+            return new + fix
 
-        init = [_c(v8, [0.0] * 8)] * RW + ([_c(F32, 0.0)] * RW if kind == "q4_1" else [])
-        states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=1 if RW > 2 else 2)
+        init = [_c(v8, [0.0] * 8)] * n + ([_c(F32, 0.0)] * n if kind == "q4_1" else [])
+        unroll = chains or (2 if n == 1 else 1)
+        states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=unroll)
         final = states[0]
         for st in states[1:]:
             final = [b.fadd(u, v, flags=FAST) for u, v in zip(final, st, strict=True)]
         for r in range(RW):
-            res = _hsum(b, final[r])
-            if kind == "q4_1":
-                res = b.fadd(res, final[RW + r], flags=FAST)
-            _store(b, out, t, b.add(i, _i64(r)), res)
+            for s in range(RT):
+                j = r * RT + s
+                res = _hsum(b, final[j])
+                if kind == "q4_1":
+                    res = b.fadd(res, final[n + j], flags=FAST)
+                _store(b, out, b.add(t, _i64(s)), b.add(i, _i64(r)), res)
         return ctx.get_dummy_value()
 
     return codegen

@@ -54,10 +54,12 @@ from .ir import (
     _prefetch_ahead,
     _Rows,
     _signed_dot,
+    _signed_dot_halves,
     _splat,
     _store,
     _typed,
     _v,
+    _vnni,
     _weight_dot,
 )
 from .simd import VNNI
@@ -226,7 +228,10 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
                     dot = _dot_acc(b, bias, b.xor(_load(b, p, 2, _v(I8, 32)), flip), x)
                 else:
                     wv = _load(b, p, 2, _v(I8, 32)) if kind == "q8_0" else _nibbles(b, p, hdr, 32)
-                    dot = _weight_dot(b, kind, wv)(x)
+                    if kind == "q8_0" and not _vnni(x):
+                        dot = _signed_dot_halves(b, wv)(x)
+                    else:
+                        dot = _weight_dot(b, kind, wv)(x)
                 scale = _splat(b, b.fmul(dw, dx, flags=FAST), 8)
                 out.append(b.fadd(st[r], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
                                   flags=FAST))
@@ -249,6 +254,107 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
 
     return codegen
 
+
+
+def _q4_i16_row_codegen(kind, RW, RT=1, chains=None):
+    """Tile codegen for RW q4_0/q4_1 weight rows x RT tokens of int16 activations, B = 32,
+    where the dot products are not VNNI's (AVX2's vpmaddwd; the portable path).
+
+    Built to spend few shuffle uops, the port the row-group tile runs out of on AVX2 (its
+    8-row scale gathers and vphaddd trees). Per row and block: the 16 nibble bytes
+    zero-extended to 16 x i16 once (elements j and 16 + j share lane j: & 15 gives the
+    first 16, >> 4 the last 16; shared by the RT tokens), two vpmaddwd against the
+    activation's halves and a vpaddd; the scale broadcast straight from the block's f16
+    (vpbroadcastw + vcvtph2ps). q4_0's offset joins the same 8 lanes, an eighth per lane
+    (the lanes are summed at the end): acc += dw (dx P - xds), with P the block's lane sums
+    as floats and xds = dx sum(x) (module docstring); q4_1's minimum goes to a scalar per
+    row, fix += m xds, which measured faster than a second broadcast.
+    Each (row, token) sum takes the same operations in the same order whatever RW and RT
+    are, in `chains` chains (default: two for one row, else one), so a tile of several
+    tokens gives each token the one-token tile's result bit for bit (the batched step).
+    """
+    hdr, per_byte = BLOCK_BYTES[kind]
+    BB = hdr + 32 // per_byte
+    v8, i16x16 = _v(F32, 8), _v(I16, 16)
+    n = RW * RT
+
+    def splat16(b, p, off):
+        """<8 x f32> of the f16 at p + off."""
+        h = _load(b, p, off, I16)
+        v = b.insert_element(ir.Constant(_v(I16, 8), ir.Undefined), h, _c(I32, 0))
+        return _h2f(b, b.shuffle_vector(v, v, _c(_v(I32, 8), [0] * 8)))
+
+    def madd(b, w, x):
+        p = b.mul(b.sext(w, _v(I32, 16)), b.sext(x, _v(I32, 16)))
+        return b.add(_pick(b, p, range(0, 16, 2)), _pick(b, p, range(1, 16, 2)))
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
+        wrows = [w.row(b.add(i, _i64(r))) for r in range(RW)]
+        xrows = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drows = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srows = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        nxt = w.row(b.add(i, _i64(PF_ROWS * RW)))
+        low = _c(i16x16, [15] * 16)
+        four = _c(i16x16, [4] * 16)
+
+        def body(bi, st):
+            xo, fo = b.mul(bi, _i64(64)), b.mul(bi, _i64(4))
+            tok = []
+            for s in range(RT):
+                x0 = _load(b, xrows[s], xo, i16x16)
+                x1 = _load(b, xrows[s], b.add(xo, _i64(32)), i16x16)
+                dx = _splat(b, _load(b, drows[s], fo, F32), 8)
+                xs = _load(b, srows[s], fo, F32)
+                c = _splat(b, b.fsub(_c(F32, 0.0), xs, flags=FAST), 8)  # q4_0's offset
+                tok.append((x0, x1, dx, xs, c))
+            if RW > 1:
+                _prefetch_ahead(b, nxt, bi, RW * BB)
+            new, fix = [], []
+            for r in range(RW):
+                p = b.gep(wrows[r], [b.mul(bi, _i64(BB))], inbounds=True)
+                q = b.zext(_load(b, p, hdr, _v(I8, 16)), i16x16)
+                lo, hi = b.and_(q, low), b.lshr(q, four)
+                dw = splat16(b, p, 0)
+                m = _f16(b, p, 2) if kind == "q4_1" else None
+                for s, (x0, x1, dx, xs, c) in enumerate(tok):
+                    j = r * RT + s
+                    f = b.sitofp(b.add(madd(b, lo, x0), madd(b, hi, x1)), v8)
+                    if kind == "q4_0":
+                        f = b.fadd(b.fmul(f, dx, flags=FAST), c, flags=FAST)
+                        new.append(b.fadd(st[j], b.fmul(f, dw, flags=FAST), flags=FAST))
+                    else:
+                        new.append(b.fadd(st[j], b.fmul(b.fmul(f, dx, flags=FAST), dw,
+                                                        flags=FAST), flags=FAST))
+                        fix.append(b.fadd(st[n + j], b.fmul(m, xs, flags=FAST), flags=FAST))
+            return new + fix
+
+        init = [_c(v8, [0.0] * 8)] * n + ([_c(F32, 0.0)] * n if kind == "q4_1" else [])
+        unroll = chains or (2 if n == 1 else 1)
+        states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=unroll)
+        final = states[0]
+        for st in states[1:]:
+            final = [b.fadd(u, v, flags=FAST) for u, v in zip(final, st, strict=True)]
+        for r in range(RW):
+            for s in range(RT):
+                j = r * RT + s
+                res = _hsum(b, final[j])
+                if kind == "q4_1":
+                    res = b.fadd(res, final[n + j], flags=FAST)
+                _store(b, out, b.add(t, _i64(s)), b.add(i, _i64(r)), res)
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
+def _rows_of(codegen, R, n):
+    """An R-row tile as R / n tiles of n rows, one after the other."""
+    def run(ctx, b, sig, args):
+        for r in range(0, R, n):
+            codegen(ctx, b, sig, [*args[:1], b.add(args[1], _i64(r)), *args[2:]])
+        return ctx.get_dummy_value()
+    return run
 
 
 def group_blocks(b, nblocks, RT, body, out, t, i, order, chains=None):
@@ -422,7 +528,8 @@ def make_tile(kind, RW, RT, chains=None):
     """The intrinsic tile_<kind>_<RW>x<RT>(W, block, i, xq, xd, xds, t, out) (tiles.py).
 
     xq int8 or int16 [T, K] (the same block scales xd, xds): the codegen follows its type.
-    chains: of a row-group tile with B = 32 (see _group_codegen).
+    chains: of a row-group tile with B = 32 (see _group_codegen; on AVX2 with int16
+    activations the q4 row groups are _q4_i16_row_codegen's, in the 8x1 tile's one chain).
     """
     name = f"tile_{kind}_{RW}x{RT}" + (f"c{chains}" if chains else "")
 
@@ -431,6 +538,14 @@ def make_tile(kind, RW, RT, chains=None):
         # 87 vs 97 us at 2560x960, hot cache), 64-column units for q4_1 (96 vs 100 us)
         # q8_0: 4 rows (shared activation work, prefetched: 25 vs 36 us at 1536x576, hot,
         # 0.78 vs 1.13 ms at 49152x576)
+        if B == 32 and A == I16 and not VNNI and kind != "q8_0" and (RT == 1 or chains):
+            # AVX2 / portable: fewer shuffles than the row group (8x1 at 576 columns, from
+            # L2, load ~6: q4_0 12.4 -> 16.4 GMAC/s, q4_1 11.9 -> 14.0); the batched
+            # step's 8xRT tiles (chains) give each token the 8x1 tile's sums bit for bit
+            if RT == 1:
+                return _rows_of(_q4_i16_row_codegen(kind, min(RW, 4)), RW, min(RW, 4))
+            sub = max(1, 4 // RT)
+            return _rows_of(_q4_i16_row_codegen(kind, sub, RT, chains=1), RW, sub)
         if B == 32 and RT == 1 and (RW == 1 and kind != "q4_1" or RW == 4 and kind == "q8_0"):
             return _q8act_row_codegen(kind, RW, A)
         if RW == GROUP:

@@ -166,6 +166,21 @@ def _signed_dot(b, w):
     return dot
 
 
+def _signed_dot_halves(b, w):
+    """dot(x) -> <8 x i32> for 32 signed int8 weights w and 32 int8/int16 activations x,
+    where lane j sums products 2j, 2j+1, 16+2j, 16+2j+1: two vpmaddwd and one vpaddd on
+    AVX2 (the 4j..4j+3 grouping of _pairsum costs a vphaddd and a vpermq more). For tiles
+    whose lanes all belong to one row (the sum is the same integer either way)."""
+    n = w.type.count
+    assert n == 32
+
+    def dot(x):
+        p = b.mul(b.sext(w, _v(I32, n)), b.sext(x, _v(I32, n)))
+        p = b.add(_pick(b, p, range(0, n, 2)), _pick(b, p, range(1, n, 2)))
+        return b.add(_pick(b, p, range(8)), _pick(b, p, range(8, 16)))
+    return dot
+
+
 def _nibbles(b, base, off, B):
     """B 4-bit values (quant.py's order: low nibbles are elements 0..B/2-1) as <B x i8>."""
     raw = _load(b, base, off, _v(I8, B // 2))

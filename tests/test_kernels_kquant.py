@@ -94,10 +94,19 @@ def test_linear_matches_reference(kind, T, adversarial, threads):
     x[:, 1] *= 20
     wd = w.dequantize().astype(np.float64)
     ref, scale = x.astype(np.float64) @ wd.T, np.abs(x.astype(np.float64)) @ np.abs(wd).T
-    for precise in (False, True):  # K types run float activations either way
+    out = np.full((T, N), np.nan, np.float32)
+    L.linear(w, x, out, precise=True)
+    assert (np.abs(out - ref) <= RTOL * scale + 1e-30).all()
+    for dt in (np.int8, np.int16):  # kquant_int.py's kernels, or float activations (q2/q3_k)
         out = np.full((T, N), np.nan, np.float32)
-        L.linear(w, x, out, precise=precise)
-        assert (np.abs(out - ref) <= RTOL * scale + 1e-30).all()
+        L.linear(w, x, out, act_dtype=dt)
+        if quant.TYPES[kind].int8_kernels:  # against the product of the quantized x
+            a = L.quantize_act(x, L.ActQ8(T, K, dt))
+            xr = (a.xq.astype(np.float64).reshape(T, K // 32, 32) * a.xd[..., None]).reshape(T, K)
+            want, s = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
+        else:
+            want, s = ref, scale
+        assert (np.abs(out - want) <= RTOL * s + 1e-30).all(), dt
     ids = np.array([0, 2, 36, 3])
     emb = np.zeros((4, K), np.float32)
     L.embedding(w, ids, emb)

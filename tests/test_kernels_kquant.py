@@ -145,13 +145,13 @@ def test_gguf_q5_0_and_q5_1_are_kept_and_decode_fused(tmp_path):
         check_fused_equals_per_operation(out, NAME)
 
 
-def test_gguf_default_recipe_keeps_int8_types_and_makes_k_quants_q8_0():
-    """convert-model's GGUF default (`auto`) keeps what has int8 kernels and turns the
-    float-activation types (K-quants, q5_0, q5_1: ~3x slower decode today) into q8_0;
-    `keep` keeps them all."""
+def test_gguf_default_recipe_keeps_k_quants_and_auto_makes_them_q8_0():
+    """convert-model's GGUF default (`keep`) keeps every type, K-quants included (their
+    integer-activation kernels decode as fast as q8_0's); `auto` keeps the sized-block
+    types and turns K-quants, q5_0 and q5_1 into q8_0."""
     from converter.recipes import DEFAULT_GGUF, choose_type
 
-    assert DEFAULT_GGUF == "auto"
+    assert DEFAULT_GGUF == "keep"
     name = "model.layers.0.mlp.up_proj.weight"
     for src in ("q8_0", "q4_0", "q4_1", "f16", "f32"):
         assert choose_type(name, (256, 256), src, "auto", 32) == src

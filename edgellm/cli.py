@@ -49,8 +49,15 @@ def _without_scipy() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # as the program
-        _without_scipy()
+    """Run the command line `argv` (default: sys.argv, as the program); the exit code. As
+    the program it exits here, without the interpreter's teardown (see _exit_now)."""
+    if argv is not None:
+        return _main(argv)
+    _without_scipy()
+    _exit_now(_main(None))
+
+
+def _main(argv: list[str] | None) -> int:
     handlers = catch_signals()
     interrupts = len(INTERRUPTS)
     try:
@@ -93,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _exit_now(code: int) -> None:
     """Exit without the interpreter's teardown, which takes up to a second or more once the
-    kernels are loaded (numba/LLVM objects): an interrupted command exits within a second."""
+    kernels are loaded (numba/LLVM objects): an interrupted command exits within a second,
+    and a finished one (every file it wrote is closed by then) as soon as it is done."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -16,7 +16,11 @@ the weights and the libraries). What a board must have free for it.
              (tokenizer_store.py); for a file with the tokenizer.json text in its header
              (format version 1), that text as well, which the header keeps.
   baseline   Python with numpy, numba, llvmlite and tokenizers imported, and every kernel
-             loaded from the kernel cache.
+             loaded from the kernel cache, as the command line loads them: the tokenizer
+             first, the fused step's kernel before any weight is read, and LLVM's library
+             pages that loading kernels touches (~66 MiB, clean file pages) released
+             before and after the weights are (kernels/warmup.py: release_compiler_pages).
+             A program of its own that loads kernels without releasing them: ~66 MiB more.
 
 A memory cgroup's peak (memory.peak, v1 memory.max_usage_in_bytes) is another figure: it
 also counts the page cache of the files the run read (Python's modules, the kernel cache,
@@ -24,10 +28,15 @@ readahead), ~150 MiB more, which the kernel reclaims first; and on a shared mach
 leaves out file pages that other processes touched first. Under a cap it fills up to the
 cap without an OOM kill. scripts/memory-cap.py reports both.
 
-Measured with scripts/memory-cap.py on x86-64 (Python 3.11, numpy 2.4, numba 0.68 /
-llvmlite 0.50, tokenizers 0.23), kernels already cached:
-  - a tiny model (weights, cache and tokenizer all < 1 MiB) peaks at 178 MiB: BASELINE.
-    Of it, the imports are ~97 MiB and the loaded kernels ~80 MiB.
+Measured on x86-64 (Python 3.11, numpy 2.4, numba 0.68 / llvmlite 0.50, tokenizers 0.23),
+kernels already cached:
+  - the imports: Python 10 MiB, numpy +15, numba +65 (36 of them libllvmlite.so's pages,
+    touched by LLVM's start-up), edgellm +12; loading the kernels +~40 MiB of heap and
+    ~35 more of LLVM's pages. SmolLM2-135M (q4_1, fused step, 2 threads) generating 64
+    tokens after 119 at --ctx 512 peaks at 246 MiB (VmHWM; load average 7): the weights
+    92.6, the KV cache's 183 tokens 8.1, buffers 14.7 (planned), tokenizer 12.0, and
+    118.7 of runtime; BASELINE (128 MiB) keeps ~10 MiB of slack over that. Before the
+    release and the tokenizer-first order: 314 MiB (a baseline of 187; it was 178).
   - the tokenizer (benchmarks/tokenizer_memory.py), built from its stored tables
     (tokenizer_store.py: tokenizers.models.BPE, then malloc_trim): SmolLM2-135M's (49k
     tokens, 49k merges) 11-12 MiB, Gemma 3's (262k tokens, 514k merges) 72 MiB, of which
@@ -38,7 +47,8 @@ llvmlite 0.50, tokenizers 0.23), kernels already cached:
     version 2, the header's JSON and the parse's transient left in the heap cost SmolLM2
     41 MiB and Gemma 3 421 MiB.
   - SmolLM2-135M q4_0 at context 2048, filled (a 1984-token prompt, 64 generated):
-    VmHWM 386 MiB; this plan: 392 MiB (+1.7%).
+    VmHWM 386 MiB, its plan 392 MiB (+1.7%), both before the release above (not
+    measured again since).
 tests/test_memory_plan.py checks the KV cache and buffer terms against the arrays the
 runtime allocates. The first run on a machine compiles the kernels and needs more than
 this (LLVM): scripts/memory-cap.py --cold measures it.
@@ -53,7 +63,7 @@ from .format import PackedModel
 from .kv_types import kv_row_bytes
 
 MIB = 2**20
-BASELINE = 178 * MIB  # Python + numpy + numba + tokenizers imported, kernels loaded
+BASELINE = 128 * MIB  # Python + numpy + numba + tokenizers imported, kernels loaded (CLI)
 TOKENIZER_PER_TOKEN = 224  # tables built from stored "bpe" tables
 TOKENIZER_PER_MERGE = 32
 TOKENIZER_PER_JSON_BYTE = 8  # built from a stored tokenizer.json

@@ -144,10 +144,12 @@ def child(args) -> int:
     stages = {"import": _status()}
     with edgellm.load(args.model, threads=args.threads, context=args.ctx) as llm:
         stages["load"] = _status()
-        llm.model.warmup()  # loads (or compiles) every kernel
+        from edgellm.kernels.warmup import release_compiler_pages
+
+        tok = llm.tokenizer  # as the CLI's open_model: the tokenizer, then the kernels
+        llm.model.warmup(release_compiler_pages)  # loads (or compiles) every kernel
         stages["warm"] = _status()
         load_s = time.perf_counter() - t0
-        tok = llm.tokenizer
         if args.prompt_tokens:  # a long prompt: a text repeated, cut to the length
             text = (REPO / "README.md").read_text("utf-8")
             ids = tok.encode(text, add_special_tokens=False)

@@ -39,10 +39,12 @@ def test_bad_files_give_one_line_and_exit_1(converted, tmp_path):
 def test_command_keeps_scipy_out(converted):
     """The command line makes numba skip scipy (17 MiB of RSS when it is installed), and the
     command still works: a generation runs the kernels."""
-    code = ("import sys; from edgellm.cli import main; "
+    code = ("import sys; from edgellm import cli; "
             f"sys.argv = ['edgellm', 'generate', '-m', {str(converted('llama', 'q4_0'))!r}, "
-            "'-p', 'Hi', '-n', '2', '--temp', '0']; rc = main(); "
-            "print('scipy loaded:', sys.modules.get('scipy') is not None, 'rc', rc)")
+            "'-p', 'Hi', '-n', '2', '--temp', '0']; "
+            # as the program, main() exits through _exit_now: report instead
+            "cli._exit_now = lambda rc: print('scipy loaded:', "
+            "sys.modules.get('scipy') is not None, 'rc', rc); cli.main()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr

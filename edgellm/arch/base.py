@@ -323,11 +323,45 @@ class Transformer(CachedTokens):
                 return out[0]
         return np.concatenate(outs) if every else None
 
-    def warmup(self) -> None:
-        """Run the decode and prefill paths once (compiles or loads every kernel)."""
+    def warmup(self, between=None) -> None:
+        """Run the decode and prefill paths once (each kernel they call loads from the
+        cache, or compiles). Where that compiled anything (the first run on a machine), the
+        other variants are compiled now too, while the compiler's work is in memory: the
+        fused step's parallel and serial forms and the other precision's prefill, so that a
+        later run with another thread count or --precise (or the decode scheduler's serial
+        probe, mid-generation) compiles nothing.
+
+        between: called after the fused step's kernel is loaded (before any weight is
+        read) and at the end; the CLI releases LLVM's pages there (warmup.py), which loading
+        a kernel touches, so that they and the weights are not resident at once."""
+        from ..kernels.warmup import compiled
+
+        before = compiled()
+        if self.fused is not None:
+            self.fused.load()
+            self.reset()
+            if between is not None:
+                between()
         self.forward([0, 0], want="last")
         self.forward([0], want="last")
+        if compiled() > before:
+            self._warm_variants()
         self.reset()
+        if between is not None:
+            between()
+
+    def _warm_variants(self) -> None:
+        if self.fused is not None:
+            self.reset()
+            self.fused.warm_variants()
+        precise, int8_acts = self.precise, self.int8_acts
+        self.precise = not precise
+        self.int8_acts = not self.precise and self.args.hidden_size % 32 == 0
+        try:
+            self.reset()
+            self.forward([0, 0], want="last")
+        finally:
+            self.precise, self.int8_acts = precise, int8_acts
 
     def set_lora(self, deltas: dict) -> None:
         """Apply these LoRA deltas (lora/attach.py; {} for none) from the next token on:

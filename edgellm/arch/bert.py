@@ -15,10 +15,15 @@ token has token type 0 (one text per sequence).
 
 The linear layers always take float activations (kernels/panel_gemm.py: each weight group
 dequantized once per batch into a panel, then register-tiled over all tokens), whatever
-the weights' type: int8 activations cost short texts up to 1.5e-3 of cosine similarity
-against sentence-transformers at q8_0 (all-MiniLM-L6-v2, "": 0.9985 against 0.9996), and
-on an AVX2 machine the float panel kernel runs twice as fast as the int8 tiles (40 against
-18 GMAC/s per core). `precise` makes no difference here.
+the weights' type. Measured on all-MiniLM-L6-v2 at q8_0 (minimum cosine similarity to
+sentence-transformers over tests/fixtures/embed/minilm; float activations: 0.99955):
+int8 activations on q/k/v and FFN-up 0.9984, on q/k/v alone 0.9989 (LayerNorm's outlier
+channels), on FFN-up alone 0.9991, on the attention output and FFN-down 0.9993; int16
+ones 0.99955. On an AVX2 machine without VNNI none of them is faster than the float panel
+kernel (~40 GMAC/s per core, near the FMA peak): vpmaddwd does 16 products where an FMA
+does 8 but runs at half its rate, and an int8 tile on vpmaddubsw (llama.cpp's sign trick)
+needs sign, multiply-add, widening and add per 32 products: 37 against 42 GMAC/s (CPU
+time). `precise` makes no difference here.
 """
 
 from __future__ import annotations
@@ -251,9 +256,12 @@ class Bert:
         raise ModelKindError(f"{self.packed.path}: {self.args.model_type} is an encoder: it "
                              "computes embeddings (embed()), not next-token logits")
 
-    def warmup(self) -> None:
-        """Run the encoder once (compiles or loads every kernel it uses)."""
+    def warmup(self, between=None) -> None:
+        """Run the encoder once (compiles or loads every kernel it uses); then `between()`
+        (as Transformer.warmup's)."""
         self.encode(np.zeros(4, np.int64), np.array([0, 2, 4], np.int64))
+        if between is not None:
+            between()
 
     def reset(self) -> None:
         """Nothing to reset: an encoder keeps no cache between calls."""

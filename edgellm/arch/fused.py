@@ -14,6 +14,7 @@ workers may still read; a step reading a vector on the split that wrote it needs
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from ..kernels import decode_step as ds
@@ -437,6 +438,30 @@ class FusedDecoder:
                                       self.scores, self.state, self.layers, self.inv_freq,
                                       self.lora))
 
+    def load(self) -> None:
+        """Load (or compile) the step's kernel without running it, as the scheduler will
+        call it: parallel on nt > 1 workers, else serial. Leaves a token counted in the
+        cache (nothing computed): the caller resets it."""
+        scheduler = self.scheduler
+        try:
+            self.scheduler = _Forced(self.nt > 1, self.nt, run=False)
+            self.step(0, False)
+        finally:
+            self.scheduler = scheduler
+
+    def warm_variants(self) -> None:
+        """Run one token through each form of the step, parallel and serial (compiling or
+        loading both): which one runs is chosen per token by the scheduler and by the
+        thread count, neither of which is part of the kernels' signatures. Leaves a token
+        in the cache: the caller resets it."""
+        scheduler = self.scheduler
+        try:
+            for parallel in (True, False):
+                self.scheduler = _Forced(parallel, self.nt)
+                self.step(0, False)
+        finally:
+            self.scheduler = scheduler
+
     def step(self, token: int, precise: bool) -> np.ndarray:
         """Run one token at the cache's next position; logits [vocab] (an internal buffer)."""
         m, cache = self.model, self.model.cache
@@ -460,3 +485,19 @@ class FusedDecoder:
             for e in self.ints[off:off + m.top_k]:
                 m.expert_bytes_read += nbytes[e]
         return self.logits[0]
+
+
+class _Forced:
+    """A StepScheduler stand-in that always runs the parallel (on nt workers) or the serial
+    form of the step; with run=False it only loads (or compiles) that kernel for the
+    arguments' types."""
+
+    def __init__(self, parallel: bool, nt: int, run: bool = True):
+        self.parallel, self.nt, self.execute = parallel, nt, run
+
+    def run(self, parallel_fn, serial_fn, args: tuple) -> None:
+        fn, args = (parallel_fn, (self.nt, *args)) if self.parallel else (serial_fn, args)
+        if self.execute:
+            fn(*args)
+        else:
+            fn.compile(tuple(numba.typeof(a) for a in args))

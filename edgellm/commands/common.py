@@ -156,7 +156,7 @@ def fused_default() -> bool:
 def open_model(args) -> LLM:
     """Resolve -m (pulling the default model on first use) and load it, saying when the
     kernels are being compiled (the first run on a machine)."""
-    from ..kernels.warmup import compile_notice
+    from ..kernels.warmup import compile_notice, release_compiler_pages
 
     import warnings
 
@@ -170,5 +170,7 @@ def open_model(args) -> LLM:
                           fused=fused_default(), lora=getattr(args, "lora", None))
             except ContextWarning as w:
                 raise ContextError(str(w)) from None
-        llm.model.warmup()
+        if llm.packed.has_tokenizer:  # built before the kernels load: its build's transient
+            llm.tokenizer  # (~10-20 MiB, freed) is then not on top of them in the peak
+        llm.model.warmup(release_compiler_pages)  # LLVM's, which decoding does not run
     return llm

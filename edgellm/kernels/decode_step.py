@@ -487,11 +487,12 @@ def decode_parallel(nt, model, bufs, kv, p, precise):
     barrier; kv = (k, v, pos, layers, cos, sin): the cache [slots, Hkv, Dh] of every layer,
     the layer table and this position's RoPE rows [sets, Dh/2]; p: the position.
     """
-    for tid in prange(nt):
-        _worker(tid, nt, model, bufs, kv, p, precise)
+    for tid in prange(nt):  # tid as int64: prange's is uint64, which would compile _worker
+        _worker(np.int64(tid), nt, model, bufs, kv, p, precise)  # a second time
 
 
 @kernel
 def decode_serial(model, bufs, kv, p, precise):
     """One decode step on the calling thread."""
-    _worker(0, 1, model, bufs, kv, p, precise)
+    _worker(np.int64(0), np.int64(1), model, bufs, kv, p, precise)  # int64s, not literals:
+    # decode_parallel's _worker, not a third compile of it

@@ -51,6 +51,7 @@ from .dots import LANES, dots16
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
 from .kquant import mvp_rows_k
+from .kquant_int import has_kq, mv_rows_kq
 from .matvec import (
     mv_rows_q4_0,
     mv_rows_q4_1,
@@ -68,7 +69,8 @@ from .sync import barrier
 
 # Matrix kinds the step has kernels for (f32 only where a step asks for float activations:
 # routers); each kind's code is its row's in the quant table (quant.TYPES[name].code).
-# q5_0 and the K-quants (codes from K_FIRST up) run kquant.py's float-activation rows.
+# q5_0 and the K-quants (codes from K_FIRST up) run kquant.py's float-activation rows, but
+# on integer activations q5_0, q5_1, q4_k, q5_k and q6_k run kquant_int.py's.
 KINDS = ("q8_0", "q4_0", "q4_1", "f32", *quant.K_TYPES)
 KIND_CODE = {name: quant.TYPES[name].code for name in KINDS}
 K_FIRST = min(quant.TYPES[n].code for n in quant.K_TYPES)
@@ -159,7 +161,9 @@ def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts):
     off, rb, kind, block = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES], m[MAT_KIND], \
         m[MAT_BLOCK]
     w = blob[off:off + rows * rb].reshape((rows, rb))
-    if kind >= K_FIRST:  # float activations in either mode (kquant.py)
+    if kind >= K_FIRST and not float_acts and has_kq(kind):  # q5_0/1, q4_k..q6_k
+        mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)
+    elif kind >= K_FIRST:  # the other K-quants: float activations in either mode (kquant.py)
         mvp_rows_k(kind, w, h, out, r0, r1)
     elif kind == F32:
         mvp_rows_f32(w.view(np.float32), block, h, out, r0, r1)

@@ -32,8 +32,8 @@ OPTIONS = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True
 # The kernel sources the tag covers, relative to this directory.
 _SOURCES = ("simd.py", "jit.py", "ir.py", "codegen_int8.py", "codegen_float.py", "tiles.py",
             "panel.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py", "fastexp.py",
-            "activations.py", "attention.py", "dots.py", "kquant.py", os.path.join("..", "quant.py"),
-            os.path.join("..", "quant_k.py"))
+            "activations.py", "attention.py", "dots.py", "kquant.py", "kv_store.py",
+            os.path.join("..", "quant.py"), os.path.join("..", "quant_k.py"))
 
 
 def _sources_hash() -> str:

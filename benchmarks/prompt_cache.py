@@ -11,7 +11,7 @@ the alternatives alternating (medians of --rounds).
 3. Greedy continuation after save_session / load_session in a fresh process against the
    same continuation without the round trip, for kv_type f32, f16 and q8_0 (32 tokens).
 4. Decode tokens/s at a 2,000-token context (context 2048) for each kv_type, all through
-   the fused decode step, and f32 on the per-operation path, for each of --threads; with
+   the fused decode step (the caches filled by one f32 prefill, stored as each type), and f32 on the per-operation path, for each of --threads; with
    each kv_type's ratio to f32 (acceptance: f16 and q8_0 >= 1.0).
 Text: Python's pydoc_data.topics (as benchmarks/quality.py), tokenized once.
 """
@@ -19,6 +19,7 @@ Text: Python's pydoc_data.topics (as benchmarks/quality.py), tokenized once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -121,28 +122,37 @@ def round_trips(model: Path, ids: list[int], tmp: Path, n: int = 32) -> dict:
 
 
 def decode_speed(model: Path, threads: int, rounds: int, ids: list[int], n: int = 32) -> dict:
-    """Each cache filled once with 2,000 tokens; each round decodes n tokens after them
-    and cuts the cache back (the variants alternating)."""
+    """One f32 prefill of 2,000 tokens, copied into each kv_type's cache as its rows
+    (encode_rows: what that type's prefill would store, up to float noise); each round
+    decodes n tokens after them and cuts the cache back (the variants alternating)."""
     import numpy as np
 
+    from edgellm.kv_cache import encode_rows
     from edgellm.llm import LLM
 
     kv_types = ("f32", "f16", "q8_0")
     llms = {kv_type: LLM(model, threads=threads, context=2048, kv_type=kv_type)
             for kv_type in kv_types}
     variants = {kv_type: (kv_type, llms[kv_type].model.fused) for kv_type in kv_types}
+    assert all(step is not None for _, step in variants.values())  # all fused
     variants["f32 (per-op)"] = ("f32", None)
-    assert all(step is not None for _, step in variants.values() if _ != "f32 (per-op)")
-    first = {}
-    for kv_type, llm in llms.items():
+    for llm in llms.values():
         llm.model.warmup()
-        first[kv_type] = int(np.argmax(llm.model.forward(ids[:2000], want="last")))
+    f32 = llms["f32"].model
+    first = int(np.argmax(f32.forward(ids[:2000], want="last")))
+    state = f32.cache.state()
+    for kv_type in kv_types[1:]:
+        m = llms[kv_type].model
+        m.cache.restore(dataclasses.replace(
+            state, k=[encode_rows(k, kv_type) for k in state.k],
+            v=[encode_rows(v, kv_type) for v in state.v]))
+        m.tokens[:] = f32.tokens
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, (kv_type, step) in variants.items():
             m = llms[kv_type].model
             fused, m.fused = m.fused, step
-            token = first[kv_type]
+            token = first
             t0 = time.perf_counter()
             for _ in range(n):
                 token = int(np.argmax(m.forward([token], want="last")))

@@ -1,7 +1,8 @@
 """Prompt reuse, sessions and KV cache types on SmolLM2-135M, each measured in one run with
 the alternatives alternating (medians of --rounds).
 
-    python benchmarks/prompt_cache.py [--model FILE] [--threads 1] [--rounds 5] [--json OUT]
+    python benchmarks/prompt_cache.py [--model FILE] [--threads 1 2] [--rounds 5]
+                                      [--only reuse roundtrip decode] [--json OUT]
 
 1. Time to first token for a 1,000-token shared system prompt + a 20-token question:
    cold (an empty cache: all 1,020 prefilled) against reused (the LLM's last sequence
@@ -9,14 +10,16 @@ the alternatives alternating (medians of --rounds).
 2. Loading a saved session of those 1,000 tokens (llm.load_session) against prefilling them.
 3. Greedy continuation after save_session / load_session in a fresh process against the
    same continuation without the round trip, for kv_type f32, f16 and q8_0 (32 tokens).
-4. Decode tokens/s at a 2,000-token context (context 2048) for each kv_type, and f32 on
-   the per-operation path (the fused decode step reads f32 caches only).
+4. Decode tokens/s at a 2,000-token context (context 2048) for each kv_type, all through
+   the fused decode step (the caches filled by one f32 prefill, stored as each type), and f32 on the per-operation path, for each of --threads; with
+   each kv_type's ratio to f32 (acceptance: f16 and q8_0 >= 1.0).
 Text: Python's pydoc_data.topics (as benchmarks/quality.py), tokenized once.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -119,41 +122,55 @@ def round_trips(model: Path, ids: list[int], tmp: Path, n: int = 32) -> dict:
 
 
 def decode_speed(model: Path, threads: int, rounds: int, ids: list[int], n: int = 32) -> dict:
-    """Each cache filled once with 2,000 tokens; each round decodes n tokens after them
-    and cuts the cache back (the variants alternating)."""
+    """One f32 prefill of 2,000 tokens, copied into each kv_type's cache as its rows
+    (encode_rows: what that type's prefill would store, up to float noise); each round
+    decodes n tokens after them and cuts the cache back (the variants alternating)."""
     import numpy as np
 
+    from edgellm.kv_cache import encode_rows
     from edgellm.llm import LLM
 
+    kv_types = ("f32", "f16", "q8_0")
     llms = {kv_type: LLM(model, threads=threads, context=2048, kv_type=kv_type)
-            for kv_type in ("f32", "f16", "q8_0")}
-    fused = llms["f32"].model.fused
-    variants = {"f32 (fused step)": ("f32", fused), "f32 (per-op)": ("f32", None),
-                "f16": ("f16", None), "q8_0": ("q8_0", None)}
-    first = {}
-    for kv_type, llm in llms.items():
+            for kv_type in kv_types}
+    variants = {kv_type: (kv_type, llms[kv_type].model.fused) for kv_type in kv_types}
+    assert all(step is not None for _, step in variants.values())  # all fused
+    variants["f32 (per-op)"] = ("f32", None)
+    for llm in llms.values():
         llm.model.warmup()
-        first[kv_type] = int(np.argmax(llm.model.forward(ids[:2000], want="last")))
+    f32 = llms["f32"].model
+    first = int(np.argmax(f32.forward(ids[:2000], want="last")))
+    state = f32.cache.state()
+    for kv_type in kv_types[1:]:
+        m = llms[kv_type].model
+        m.cache.restore(dataclasses.replace(
+            state, k=[encode_rows(k, kv_type) for k in state.k],
+            v=[encode_rows(v, kv_type) for v in state.v]))
+        m.tokens[:] = f32.tokens
     times: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(rounds):
         for name, (kv_type, step) in variants.items():
             m = llms[kv_type].model
-            m.fused = step
-            token = first[kv_type]
+            fused, m.fused = m.fused, step
+            token = first
             t0 = time.perf_counter()
             for _ in range(n):
                 token = int(np.argmax(m.forward([token], want="last")))
             times[name].append(n / (time.perf_counter() - t0))
+            m.fused = fused
             m.truncate(2000)
     for llm in llms.values():
         llm.close()
-    return {name: statistics.median(v) for name, v in times.items()}
+    out: dict = {name: statistics.median(v) for name, v in times.items()}
+    out["ratio_to_f32"] = {name: out[name] / out["f32"] for name in variants if name != "f32"}
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1],
+                    help="decode: each of these; reuse: the first")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", nargs="*", default=["reuse", "roundtrip", "decode"])
     ap.add_argument("--json", type=Path, default=None)
@@ -165,15 +182,19 @@ def main() -> None:
     result: dict = {"load_before": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory() as tmp:
         if "reuse" in a.only:
-            result["reuse"] = reuse_and_sessions(a.model, a.threads, a.rounds, ids, Path(tmp))
+            result["reuse"] = reuse_and_sessions(a.model, a.threads[0], a.rounds, ids,
+                                                 Path(tmp))
             print(json.dumps(result["reuse"]), flush=True)
         if "roundtrip" in a.only:
             result["round_trip"] = round_trips(a.model, ids, Path(tmp))
             print(json.dumps(result["round_trip"]), flush=True)
         if "decode" in a.only:
-            result["decode_tok_s_at_2000"] = decode_speed(a.model, a.threads,
-                                                          a.rounds, ids)
-            print(json.dumps(result["decode_tok_s_at_2000"]), flush=True)
+            result["decode_tok_s_at_2000"] = {}
+            for threads in a.threads:
+                speed = decode_speed(a.model, threads, a.rounds, ids)
+                result["decode_tok_s_at_2000"][f"{threads} threads"] = speed
+                print(json.dumps({"threads": threads, "load": os.getloadavg()[0], **speed}),
+                      flush=True)
     result["load_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))
     if a.json:

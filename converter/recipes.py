@@ -12,13 +12,13 @@ Recipes (`--quant`):
                       matrices, v_proj in every layer and down_proj in the first and last
                       layers: per byte the most sensitive matrices (measured on SmolLM2)
   q4_1_best           the same with q4_1
-  auto                (GGUF sources only, their default) each tensor stays in its source
-                      type where edgellm has int8 kernels for it (q8_0, q4_0, q4_1, floats);
-                      K-quants and q5_0/q5_1 become q8_0: their kernels take float activations
-                      for now and decode ~3x slower than q8_0 (Gemma 3 270M Q4_K_M, 1 thread)
-  keep                (GGUF sources only) each tensor stays in its source type where edgellm
-                      has it, K-quants and q5_0/q5_1 included (the publisher's exact bytes);
-                      others q8_0
+  keep                (GGUF sources only, their default) each tensor stays in its source
+                      type where edgellm has it, K-quants and q5_0/q5_1 included (the
+                      publisher's exact bytes); others q8_0
+  auto                (GGUF sources only) each tensor stays in its source type where
+                      edgellm has sized-block kernels for it (q8_0, q4_0, q4_1, floats);
+                      K-quants and q5_0/q5_1 become q8_0 (before their integer-activation
+                      kernels, kernels/kquant_int.py, they decoded ~3x slower than q8_0)
   q4_k_m, q5_k_m      llama.cpp's mixes from a float source, with llama-quantize's per-tensor
   (and q6_k)          choices (no importance matrix): the output matrix (and a tied
                       embedding) q6_k, v_proj and down_proj q6_k in use_more_bits layers, the
@@ -50,7 +50,7 @@ K_REPORTED = (*K_MIXES, "q6_k")  # recipes whose summary lists each tensor's typ
 # llama-quantize's fallback for a matrix whose columns do not split into its blocks
 K_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0", "q2_k": "q4_0", "q3_k": "q4_0"}
 DEFAULT_HF = "q4_0_mixed"
-DEFAULT_GGUF = "auto"
+DEFAULT_GGUF = "keep"
 SENSITIVE = ("embed_tokens.weight", "lm_head.weight", "word_embeddings.weight",
              "position_embeddings.weight", "token_type_embeddings.weight")
 # Small matrices read whole every token where quantization noise flips choices (MoE routers).

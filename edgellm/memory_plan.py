@@ -147,7 +147,8 @@ def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
     total = 4 * (rows + threads * _pad(D))  # x h q attn k v gate up ffn logits; private h
     kmax = max(D, qd, F)
     total += threads * 2 * (ACT_ITEM * kmax + 12 * (kmax // 32))  # two act slots per thread
-    total += 4 * threads * ((1 + group) * Dh + (group + 1) * max(cap, group)) + 24
+    # per thread: k head, q heads, a tile of 16 decoded cache rows (dots.LANES); scores
+    total += 4 * threads * ((1 + group + 16) * Dh + (group + 1) * max(cap, group)) + 24
     return total + fused_table_bytes(args)
 
 

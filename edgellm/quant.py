@@ -138,7 +138,8 @@ class QuantType:
     quantize_blocks / dequantize_blocks   the reference: float32 [rows, nb, B] <-> uint8
                   [rows, nb, block_bytes] (float types: None, they are only converted)
     int8_kernels  matvec / matmul kernels on int8 activation blocks of ACT_BLOCK (ActQ8),
-                  with prefill's 8-row panels (kernels/panel.py; K-quants: kernels/kquant.py)
+                  with prefill's 8-row panels (kernels/panel.py; q5_0, q5_1, q4_k, q5_k,
+                  q6_k: kernels/kquant_int.py; q2_k, q3_k: float only, kernels/kquant.py)
     float_kernels matvec / matmul on float32 activations and the embedding lookup
     blocks        the block sizes it can be stored in (K-quants: 256 only; q5_0: 32)
     The kernels themselves: kernels/registry.py, one entry per type that has them.
@@ -221,6 +222,8 @@ def _ref(name: str) -> dict:
                 dequantize_blocks=quant_k.DEQUANTIZE_BLOCKS[name])
 
 
+# K-quants with integer-activation kernels too (kernels/kquant_int.py)
+INT_K_TYPES = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 TYPES: dict[str, QuantType] = {t.name: t for t in (
     QuantType("f32", 0, "F32", "float32 values", itemsize=4),
     QuantType("f16", 1, "F16", "float16 values", itemsize=2, max_abs=F16_MAX),
@@ -237,12 +240,12 @@ TYPES: dict[str, QuantType] = {t.name: t for t in (
               int8_kernels=True),
     QuantType("q5_0", 5, "Q5_0", "[f16 d][u32 high bits][B/2 bytes of low nibbles], value "
               "d (q - 16)", bits=5, header_bytes=2, codes=(-16, 15), max_abs=F16_MAX * 16,
-              blocks=(32,), **_ref("q5_0")),
+              blocks=(32,), int8_kernels=True, **_ref("q5_0")),
     QuantType("q5_1", 11, "Q5_1", "[f16 d][f16 m][u32 high bits][B/2 bytes of low nibbles], "
               "value d q + m", bits=5, header_bytes=4, codes=(0, 31), affine=True,
-              max_abs=F16_MAX, blocks=(32,), **_ref("q5_1")),
+              max_abs=F16_MAX, blocks=(32,), int8_kernels=True, **_ref("q5_1")),
     *(QuantType(name, code, name.upper(), layout, bits=bits, header_bytes=hdr, blocks=(256,),
-                max_abs=F16_MAX, **_ref(name))
+                max_abs=F16_MAX, int8_kernels=name in INT_K_TYPES, **_ref(name))
       for name, code, bits, hdr, layout in (
           ("q2_k", 6, 2, 20, "[16 B 4-bit scales|mins][64 B 2-bit q][f16 d][f16 dmin], value "
                              "d sc q - dmin m"),

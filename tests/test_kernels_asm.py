@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from edgellm import quant
-from edgellm.kernels import act_quant, kquant, matmul, matvec, simd
+from edgellm.kernels import act_quant, kquant, kquant_int, matmul, matvec, simd
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,3 +160,32 @@ def test_kquant_paths_are_vectorized(kind):
     asm = fresh_asm(kquant.mvp_rows_k, t.code, w, f, f, 0, 4)
     assert re.search(r"vfmadd\S*\s[^\n]*%[yz]mm", asm)
     assert re.search(r"vcvtdq2ps\s[^\n]*%[yz]mm", asm), kind
+
+
+@pytest.mark.skipif(not X86, reason="checks x86 vector registers")
+@pytest.mark.parametrize("kind", [n for n in quant.K_TYPES if quant.TYPES[n].int8_kernels])
+def test_kquant_int_tiles_are_vectorized(kind):
+    """kquant_int.py's tiles (decode's 1x1, prefill's 1x4), int16 activations: the block dots
+    are vpmaddwd on 256-bit registers (or vpdpbusd on int8 ones with VNNI), the per-block
+    sums reduced with vphaddd, scaled as packed floats."""
+    t = quant.TYPES[kind]
+    B = t.blocks[0]
+    w = np.zeros((4, t.block_bytes(B) * 256 // B), np.uint8)
+    w.flags.writeable = False
+    xq = np.zeros((4, 256), np.int16)
+    f = np.zeros((4, 8), np.float32)
+    out = np.zeros((4, 4), np.float32)
+    for rt in (1, 4):
+        tile = getattr(kquant_int, f"ktile_{kind}_1x{rt}")
+
+        def probe(w, xq, xd, xds, out):
+            tile(w, B, 0, xq, xd, xds, 0, out)
+
+        f_ = numba.njit(probe)
+        sig = tuple(numba.typeof(a) for a in (w, xq, f, f, out))
+        f_.compile(sig)
+        asm = f_.inspect_asm(sig)
+        assert re.search(r"vpmaddwd\s[^\n]*%ymm", asm), (kind, rt)
+        assert re.search(r"vphaddd\s[^\n]*%ymm", asm), (kind, rt)
+        assert re.search(r"vcvtdq2ps\s[^\n]*%ymm", asm), (kind, rt)
+        assert asm.count("vpmaddwd") >= rt * (8 if B == 256 else 4), (kind, rt)

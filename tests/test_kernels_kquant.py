@@ -94,10 +94,19 @@ def test_linear_matches_reference(kind, T, adversarial, threads):
     x[:, 1] *= 20
     wd = w.dequantize().astype(np.float64)
     ref, scale = x.astype(np.float64) @ wd.T, np.abs(x.astype(np.float64)) @ np.abs(wd).T
-    for precise in (False, True):  # K types run float activations either way
+    out = np.full((T, N), np.nan, np.float32)
+    L.linear(w, x, out, precise=True)
+    assert (np.abs(out - ref) <= RTOL * scale + 1e-30).all()
+    for dt in (np.int8, np.int16):  # kquant_int.py's kernels, or float activations (q2/q3_k)
         out = np.full((T, N), np.nan, np.float32)
-        L.linear(w, x, out, precise=precise)
-        assert (np.abs(out - ref) <= RTOL * scale + 1e-30).all()
+        L.linear(w, x, out, act_dtype=dt)
+        if quant.TYPES[kind].int8_kernels:  # against the product of the quantized x
+            a = L.quantize_act(x, L.ActQ8(T, K, dt))
+            xr = (a.xq.astype(np.float64).reshape(T, K // 32, 32) * a.xd[..., None]).reshape(T, K)
+            want, s = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
+        else:
+            want, s = ref, scale
+        assert (np.abs(out - want) <= RTOL * s + 1e-30).all(), dt
     ids = np.array([0, 2, 36, 3])
     emb = np.zeros((4, K), np.float32)
     L.embedding(w, ids, emb)
@@ -136,13 +145,13 @@ def test_gguf_q5_0_and_q5_1_are_kept_and_decode_fused(tmp_path):
         check_fused_equals_per_operation(out, NAME)
 
 
-def test_gguf_default_recipe_keeps_int8_types_and_makes_k_quants_q8_0():
-    """convert-model's GGUF default (`auto`) keeps what has int8 kernels and turns the
-    float-activation types (K-quants, q5_0, q5_1: ~3x slower decode today) into q8_0;
-    `keep` keeps them all."""
+def test_gguf_default_recipe_keeps_k_quants_and_auto_makes_them_q8_0():
+    """convert-model's GGUF default (`keep`) keeps every type, K-quants included (their
+    integer-activation kernels decode as fast as q8_0's); `auto` keeps the sized-block
+    types and turns K-quants, q5_0 and q5_1 into q8_0."""
     from converter.recipes import DEFAULT_GGUF, choose_type
 
-    assert DEFAULT_GGUF == "auto"
+    assert DEFAULT_GGUF == "keep"
     name = "model.layers.0.mlp.up_proj.weight"
     for src in ("q8_0", "q4_0", "q4_1", "f16", "f32"):
         assert choose_type(name, (256, 256), src, "auto", 32) == src

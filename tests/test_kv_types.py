@@ -1,4 +1,5 @@
-"""KV cache types f16 and q8_0 (kv_types.py, kv_cache.py, kernels/attention.attention_rows)."""
+"""KV cache types f16 and q8_0 (kv_types.py, kv_cache.py, kernels/attention.attention_rows,
+kernels/kv_store.kv_rows in the fused decode step)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def test_models_match_transformers_with_a_smaller_cache(converted, name, kv_type
             edgellm.load(converted(name), kv_type=kv_type)
         return
     with edgellm.load(converted(name), context=64, kv_type=kv_type) as llm:
-        assert llm.model.fused is None  # the fused step reads f32 caches only
+        assert llm.model.fused is None  # f32 weights: per-op (the fused step: test_fused_kv_types)
         ids = [int(i) for i in ref["input_ids"]]
         logits = llm.logits(ids)
         np.testing.assert_allclose(logits, ref["logits"], atol=5e-3 if kv_type == "f16" else 6e-2)

@@ -14,8 +14,8 @@ from .registry import spec_for, supported
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
           chunk: int = 64, kv_type: str = "f32", fused: bool = True, act_dtype=np.int16):
     """The runnable model of a packed file; fused: decode through the fused step where the
-    model's weights allow it (arch/fused.py) and the KV cache is f32 (the step reads f32
-    caches only), else the per-operation path. act_dtype: the integer activations of
+    model's weights allow it (arch/fused.py; it reads every kv_type's cache), else the
+    per-operation path. act_dtype: the integer activations of
     quantized weights when not precise (int16, or int8 as llama.cpp: faster, and it flips
     the float model's near-ties)."""
     model_type = packed.architecture
@@ -29,7 +29,7 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
         return spec.model(packed, args, precise=precise, context=context, chunk=chunk)
     model = spec.model(packed, args, precise=precise, context=context, chunk=chunk,
                        kv_type=kv_type, act_dtype=act_dtype)
-    if fused and kv_type == "f32":  # decoders: one compiled step per token
+    if fused:  # decoders: one compiled step per token
         from .fused import FusedDecoder
 
         model.fused = FusedDecoder.build(model, act_dtype=model.act_dtype)

@@ -20,6 +20,7 @@ import numpy as np
 from ..kernels import decode_step as ds
 from ..kernels.linear import embedding
 from ..kernels.schedule import StepScheduler
+from ..kv_types import kv_row_bytes
 from .steps import Act, Add, Attend, Experts, Linear, Norm
 
 QUANTIZED = tuple(k for k in ds.KINDS if k != "f32")  # int8-activation matrix types
@@ -366,6 +367,14 @@ class Program:
         self.logits_addr = self.regions[("s", "logits", m.args.vocab_size)]
 
 
+def _cache_rows_fit(cache, head_dim: int) -> bool:
+    """The cache's K and V are C-ordered [slots, Hkv, width] rows of its kv_type, as the
+    step reads them (decode_step._attend tells the types apart by their row bytes)."""
+    want = kv_row_bytes(cache.kv_type, head_dim)
+    return all(x.flags.c_contiguous and x.ndim == 3 and x.shape[2] * x.itemsize == want
+               for x in (cache.k_all, cache.v_all))
+
+
 class FusedDecoder:
     """A compiled program with its tables and buffers, run once per decode token."""
 
@@ -376,7 +385,7 @@ class FusedDecoder:
         activations of the default (not precise) path, int16 (keeps the float model's
         answers: README, "Precision") or int8 (llama.cpp's, for comparison)."""
         a = model.args
-        if a.hidden_size % 32:
+        if a.hidden_size % 32 or not _cache_rows_fit(model.cache, a.head_dim):
             return None
         prog = Program(model)
         try:
@@ -409,7 +418,8 @@ class FusedDecoder:
         self.xds = np.zeros(nt * SLOTS * K // 32, f32)
         group = a.num_attention_heads // a.num_key_value_heads
         Dh = a.head_dim
-        self.kq = np.zeros((nt, 1 + group, Dh), f32)  # a worker's k head and q heads
+        # a worker's k head, q heads and a tile of decoded cache rows (f16 / q8_0 caches)
+        self.kq = np.zeros((nt, 1 + group + ds.LANES, Dh), f32)
         # a worker's softmax weights for one KV group's query heads, then a row of stats
         cache = model.cache
         self.scores = np.zeros((nt, group + 1, max(int(cache.caps.max()), group)), f32)
@@ -474,7 +484,9 @@ class FusedDecoder:
         for i, layer in enumerate(cache.layers):
             layers[i, ds.LAYER_SLOT] = layer.written % layer.cap
             layers[i, ds.LAYER_FILLED] = min(layer.written, layer.cap)
-        kv = (cache.k_all, cache.v_all, cache.pos_all, layers, cos, sin)
+        # the cache's bytes: one compiled step for every kv_type (decode_step._attend)
+        kv = (cache.k_all.view(np.uint8), cache.v_all.view(np.uint8), cache.pos_all, layers,
+              cos, sin)
         self.scheduler.run(ds.decode_parallel, ds.decode_serial,
                            (self.model_tables, self.bufs, kv, p, precise))
         for layer in cache.layers:

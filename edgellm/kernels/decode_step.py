@@ -33,7 +33,8 @@ and B [N, R] as float16 bits from `lora` (half the bytes of f32: at rank 16 on e
 projection they are a fifth of a 4-bit model's bytes per token). The kernels are
 the per-operation path's own: rmsnorm, rmsnorm_heads, apply_rope, swiglu_row, geglu_tanh,
 add_inplace, quantize_rows, the mv_rows_* / mvp_rows_* matrix-vector rows, route and
-scatter_add; only attention has its decode form here (_attend_group).
+scatter_add; only attention has its decode form here (_attend_group: it reads and writes
+an f32, f16 or q8_0 cache through kv_store.kv_rows / store_kv_row, a few rows at a time).
 
 Every offset, shape and type in the tables is checked by the caller (arch/fused.py)
 before the first call: these kernels do not check bounds.
@@ -51,6 +52,8 @@ from .dots import LANES, dots16
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
 from .kquant import mvp_rows_k
+from .kquant_int import has_kq, mv_rows_kq
+from .kv_store import kv_rows, store_kv_row
 from .matvec import (
     mv_rows_q4_0,
     mv_rows_q4_1,
@@ -68,7 +71,8 @@ from .sync import barrier
 
 # Matrix kinds the step has kernels for (f32 only where a step asks for float activations:
 # routers); each kind's code is its row's in the quant table (quant.TYPES[name].code).
-# q5_0 and the K-quants (codes from K_FIRST up) run kquant.py's float-activation rows.
+# q5_0 and the K-quants (codes from K_FIRST up) run kquant.py's float-activation rows, but
+# on integer activations q5_0, q5_1, q4_k, q5_k and q6_k run kquant_int.py's.
 KINDS = ("q8_0", "q4_0", "q4_1", "f32", *quant.K_TYPES)
 KIND_CODE = {name: quant.TYPES[name].code for name in KINDS}
 K_FIRST = min(quant.TYPES[n].code for n in quant.K_TYPES)
@@ -159,7 +163,9 @@ def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts):
     off, rb, kind, block = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES], m[MAT_KIND], \
         m[MAT_BLOCK]
     w = blob[off:off + rows * rb].reshape((rows, rb))
-    if kind >= K_FIRST:  # float activations in either mode (kquant.py)
+    if kind >= K_FIRST and not float_acts and has_kq(kind):  # q5_0/1, q4_k..q6_k
+        mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)
+    elif kind >= K_FIRST:  # the other K-quants: float activations in either mode (kquant.py)
         mvp_rows_k(kind, w, h, out, r0, r1)
     elif kind == F32:
         mvp_rows_f32(w.view(np.float32), block, h, out, r0, r1)
@@ -205,18 +211,20 @@ def _prep_head(src, perm, use_perm, dst, norm_w, use_norm, eps, offset, cos, sin
 
 @kernel
 def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, scores,
-                  stats, out, hq0):
+                  stats, out, hq0, tile):
     """Attention of query heads qg[:ng] (heads hq0.. of one KV group, kvh) over the cache
     slots (positions < p in the window) and this token (key kh, value vh).
 
+    The cache kc, vc [n, Hkv, width] is float32, or f16 / q8_0 rows (kv_types.py) that
+    kv_rows decodes into tile [LANES, Dh] a few rows at a time (never the whole cache).
     Scores 16 cached keys at a time per head (dots16: no horizontal sum per key), soft-capped
-    where softcap > 0; the weighted values are summed four rows per pass and normalized at
-    the end. Scratch: scores [>= ng, >= slots], stats [1, >= ng]. out [Hq * Dh] receives the
-    ng heads' rows.
+    where softcap > 0; the weighted values are summed four rows per pass (each decoded once
+    for the group's heads) and normalized at the end. Scratch: scores [>= ng, >= slots],
+    stats [1, >= ng]. out [Hq * Dh] receives the ng heads' rows.
     """
     n, Dh = kc.shape[0], kh.shape[0]
     self_s = stats[0]
-    keys = kc[:, kvh]  # [n, Dh], rows strided
+    keys, vals = kc[:, kvh], vc[:, kvh]  # [n, width], rows strided
     for g in range(ng):
         acc = np.float32(0.0)
         for i in range(Dh):
@@ -225,11 +233,13 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
     s = 0
     if Dh % LANES == 0:
         while s + LANES <= n:
+            src, r = kv_rows(keys, s, LANES, tile)
             for g in range(ng):
-                dots16(keys, s, qg, g, scores, s, scale)
+                dots16(src, r, qg, g, scores, s, scale)
             s += LANES
     for t in range(s, n):
-        kr = keys[t]
+        src, r = kv_rows(keys, t, 1, tile)
+        kr = src[r]
         for g in range(ng):
             acc = np.float32(0.0)
             for i in range(Dh):
@@ -255,37 +265,63 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
         total = e_self
         for t in range(n):
             total += row[t]
-        inv = np.float32(1.0) / total
+        self_s[g] = np.float32(1.0) / total  # applied at the end
         o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
         for i in range(Dh):
             o[i] = e_self * vh[i]
-        t = 0
-        while t + 4 <= n:  # four value rows per pass over o
+    t = 0
+    while t + 4 <= n:  # four value rows per pass over each head's o
+        src, r = kv_rows(vals, t, 4, tile)
+        v0, v1, v2, v3 = src[r], src[r + 1], src[r + 2], src[r + 3]
+        for g in range(ng):
+            row = scores[g]
             w0, w1, w2, w3 = row[t], row[t + 1], row[t + 2], row[t + 3]
-            v0, v1, v2, v3 = vc[t, kvh], vc[t + 1, kvh], vc[t + 2, kvh], vc[t + 3, kvh]
+            o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
             for i in range(Dh):
                 o[i] += w0 * v0[i] + w1 * v1[i] + w2 * v2[i] + w3 * v3[i]
-            t += 4
-        while t < n:
-            w0, v0 = row[t], vc[t, kvh]
+        t += 4
+    while t < n:
+        src, r = kv_rows(vals, t, 1, tile)
+        v0 = src[r]
+        for g in range(ng):
+            w0 = scores[g, t]
+            o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
             for i in range(Dh):
                 o[i] += w0 * v0[i]
-            t += 1
+        t += 1
+    for g in range(ng):
+        inv = self_s[g]
+        o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
         for i in range(Dh):
             o[i] *= inv
 
 
 @kernel
 def _attend(tid, nt, op, model, bufs, kv, p):
-    """The ATTEND op of worker tid (see the module docstring)."""
+    """The ATTEND op of worker tid (see the module docstring). kv's k, v are the cache's
+    bytes [slots, Hkv, row bytes], whatever its kv_type (so that one compiled step serves
+    all): rows of 4 Dh bytes are float32, of 2 Dh f16 bits, else (Dh/32 * 34) q8_0 blocks."""
+    k, v = kv[0], kv[1]
+    rb, Dh = k.shape[2] * k.itemsize, bufs[7].shape[2]
+    if rb == 4 * Dh:
+        _attend_rows(tid, nt, op, model, bufs, kv, k.view(np.float32), v.view(np.float32), p)
+    elif rb == 2 * Dh:
+        _attend_rows(tid, nt, op, model, bufs, kv, k.view(np.uint16), v.view(np.uint16), p)
+    else:
+        _attend_rows(tid, nt, op, model, bufs, kv, k.view(np.uint8), v.view(np.uint8), p)
+
+
+@kernel
+def _attend_rows(tid, nt, op, model, bufs, kv, k_all, v_all, p):
+    """_attend on the cache's rows k_all, v_all [slots, Hkv, width] as stored (kv_rows)."""
     prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
-    k_all, v_all, pos_all, layers, cos_all, sin_all = kv
+    _, _, pos_all, layers, cos_all, sin_all = kv
     layer, qa, ka, va, da = op[1], op[2], op[3], op[4], op[5]
     qn, kn, rset, perm_at = op[6], op[7], op[8], op[9]
     scale, softcap = np.float32(consts[op[10]]), np.float32(consts[op[11]])
     eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
-    Hkv, Dh = k_all.shape[1], k_all.shape[2]
+    Hkv, Dh = k_all.shape[1], kq.shape[2]
     group = scores.shape[1] - 1  # query heads per KV head
     Hq = Hkv * group
     lt = layers[layer]
@@ -299,7 +335,7 @@ def _attend(tid, nt, op, model, bufs, kv, p):
     use_perm = perm_at >= 0
     perm = ints[max(perm_at, 0):max(perm_at, 0) + Dh]
     qw, kw = params[max(qn, 0):max(qn, 0) + Dh], params[max(kn, 0):max(kn, 0) + Dh]
-    kbuf, qbuf = kq[tid, 0], kq[tid, 1:]
+    kbuf, qbuf, tile = kq[tid, 0], kq[tid, 1:1 + group], kq[tid, 1 + group:]
     h0, h1 = _heads(Hq, tid, nt)
     hq = h0
     while hq < h1:  # the heads of one KV group at a time
@@ -312,16 +348,16 @@ def _attend(tid, nt, op, model, bufs, kv, p):
                        eps, offset, cos, sin)
         _attend_group(qbuf, ng, kbuf, v[kvh * Dh:(kvh + 1) * Dh], kc[:n], vc[:n], cpos[:n],
                       kvh, p, window, scale, softcap, scores[tid, :group], scores[tid, group:],
-                      out, hq)
+                      out, hq, tile)
         hq += ng
     barrier(state, nt)
     for hq in range(h0, h1):  # the worker with a KV head's first query head stores it
         if hq % group == 0:
             kvh = hq // group
-            _prep_head(k[kvh * Dh:(kvh + 1) * Dh], perm, use_perm, kc[slot, kvh], kw, kn >= 0,
-                       eps, offset, cos, sin)
-            for i in range(Dh):
-                vc[slot, kvh, i] = v[kvh * Dh + i]
+            _prep_head(k[kvh * Dh:(kvh + 1) * Dh], perm, use_perm, kbuf, kw, kn >= 0, eps,
+                       offset, cos, sin)
+            store_kv_row(kbuf, kc[slot, kvh], tile)
+            store_kv_row(v[kvh * Dh:(kvh + 1) * Dh], vc[slot, kvh], tile)
             if kvh == 0:
                 cpos[slot] = p
 
@@ -480,7 +516,8 @@ def decode_parallel(nt, model, bufs, kv, p, precise):
     (lora: the LoRA matrices' float16 bits, flat);
     bufs = (mem, shared, private, xq, xd, xs, xds, kq, scores, state): the arena, the int8
     act slots (flat: nt * SLOTS slots of ints[I_KMAX] values), attention scratch and the
-    barrier; kv = (k, v, pos, layers, cos, sin): the cache [slots, Hkv, Dh] of every layer,
+    barrier; kv = (k, v, pos, layers, cos, sin): the cache of every layer as bytes
+    [slots, Hkv, row bytes] (float32, f16 or q8_0 rows: kv_types.py),
     the layer table and this position's RoPE rows [sets, Dh/2]; p: the position.
     """
     for tid in prange(nt):  # tid as int64: prange's is uint64, which would compile _worker

@@ -33,8 +33,8 @@ OPTIONS = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True
 _SOURCES = ("simd.py", "jit.py", "ir.py", "codegen_int8.py", "codegen_float.py", "tiles.py",
             "panel.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py", "fastexp.py",
             "activations.py", "attention.py", "dots.py", "kquant.py", "panel_gemm.py",
-            "encoder.py", os.path.join("..", "quant.py"),
-            os.path.join("..", "quant_k.py"))
+            "encoder.py", "codegen_kquant.py", "kquant_int.py", "kv_store.py",
+            os.path.join("..", "quant.py"), os.path.join("..", "quant_k.py"))
 
 
 def _sources_hash() -> str:

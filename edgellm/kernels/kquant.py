@@ -13,9 +13,9 @@ it, with its inner loops vectorized by LLVM (see `_lanes`). Then
                                         (panel_gemm.py's)
   embed_k(kind, w, ids, out)            out[t] = row ids[t] dequantized
 
-There are no int8-activation kernels for these types (quant.TYPES marks them
-int8_kernels=False): the default path runs them on float activations too, which is more
-precise than llama.cpp's q8_K activations. w is uint8 [N, row_bytes] in ggml's bytes.
+These are the precise path's kernels (and the only ones of q2_k and q3_k); q5_0, q5_1,
+q4_k, q5_k and q6_k run kquant_int.py's integer-activation kernels by default.
+w is uint8 [N, row_bytes] in ggml's bytes.
 Callers validate shapes (linear.py, arch/fused.py): these kernels do not check bounds.
 """
 

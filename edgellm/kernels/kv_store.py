@@ -1,4 +1,6 @@
-"""Encoding K/V rows for the cache: float32 -> float16 bits, float32 -> ggml q8_0 blocks.
+"""K/V rows of the cache: encoding float32 -> float16 bits / ggml q8_0 blocks, and the row
+accessors compiled kernels read and write a cache of any kv_type with (kv_rows,
+store_kv_row).
 
 Bit for bit numpy's float16 conversion (round to nearest even) and quant.py's q8_0
 reference (d = amax / 127 in float32, q = roundf(x / d) with halves away from zero, d
@@ -7,8 +9,11 @@ decode calls this twice per layer per token.
 """
 
 import numpy as np
+from numba import types
+from numba.extending import overload
 
 from .jit import kernel
+from .tiles import row_f16, row_q8_0
 
 
 @kernel(exact=True)
@@ -71,3 +76,61 @@ def encode_q8_0(x, out):
                 q = np.floor(abs(v) + np.float32(0.5))
                 q = -q if v < 0 else q
                 out[r, base + 2 + j] = np.uint8(np.int64(q) & 0xFF)
+
+
+# Reading and writing one KV head's cached rows inside a compiled kernel, whatever the
+# cache's kv_type (the fused decode step's attention, decode_step._attend_group): numba
+# picks the implementation by the rows' dtype (float32, uint16: f16 bits, uint8: q8_0).
+
+def kv_rows(rows, s, m, tile):
+    """(src, r): rows s .. s + m - 1 of a KV head's cache rows [n, width] as float32 rows
+    src[r] .. src[r + m - 1]. A float32 cache is its own source (src = rows, r = s); f16 and
+    q8_0 rows are decoded into tile [>= m, Dh] (src = tile, r = 0). The caller checks
+    s + m <= n and m <= tile rows."""
+
+
+@overload(kv_rows)
+def _kv_rows_impl(rows, s, m, tile):
+    if rows.dtype == types.float32:
+        return lambda rows, s, m, tile: (rows, s)
+    if rows.dtype == types.uint16:
+        def decode_f16(rows, s, m, tile):
+            for j in range(m):
+                row_f16(rows, 32, s + j, tile, j)
+            return tile, 0
+        return decode_f16
+    if rows.dtype == types.uint8:
+        def decode_q8_0(rows, s, m, tile):
+            for j in range(m):
+                row_q8_0(rows, 32, s + j, tile, j)
+            return tile, 0
+        return decode_q8_0
+    return None
+
+
+def store_kv_row(src, dst, tile):
+    """dst [width] (one slot's row of one KV head) = src [Dh] float32 stored as the cache's
+    kv_type, bit for bit as encode_rows (kv_cache.py) stores it; tile [>= 1, Dh] float32
+    scratch."""
+
+
+@overload(store_kv_row)
+def _store_kv_row_impl(src, dst, tile):
+    if dst.dtype == types.float32:
+        def copy(src, dst, tile):
+            for i in range(dst.shape[0]):
+                dst[i] = src[i]
+        return copy
+    if dst.dtype == types.uint16:
+        def store_f16(src, dst, tile):
+            x = tile[0:1]
+            x[0, :] = src
+            encode_f16(x.view(np.uint32), dst.reshape((1, dst.shape[0])))
+        return store_f16
+    if dst.dtype == types.uint8:
+        def store_q8_0(src, dst, tile):
+            x = tile[0:1]
+            x[0, :] = src
+            encode_q8_0(x, dst.reshape((1, dst.shape[0])))
+        return store_q8_0
+    return None

@@ -7,7 +7,8 @@
 quant.TYPES says which types have which kernels; this says which functions they are, and
 checks at import that the two agree. linear.py dispatches through it.
 q5_0 and the K-quants share kquant.py's float-activation kernels, which take the type's code
-first: their entries bind it (`_k_float`; the `block` argument is unused, the type fixes it).
+first: their entries bind it (`_k_float`; the `block` argument is unused, the type fixes it);
+q4_k, q5_k and q6_k also have kquant_int.py's integer-activation ones (`_k_int`, likewise).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from .. import quant
-from . import kquant, matmul, matvec, panel_gemm
+from . import kquant, kquant_int, matmul, matvec, panel_gemm
 
 __all__ = ["FLOAT", "INT8", "FloatKernels", "Int8Kernels"]
 
@@ -62,8 +63,19 @@ def _k_float(code: int) -> FloatKernels:
         lambda w, block, ids, out: kquant.embed_k(code, w, ids, out), gemm)
 
 
+def _k_int(code: int) -> Int8Kernels:
+    return Int8Kernels(
+        lambda w, block, xq, xd, xds, out, r0, r1: kquant_int.mv_rows_kq(code, w, xq, xd, xds,
+                                                                         out, r0, r1),
+        lambda w, block, xq, xd, xds, out: kquant_int.mv_kq(code, w, xq, xd, xds, out),
+        lambda w, block, xq, xd, xs, xds, out, T, threads: kquant_int.mm_kq(
+            code, w, xq, xd, xs, xds, out, T, threads))
+
+
 for _name in quant.K_TYPES:
     FLOAT[_name] = _k_float(quant.TYPES[_name].code)
+    if quant.TYPES[_name].int8_kernels:
+        INT8[_name] = _k_int(quant.TYPES[_name].code)
 
 if set(INT8) != set(quant.INT8_TYPES) or set(FLOAT) != set(quant.MATRIX_TYPES):
     raise ImportError(f"kernels/registry.py disagrees with quant.TYPES: int8 kernels for "

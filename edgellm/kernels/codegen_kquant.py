@@ -1,0 +1,285 @@
+"""Code generator of the integer-activation K-quant tiles: q4_k, q5_k, q6_k weights (ggml's
+256-value super-blocks, as stored) x int16 (or int8) activation blocks of 32 (ActQ8).
+
+A tile computes one weight row i times RT consecutive activation rows t.. over all K and
+stores out[t + s, i]. `make_ktile(kind, RT)` makes the intrinsic
+ktile_<kind>_1x<RT>(W, i, xq, xd, xds, t, out) (kquant_int.py calls them).
+
+Per super-block (8 activation blocks g = 0..7 of 32 values, 16 half-blocks of 16):
+  weights  the 8 blocks' codes as <32 x i8>: q4_k/q5_k unsigned q (0..15 / 0..31), q6_k
+           q - 32 (signed); one vpmaddwd-style dot per block and token gives <8 x i32>
+           whose lanes 0-3 sum the first 16 products and 4-7 the last 16
+  reduce   two levels of pair sums (vphaddd) turn blocks 0-3 and 4-7 into two <8 x i32>
+           of half-block sums: lane k = (block k, half 0), lane 4 + k = (block k, half 1)
+  scale    each lane times d sc dx (float): q4_k/q5_k's 6-bit sc per block, q6_k's int8
+           sc per half-block; dx the activation block's scale. Sums of 16 products fit a
+           float exactly (|q| <= 32, |x| <= 32767: < 2^24)
+  minima   q4_k/q5_k: sum_j (dmin m_j) xds_j, with xds = dx * (the block's sum of x),
+           as one <8 x f32> multiply-add per super-block (value = d sc q - dmin m)
+This is llama.cpp's q4_K x q8_K scheme (ggml-cpu's x86 quants.c) with ActQ8's blocks of 32
+instead of q8_K's 256: one float scale per 32 activations, so the sc multiply is done in
+float per lane instead of on the integer sums.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+
+from .ir import (
+    F32,
+    FAST,
+    I8,
+    I16,
+    I32,
+    _c,
+    _drop_block,
+    _f16,
+    _for,
+    _h2f,
+    _hadd,
+    _hsum,
+    _i64,
+    _load,
+    _loop,
+    _pick,
+    _Rows,
+    _splat,
+    _store,
+    _typed,
+    _v,
+)
+
+__all__ = ["KQ_TYPES", "SUPER_BYTES", "make_ktile"]
+
+SUPER_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
+KQ_TYPES = ("q5_0", "q5_1", *SUPER_BYTES)
+_MINS = ("q4_k", "q5_k")  # value d sc q - dmin m: the minimum's correction
+
+
+def _splat8(b, v, n):
+    return _c(_v(I8, n), [v] * n)
+
+
+def _scales_k4(b, p):
+    """q4_k/q5_k: the 12 bytes at p + 4 -> (<8 x f32> sc, <8 x f32> m), ggml's
+    get_scale_min_k4 done on 32-bit words (its utmp trick)."""
+    u0, u1, u2 = (_load(b, p, 4 + 4 * k, I32) for k in range(3))
+    m6, m4, m2 = _c(I32, 0x3F3F3F3F), _c(I32, 0x0F0F0F0F), _c(I32, 0x03030303)
+    sc_lo = b.and_(u0, m6)
+    sc_hi = b.or_(b.and_(u2, m4), b.shl(b.and_(b.lshr(u0, _c(I32, 6)), m2), _c(I32, 4)))
+    mn_lo = b.and_(u1, m6)
+    mn_hi = b.or_(b.and_(b.lshr(u2, _c(I32, 4)), m4),
+                  b.shl(b.and_(b.lshr(u1, _c(I32, 6)), m2), _c(I32, 4)))
+    v = _c(_v(I32, 4), [0] * 4)
+    for k, word in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
+        v = b.insert_element(v, word, _c(I32, k))
+    f = b.uitofp(b.bitcast(v, _v(I8, 16)), _v(F32, 16))
+    return _pick(b, f, range(8)), _pick(b, f, range(8, 16))
+
+
+def _codes(b, kind, p):
+    """The super-block at p: 8 <32 x i8> code vectors, one per activation block."""
+    low, four = _splat8(b, 15, 32), _splat8(b, 4, 32)
+    if kind in _MINS:
+        qs = 16 if kind == "q4_k" else 48
+        qh = _load(b, p, 16, _v(I8, 32)) if kind == "q5_k" else None
+        out = []
+        for c in range(4):
+            raw = _load(b, p, qs + 32 * c, _v(I8, 32))
+            pair = [b.and_(raw, low), b.lshr(raw, four)]
+            if qh is not None:
+                for h in range(2):
+                    bit = b.and_(b.lshr(qh, _splat8(b, 2 * c + h, 32)), _splat8(b, 1, 32))
+                    pair[h] = b.or_(pair[h], b.shl(bit, four))
+            out += pair
+        return out
+    three, off = _splat8(b, 3, 32), _splat8(b, 32, 32)
+    out = []
+    for h in range(2):
+        ql0 = _load(b, p, 64 * h, _v(I8, 32))
+        ql1 = _load(b, p, 64 * h + 32, _v(I8, 32))
+        qh = _load(b, p, 128 + 32 * h, _v(I8, 32))
+        for k, ql in enumerate((ql0, ql1, ql0, ql1)):
+            nib = b.and_(ql, low) if k < 2 else b.lshr(ql, four)
+            hi = b.and_(b.lshr(qh, _splat8(b, 2 * k, 32)), three)
+            out.append(b.sub(b.or_(nib, b.shl(hi, four)), off))
+    return out
+
+
+def _block_dot(b, w, x, scale=None):
+    """<32 x i8> codes w (signed if scale is given, then multiplied by the <32 x i16> scale
+    first) . <32 x i8|i16> x -> <8 x i32>: the sign-extended product's pair sums (vpmaddwd
+    on each 16-lane half), the halves added lane by lane."""
+    n = 32
+    if scale is None:
+        w32 = b.zext(w, _v(I32, n))
+    else:
+        w32 = b.sext(b.mul(b.sext(w, _v(I16, n)), scale), _v(I32, n))
+    p = b.mul(w32, b.sext(x, _v(I32, n)))
+    p = b.add(_pick(b, p, range(0, n, 2)), _pick(b, p, range(1, n, 2)))
+    return b.add(_pick(b, p, range(8)), _pick(b, p, range(8, 16)))
+
+
+def _block_sums(b, dots):
+    """8 <8 x i32> block dots -> one <8 x i32>, lane g = block g's sum (vphaddd tree)."""
+    h = [_hadd(b, dots[k], dots[k + 1]) for k in range(0, 8, 2)]
+    q0, q1 = _hadd(b, h[0], h[1]), _hadd(b, h[2], h[3])
+    return b.add(_pick(b, q0, (0, 1, 2, 3, 8, 9, 10, 11), q1),
+                 _pick(b, q0, (4, 5, 6, 7, 12, 13, 14, 15), q1))
+
+
+def _kq_codegen(kind, RT):
+    SB = SUPER_BYTES[kind]
+    mins = kind in _MINS
+    v8 = _v(F32, 8)
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
+        A = I16 if sig.args[2].dtype == types.int16 else I8
+        AB = A.width // 8
+        wrow = w.row(i)
+        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        zero = _c(v8, [0.0] * 8)
+        init = [zero] * (RT * (2 if mins else 1))
+
+        def body(sb, st):
+            p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
+            codes = _codes(b, kind, p)
+            if mins:
+                d, dmin = _f16(b, p, 0), _f16(b, p, 2)
+                sc8, m8 = _scales_k4(b, p)
+                ws = b.fmul(sc8, _splat(b, d, 8), flags=FAST)  # lane g: d sc_g
+                mw = b.fmul(m8, _splat(b, dmin, 8), flags=FAST)
+                scales = [None] * 8
+            else:  # int8 scales per 16 values, applied to the codes (|q sc| <= 4096)
+                ws = _splat(b, _f16(b, p, 208), 8)
+                sc = b.sext(_load(b, p, 192, _v(I8, 16)), _v(I16, 16))
+                scales = [_pick(b, sc, [2 * g] * 16 + [2 * g + 1] * 16) for g in range(8)]
+            new = list(st)
+            foff = b.mul(sb, _i64(32))  # 8 float scales per super-block
+            x0 = b.mul(sb, _i64(256 * AB))
+            for s in range(RT):
+                dots = [_block_dot(b, codes[g], _load(b, xrow[s], b.add(x0, _i64(32 * AB * g)),
+                                                      _v(A, 32)), scales[g]) for g in range(8)]
+                f = b.fmul(ws, _load(b, drow[s], foff, v8), flags=FAST)
+                new[s] = b.fadd(new[s], b.fmul(b.sitofp(_block_sums(b, dots), v8), f,
+                                               flags=FAST), flags=FAST)
+                if mins:
+                    ds8 = _load(b, srow[s], foff, v8)
+                    new[RT + s] = b.fadd(new[RT + s], b.fmul(mw, ds8, flags=FAST), flags=FAST)
+            return new
+
+        nsb = b.sdiv(xq.cols, _i64(256))
+        final = _loop(b, nsb, init, body)[0]
+        for s in range(RT):
+            v = _hsum(b, final[s])
+            if mins:
+                v = b.fsub(v, _hsum(b, final[RT + s]), flags=FAST)
+            _store(b, out, b.add(t, _i64(s)), i, v)
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
+def _q5_codes(b, p, h0):
+    """A q5_0 / q5_1 block's 32 codes 0..31 (low nibbles, then high; qh bit j = element j's
+    fifth bit) as <32 x i8>; p the block, h0 the offset of its qh word."""
+    qs = _load(b, p, h0 + 4, _v(I8, 16))
+    codes = _pick(b, b.and_(qs, _splat8(b, 15, 16)), range(32), b.lshr(qs, _splat8(b, 4, 16)))
+    qh = _pick(b, _load(b, p, h0, _v(I8, 4)), [j // 8 for j in range(32)])
+    bits = b.and_(qh, _c(_v(I8, 32), [1 << (j % 8) for j in range(32)]))
+    five = b.select(b.icmp_unsigned("!=", bits, _splat8(b, 0, 32)), _splat8(b, 16, 32),
+                    _splat8(b, 0, 32))
+    return b.or_(codes, five)
+
+
+def _q5_codegen(kind, RT):
+    """q5_0 (value d (q - 16)) or q5_1 (d q + m) blocks of 32, four blocks per step:
+    sum d (q - 16) dx x = d dx (q . x) - 16 d xds;  sum (d q + m) dx x = d dx (q . x) + m xds.
+    Blocks past the last four (K % 128) one at a time."""
+    one = kind == "q5_1"
+    BB, h0 = (24, 4) if one else (22, 2)
+    v8, v4 = _v(F32, 8), _v(F32, 4)
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
+        A = I16 if sig.args[2].dtype == types.int16 else I8
+        AB = A.width // 8
+        wrow = w.row(i)
+        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        nb = b.sdiv(xq.cols, _i64(32))
+
+        def gather(ps, off):
+            v = ir.Constant(_v(I16, 4), ir.Undefined)
+            for g, p in enumerate(ps):
+                v = b.insert_element(v, _load(b, p, off, I16), _c(I32, g))
+            return _h2f(b, v)
+
+        def body(k, st):
+            ps = [b.gep(wrow, [b.mul(b.add(b.mul(k, _i64(4)), _i64(g)), _i64(BB))],
+                        inbounds=True) for g in range(4)]
+            codes = [_q5_codes(b, p, h0) for p in ps]
+            d4 = gather(ps, 0)
+            fm = gather(ps, 2) if one else d4
+            new = list(st)
+            for s in range(RT):
+                x0 = b.mul(k, _i64(128 * AB))
+                dots = [_block_dot(b, codes[g], _load(b, xrow[s], b.add(x0, _i64(32 * AB * g)),
+                                                      _v(A, 32))) for g in range(4)]
+                q = _hadd(b, _hadd(b, dots[0], dots[1]), _hadd(b, dots[2], dots[3]))
+                foff = b.mul(k, _i64(16))
+                f = _pick(b, b.fmul(d4, _load(b, drow[s], foff, v4), flags=FAST),
+                          (0, 1, 2, 3, 0, 1, 2, 3))
+                new[s] = b.fadd(new[s], b.fmul(b.sitofp(q, v8), f, flags=FAST), flags=FAST)
+                new[RT + s] = b.fadd(new[RT + s], b.fmul(fm, _load(b, srow[s], foff, v4),
+                                                         flags=FAST), flags=FAST)
+            return new
+
+        init = [_c(v8, [0.0] * 8)] * RT + [_c(v4, [0.0] * 4)] * RT
+        st = _loop(b, b.sdiv(nb, _i64(4)), init, body)[0]
+        res = []
+        for s in range(RT):
+            fix = _hsum(b, st[RT + s])
+            if not one:
+                fix = b.fmul(fix, _c(F32, -16.0), flags=FAST)
+            res.append(b.fadd(_hsum(b, st[s]), fix, flags=FAST))
+
+        def tail(bi, st):
+            p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
+            codes = _q5_codes(b, p, h0)
+            d = _f16(b, p, 0)
+            fm = _f16(b, p, 2) if one else b.fmul(d, _c(F32, -16.0), flags=FAST)
+            new = []
+            for s in range(RT):
+                x = _load(b, xrow[s], b.mul(bi, _i64(32 * AB)), _v(A, 32))
+                dot = _hsum(b, b.sitofp(_block_dot(b, codes, x), v8))
+                dx = _load(b, drow[s], b.mul(bi, _i64(4)), F32)
+                ds = _load(b, srow[s], b.mul(bi, _i64(4)), F32)
+                v = b.fadd(b.fmul(dot, b.fmul(d, dx, flags=FAST), flags=FAST),
+                           b.fmul(fm, ds, flags=FAST), flags=FAST)
+                new.append(b.fadd(st[s], v, flags=FAST))
+            return new
+
+        res = _for(b, b.mul(b.sdiv(nb, _i64(4)), _i64(4)), nb, res, tail)
+        for s in range(RT):
+            _store(b, out, b.add(t, _i64(s)), i, res[s])
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
+def make_ktile(kind, RT):
+    """The intrinsic ktile_<kind>_1x<RT>(W, block, i, xq, xd, xds, t, out): out[t + s, i] =
+    W[i] . x[t + s] for s < RT (block is ignored: the type fixes it), xq int8 or int16."""
+    arrays = {0: types.uint8, 3: (types.int8, types.int16), 4: types.float32, 5: types.float32,
+              7: types.float32}
+    gen = _q5_codegen if kind in ("q5_0", "q5_1") else _kq_codegen
+    return _typed(f"ktile_{kind}_1x{RT}", _drop_block(gen(kind, RT)), arrays,
+                  ints=(1, 2, 6))

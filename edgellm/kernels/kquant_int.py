@@ -1,0 +1,117 @@
+"""Integer-activation kernels for q5_0, q5_1, q4_k, q5_k and q6_k weights (ggml's bytes) on
+ActQ8's int16 (default) or int8 activation blocks of 32: decode and prefill.
+
+  mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)   decode: out[0, r0:r1] = W[r0:r1] @ x[0]
+  mv_kq(kind, w, xq, xd, xds, out)                the same over all rows, parallel in chunks
+  mm_kq(kind, w, xq, xd, xs, xds, out, T, threads)   prefill: out[:T] = x[:T] @ W.T; a chunk
+                                                  of ROWS rows (in L1) meets the tokens four
+                                                  at a time, rows split between threads
+kind is the type's code (quant.TYPES[name].code, KQ_CODES); the tiles are
+codegen_kquant.py's. Callers validate shapes (linear.py, arch/fused.py): these kernels do not
+check bounds. q2_k and q3_k have kquant.py's float-activation kernels only.
+"""
+
+from __future__ import annotations
+
+from numba import prange
+
+from .. import quant
+from .codegen_kquant import KQ_TYPES, make_ktile
+from .jit import kernel
+
+__all__ = ["KQ_CODES", "has_kq", "mm_kq", "mv_kq", "mv_rows_kq"]
+
+KQ_CODES = tuple(quant.TYPES[n].code for n in KQ_TYPES)
+Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = KQ_CODES
+CHUNK = 16  # decode: rows per parallel work item
+ROWS = 16  # prefill: weight rows per chunk (16 rows of 640 q6_k columns: 8.4 KB, in L1)
+
+ktile_q5_0_1x1, ktile_q5_0_1x4 = make_ktile("q5_0", 1), make_ktile("q5_0", 4)
+ktile_q5_1_1x1, ktile_q5_1_1x4 = make_ktile("q5_1", 1), make_ktile("q5_1", 4)
+ktile_q4_k_1x1, ktile_q4_k_1x4 = make_ktile("q4_k", 1), make_ktile("q4_k", 4)
+ktile_q5_k_1x1, ktile_q5_k_1x4 = make_ktile("q5_k", 1), make_ktile("q5_k", 4)
+ktile_q6_k_1x1, ktile_q6_k_1x4 = make_ktile("q6_k", 1), make_ktile("q6_k", 4)
+
+
+@kernel
+def has_kq(kind):
+    """Whether type code `kind` has these kernels."""
+    return kind == Q5_0 or kind == Q5_1 or kind == Q4_K or kind == Q5_K or kind == Q6_K
+
+
+@kernel
+def _tile1(kind, w, i, xq, xd, xds, t, out):
+    if kind == Q5_0:
+        ktile_q5_0_1x1(w, 32, i, xq, xd, xds, t, out)
+    elif kind == Q5_1:
+        ktile_q5_1_1x1(w, 32, i, xq, xd, xds, t, out)
+    elif kind == Q4_K:
+        ktile_q4_k_1x1(w, 256, i, xq, xd, xds, t, out)
+    elif kind == Q5_K:
+        ktile_q5_k_1x1(w, 256, i, xq, xd, xds, t, out)
+    else:
+        ktile_q6_k_1x1(w, 256, i, xq, xd, xds, t, out)
+
+
+@kernel
+def _tile4(kind, w, i, xq, xd, xds, t, out):
+    if kind == Q5_0:
+        ktile_q5_0_1x4(w, 32, i, xq, xd, xds, t, out)
+    elif kind == Q5_1:
+        ktile_q5_1_1x4(w, 32, i, xq, xd, xds, t, out)
+    elif kind == Q4_K:
+        ktile_q4_k_1x4(w, 256, i, xq, xd, xds, t, out)
+    elif kind == Q5_K:
+        ktile_q5_k_1x4(w, 256, i, xq, xd, xds, t, out)
+    else:
+        ktile_q6_k_1x4(w, 256, i, xq, xd, xds, t, out)
+
+
+@kernel
+def mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1):
+    """out[0, r0:r1] = W[r0:r1] @ x[0], one row at a time (rows are one stream)."""
+    if kind == Q5_0:
+        for i in range(r0, r1):
+            ktile_q5_0_1x1(w, 32, i, xq, xd, xds, 0, out)
+    elif kind == Q5_1:
+        for i in range(r0, r1):
+            ktile_q5_1_1x1(w, 32, i, xq, xd, xds, 0, out)
+    elif kind == Q4_K:
+        for i in range(r0, r1):
+            ktile_q4_k_1x1(w, 256, i, xq, xd, xds, 0, out)
+    elif kind == Q5_K:
+        for i in range(r0, r1):
+            ktile_q5_k_1x1(w, 256, i, xq, xd, xds, 0, out)
+    else:
+        for i in range(r0, r1):
+            ktile_q6_k_1x1(w, 256, i, xq, xd, xds, 0, out)
+
+
+@kernel(parallel=True)
+def mv_kq(kind, w, xq, xd, xds, out):
+    n = w.shape[0]
+    for c in prange((n + CHUNK - 1) // CHUNK):
+        mv_rows_kq(kind, w, xq, xd, xds, out, c * CHUNK, min(n, c * CHUNK + CHUNK))
+
+
+@kernel
+def mm_rows_kq(kind, w, xq, xd, xds, out, r0, r1, T):
+    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T: chunks of ROWS rows, four tokens per tile."""
+    for c0 in range(r0, r1, ROWS):
+        c1 = min(r1, c0 + ROWS)
+        for t in range(0, T - 3, 4):
+            for i in range(c0, c1):
+                _tile4(kind, w, i, xq, xd, xds, t, out)
+        for t in range(T - T % 4, T):
+            for i in range(c0, c1):
+                _tile1(kind, w, i, xq, xd, xds, t, out)
+
+
+@kernel(parallel=True)
+def mm_kq(kind, w, xq, xd, xs, xds, out, T, threads):
+    n = w.shape[0]
+    nth = max(1, min(threads, (n + ROWS - 1) // ROWS))
+    for p in prange(nth):
+        chunks = (n + ROWS - 1) // ROWS
+        r0, r1 = min(n, p * chunks // nth * ROWS), min(n, (p + 1) * chunks // nth * ROWS)
+        mm_rows_kq(kind, w, xq, xd, xds, out, r0, r1, T)

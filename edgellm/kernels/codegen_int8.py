@@ -57,7 +57,6 @@ from .ir import (
     _signed_dot_halves,
     _splat,
     _store,
-    _tile_args,
     _typed,
     _v,
     _vnni,
@@ -119,9 +118,13 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
         return [(w, d2, m2) for w in ws]
 
     def codegen(ctx, b, sig, args):
-        w, xq, out, i, t, xrow, drow, srow = _tile_args(ctx, b, sig, args, RT)
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
         K = xq.cols
         wrow = [w.row(b.add(i, _i64(r))) for r in range(RW)]
+        xrow = [xq.row(b.add(t, _i64(r))) for r in range(RT)]
+        drow = [xd.row(b.add(t, _i64(r))) for r in range(RT)]
+        srow = [xds.row(b.add(t, _i64(r))) for r in range(RT)]
         n = RW * RT
         init = [_c(_v(F32, 16), [0.0] * 16)] * n + ([_c(_v(F32, 2), [0.0] * 2)] * n if q4 else [])
         expand = [0] * 8 + [1] * 8
@@ -286,8 +289,12 @@ def _q4_i16_row_codegen(kind, RW, RT=1, chains=None):
         return b.add(_pick(b, p, range(0, 16, 2)), _pick(b, p, range(1, 16, 2)))
 
     def codegen(ctx, b, sig, args):
-        w, xq, out, i, t, xrows, drows, srows = _tile_args(ctx, b, sig, args, RT)
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
         wrows = [w.row(b.add(i, _i64(r))) for r in range(RW)]
+        xrows = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drows = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srows = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
         nxt = w.row(b.add(i, _i64(PF_ROWS * RW)))
         low = _c(i16x16, [15] * 16)
         four = _c(i16x16, [4] * 16)
@@ -406,8 +413,12 @@ def _group_codegen(kind, RT, A=I8, chains=None):
     AB = A.width // 8
 
     def codegen(ctx, b, sig, args):
-        w, xq, out, i, t, xrow, drow, srow = _tile_args(ctx, b, sig, args, RT)
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
         wrow = [w.row(b.add(i, _i64(r))) for r in range(R)]
+        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
         zero_i = _c(_v(I32, 8), [0] * 8)
         low16 = _c(_v(I8, 32), [15] * 32)
         four = _c(_v(I8, 32), [4] * 32)

@@ -43,7 +43,7 @@ from .ir import (
     _load,
     _loop,
     _pick,
-    _tile_args,
+    _Rows,
     _splat,
     _store,
     _typed,
@@ -135,10 +135,14 @@ def _kq_codegen(kind, RT):
     v8 = _v(F32, 8)
 
     def codegen(ctx, b, sig, args):
-        w, xq, out, i, t, xrow, drow, srow = _tile_args(ctx, b, sig, args, RT)
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
         A = I16 if sig.args[2].dtype == types.int16 else I8
         AB = A.width // 8
         wrow = w.row(i)
+        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
         zero = _c(v8, [0.0] * 8)
         init = [zero] * (RT * (2 if mins else 1))
 
@@ -202,10 +206,14 @@ def _q5_codegen(kind, RT):
     v8, v4 = _v(F32, 8), _v(F32, 4)
 
     def codegen(ctx, b, sig, args):
-        w, xq, out, i, t, xrow, drow, srow = _tile_args(ctx, b, sig, args, RT)
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
         A = I16 if sig.args[2].dtype == types.int16 else I8
         AB = A.width // 8
         wrow = w.row(i)
+        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
         nb = b.sdiv(xq.cols, _i64(32))
 
         def gather(ps, off):

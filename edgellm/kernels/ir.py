@@ -58,16 +58,6 @@ class _Rows:
         return self.b.gep(self.data, [self.b.mul(r, self.stride)], inbounds=True)
 
 
-def _tile_args(ctx, b, sig, args, RT):
-    """A tile intrinsic's (W, block, i, xq, xd, xds, t, out) as byte rows: (w, xq, out, i, t,
-    xrows, drows, srows), the last three the RT activation rows t.. of xq, xd and xds."""
-    w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
-    i, t = args[1], args[5]
-    toks = [b.add(t, _i64(s)) for s in range(RT)]
-    return (w, xq, out, i, t, [xq.row(u) for u in toks], [xd.row(u) for u in toks],
-            [xds.row(u) for u in toks])
-
-
 def _load(b, base, off, ty):
     """Unaligned load of `ty` at byte offset `off` (int or i64 value) from i8* base."""
     if isinstance(off, int):

@@ -177,32 +177,34 @@ def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts, q8_0, q4_0
     off, rb, kind, block = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES], m[MAT_KIND], \
         m[MAT_BLOCK]
     w = blob[off:off + rows * rb].reshape((rows, rb))
-    if kind >= K_FIRST:
+    # the unpruned step's branches as they were (each kernel behind its type's feature):
+    # LLVM then optimizes the step as before, whose rows the batched step's match bit for bit
+    if kind >= K_FIRST and not float_acts and has_kq(kind):  # q5_0/1, q4_k..q6_k
         if kquant is not None:
-            if not float_acts and has_kq(kind):  # q5_0/1, q4_k..q6_k
-                mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)
-            else:  # the other K-quants: float activations in either mode (kquant.py)
-                mvp_rows_k(kind, w, h, out, r0, r1)
+            mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)
+    elif kind >= K_FIRST:  # the other K-quants: float activations in either mode (kquant.py)
+        if kquant is not None:
+            mvp_rows_k(kind, w, h, out, r0, r1)
     elif kind == F32:
         if f32 is not None:
             mvp_rows_f32(w.view(np.float32), block, h, out, r0, r1)
+    elif float_acts:
+        if kind == Q8_0:
+            if q8_0 is not None:
+                mvp_rows_q8_0(w, block, h, out, r0, r1)
+        elif kind == Q4_0:
+            if q4_0 is not None:
+                mvp_rows_q4_0(w, block, h, out, r0, r1)
+        elif q4_1 is not None:
+            mvp_rows_q4_1(w, block, h, out, r0, r1)
     elif kind == Q8_0:
         if q8_0 is not None:
-            if float_acts:
-                mvp_rows_q8_0(w, block, h, out, r0, r1)
-            else:
-                mv_rows_q8_0(w, block, xq, xd, xds, out, r0, r1)
+            mv_rows_q8_0(w, block, xq, xd, xds, out, r0, r1)
     elif kind == Q4_0:
         if q4_0 is not None:
-            if float_acts:
-                mvp_rows_q4_0(w, block, h, out, r0, r1)
-            else:
-                mv_rows_q4_0(w, block, xq, xd, xds, out, r0, r1)
+            mv_rows_q4_0(w, block, xq, xd, xds, out, r0, r1)
     elif q4_1 is not None:
-        if float_acts:
-            mvp_rows_q4_1(w, block, h, out, r0, r1)
-        else:
-            mv_rows_q4_1(w, block, xq, xd, xds, out, r0, r1)
+        mv_rows_q4_1(w, block, xq, xd, xds, out, r0, r1)
 
 
 @kernel

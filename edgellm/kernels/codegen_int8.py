@@ -194,8 +194,8 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
     vpdpbusd per block), and each row's dot is (w + 128) . x from there: one xor per row
     instead of the |w| . sign(w) x trick's three operations. The lane sums are the same
     integers either way, so the results are too. q8_0 elsewhere (int16 activations, AVX2):
-    each block's sum as (dot dx) dw, dx broadcast once for the rows and dw straight from
-    its f16 bits (`halves`, below).
+    dw dx as a vector, dx broadcast once for the rows and dw straight from its f16 bits
+    (`halves`, below): the same roundings as the scalar dw dx, so the same results.
     """
     hdr, per_byte = BLOCK_BYTES[kind]
     BB = hdr + 32 // per_byte
@@ -232,10 +232,10 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
             out = []
             for r in range(RW):
                 p = b.gep(wrows[r], [b.mul(bi, _i64(BB))], inbounds=True)
-                if halves:  # (dot dx) dw: the scale broadcast from its f16, no scalar work
+                if halves:  # dot (dw dx) as below, dw broadcast from its f16 bits
                     dot = _signed_dot_halves(b, _load(b, p, 2, _v(I8, 32)))(x)
-                    f = b.fmul(b.sitofp(dot, v8), dx8, flags=FAST)
-                    out.append(b.fadd(st[r], b.fmul(f, _splat_f16(b, p, 0, 8), flags=FAST),
+                    scale = b.fmul(_splat_f16(b, p, 0, 8), dx8, flags=FAST)
+                    out.append(b.fadd(st[r], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
                                       flags=FAST))
                     continue
                 dw = _f16(b, p, 0)

@@ -5,7 +5,8 @@
 
 cold   a fresh EDGELLM_HOME (a temporary directory: its kernel cache empty; the model file
        is linked in, already converted): `edgellm generate -n 1`, its time to the first
-       byte of output and its wall time; then `-t 1` and `--precise` runs, which must
+       byte of output (the token: the variants are compiled after it), wall and CPU
+       seconds; then `-t 1` and `--precise` runs, which must
        compile nothing (the lines "edgellm: compiling kernels N" they print are counted).
 warm   --rounds alternating rounds of `python -c "import numba"` and `edgellm generate
        -n 1` (after one run that fills the kernel cache of the environment's EDGELLM_HOME
@@ -59,6 +60,7 @@ def run(cmd: list[str], env: dict) -> dict:
     if p.returncode:
         raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{err[-2000:]}")
     return {"wall": wall, "first": t_first, "peak": usage.ru_maxrss / 1024, "stderr": err,
+            "cpu": usage.ru_utime + usage.ru_stime,
             "stdout": out.decode("utf-8", "replace"), "load": load()}
 
 
@@ -79,7 +81,8 @@ def cold(a, env: dict) -> None:
         env.pop("NUMBA_CACHE_DIR", None)
         r = run(edgellm(model, "-n", "1", "-t", str(a.threads), "-p", "Hi"), env)
         print(f"cold  -t {a.threads}: first token {r['first']:.1f} s, wall {r['wall']:.1f} s, "
-              f"{compiles(r)} kernels compiled, peak {r['peak']:.0f} MiB ({r['load']})")
+              f"cpu {r['cpu']:.1f} s, {compiles(r)} kernels compiled, peak {r['peak']:.0f} MiB "
+              f"({r['load']})")
         for extra in (["-t", "1"], ["-t", str(a.threads), "--precise"]):
             r = run(edgellm(model, "-n", "1", *extra, "-p", "Hi"), env)
             print(f"then  {' '.join(extra)}: wall {r['wall']:.1f} s, {compiles(r)} kernels "

@@ -82,3 +82,33 @@ def test_released_compiler_pages_come_back_when_needed(converted):
             return 3 * x
 
         assert tripled(3) == 9
+
+
+def test_deferred_variants_compile_when_asked(converted, monkeypatch):
+    """warmup(variants=False) (the CLI's generate: the first token does not wait) leaves the
+    variants due; warm_variants (finish_first_run, after the answer) runs them."""
+    from edgellm.commands.common import finish_first_run
+
+    calls = []
+
+    def spy(name, kernel):
+        def run(*args):
+            calls.append(name)
+            return kernel(*args)
+        run.compile = kernel.compile
+        return run
+
+    monkeypatch.setattr(ds, "decode_parallel", spy("parallel", ds.decode_parallel))
+    monkeypatch.setattr(ds, "decode_serial", spy("serial", ds.decode_serial))
+    with edgellm.load(converted("llama", "q4_1"), threads=2) as llm:
+        m = llm.model
+        counts = iter(range(100))
+        monkeypatch.setattr(warmup, "compiled", lambda: next(counts))
+        m.warmup(variants=False)
+        assert m.variants_due and "serial" not in calls
+        monkeypatch.setattr("edgellm.commands.common.say", lambda line: None)
+        finish_first_run(llm)
+        assert "serial" in calls and not m.variants_due and len(m.tokens) == 0
+        calls.clear()
+        finish_first_run(llm)  # nothing due: nothing runs
+        assert calls == []

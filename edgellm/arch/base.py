@@ -131,6 +131,7 @@ class Transformer(CachedTokens):
         self.runner = StepRunner(self)
         self._layer_steps: list | None = None
         self.fused = None  # a FusedDecoder, where arch.build made one (arch/fused.py)
+        self.variants_due = False  # warmup(variants=False) compiled: warm_variants is due
         self.lora: dict = {}  # weight name -> lora.attach.Delta added to its output
 
     def new_cache(self) -> KVCache:
@@ -323,7 +324,7 @@ class Transformer(CachedTokens):
                 return out[0]
         return np.concatenate(outs) if every else None
 
-    def warmup(self, between=None) -> None:
+    def warmup(self, between=None, variants: bool = True) -> None:
         """Run the decode and prefill paths once (each kernel they call loads from the
         cache, or compiles). Where that compiled anything (the first run on a machine), the
         other variants are compiled now too, while the compiler's work is in memory: the
@@ -333,7 +334,10 @@ class Transformer(CachedTokens):
 
         between: called after the fused step's kernel is loaded (before any weight is
         read) and at the end; the CLI releases LLVM's pages there (warmup.py), which loading
-        a kernel touches, so that they and the weights are not resident at once."""
+        a kernel touches, so that they and the weights are not resident at once.
+        variants=False leaves the variants to warm_variants() (variants_due says whether
+        they are due): the CLI's generate compiles them after its answer, so that the first
+        run's first token does not wait for them."""
         from ..kernels.warmup import compiled
 
         before = compiled()
@@ -344,13 +348,16 @@ class Transformer(CachedTokens):
                 between()
         self.forward([0, 0], want="last")
         self.forward([0], want="last")
-        if compiled() > before:
-            self._warm_variants()
+        self.variants_due = compiled() > before
+        if self.variants_due and variants:
+            self.warm_variants()
         self.reset()
         if between is not None:
             between()
 
-    def _warm_variants(self) -> None:
+    def warm_variants(self) -> None:
+        """Run (compiling or loading) the variants warmup names; empties the cache."""
+        self.variants_due = False
         if self.fused is not None:
             self.reset()
             self.fused.warm_variants()
@@ -362,6 +369,7 @@ class Transformer(CachedTokens):
             self.forward([0, 0], want="last")
         finally:
             self.precise, self.int8_acts = precise, int8_acts
+        self.reset()
 
     def set_lora(self, deltas: dict) -> None:
         """Apply these LoRA deltas (lora/attach.py; {} for none) from the next token on:

@@ -111,7 +111,7 @@ class BatchDecoder:
         kv = (self.k, self.v, self.pos, self.layers, self.cos, self.sin)
         self.scheduler.run(bs.batch_parallel, bs.batch_serial,
                            (self.tables, self.bufs, kv, self.positions, self.slots, n,
-                            m.precise, bs.TILE))
+                            m.precise, bs.TILE, f.feats))
         for s in slots:
             cache = self.caches[s]
             for layer in cache.layers:

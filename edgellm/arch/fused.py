@@ -6,6 +6,12 @@ for kernels/decode_step.py, and returns None where the step does not apply (floa
 mixed-float matrices, widths the int8 activations cannot split into blocks of 32); the
 model then decodes through its per-operation path, which computes the same function.
 
+The step is compiled for what the program uses (`features`: its matrix types, the cache's
+kv_type, MoE, LoRA; decode_step.py): SmolLM2's compiles its q4_1 and q8_0 kernels and no
+MoE, K-quant or f16/q8_0-cache code, about a third of the step with everything. A step for
+another feature set compiles once too (the kernel cache keeps each). `FusedDecoder.prune =
+False` compiles every op instead (one step for every model: the test suite's setting).
+
 The compiler (`Program`) places every named buffer in one float32 arena: rows written by
 split projections are shared, normed rows private to each worker. It inserts a barrier
 where a step reads a whole vector that workers wrote in parts, or rewrites a vector other
@@ -367,6 +373,26 @@ class Program:
         self.logits_addr = self.regions[("s", "logits", m.args.vocab_size)]
 
 
+_ON = np.zeros(1, np.int8)  # a feature the step compiles (any array; None: it does not)
+ALL_FEATURES = (_ON,) * len(ds.FEATURES)
+
+
+def features(prog: Program, kv_type: str) -> tuple:
+    """decode_step's feats for this program on a cache of kv_type: what it runs, None for
+    the rest (so that numba neither types nor compiles that)."""
+    codes = {int(m[ds.MAT_KIND]) for m in prog.mats}
+    ops = {row[0] for row in prog.ops}
+    have = {name for name in ds.KIND_FEATURES[:4] if ds.KIND_CODE[name] in codes}
+    if any(c >= ds.K_FIRST for c in codes):
+        have.add("kquant")
+    have.add("kv_" + kv_type)
+    if ops & {ds.ROUTE, ds.MOE}:
+        have.add("moe")
+    if ops & {ds.LORA_A, ds.LORA_B}:
+        have.add("lora")
+    return tuple(_ON if name in have else None for name in ds.FEATURES)
+
+
 def _cache_rows_fit(cache, head_dim: int) -> bool:
     """The cache's K and V are C-ordered [slots, Hkv, width] rows of its kv_type, as the
     step reads them (decode_step._attend tells the types apart by their row bytes)."""
@@ -377,6 +403,8 @@ def _cache_rows_fit(cache, head_dim: int) -> bool:
 
 class FusedDecoder:
     """A compiled program with its tables and buffers, run once per decode token."""
+
+    prune = True  # compile only the features the model's program uses (else all of them)
 
     @classmethod
     def build(cls, model, threads: int | None = None,
@@ -435,6 +463,7 @@ class FusedDecoder:
         self.x = self.mem[prog.x_addr:prog.x_addr + D].reshape(1, D)
         self.logits = self.mem[prog.logits_addr:prog.logits_addr + V].reshape(1, V)
         self.lora = (np.concatenate(prog.lora) if prog.lora else np.zeros(PAD, np.uint16))
+        self.feats = features(prog, model.cache.kv_type) if self.prune else ALL_FEATURES
         self.model_tables = (self.prog, self.mats, self.consts, self.params, self.ints,
                              self.blob, self.lora)
         self.bufs = (self.mem, self.shared, self.private, self.xq, self.xd, self.xs, self.xds,
@@ -488,7 +517,7 @@ class FusedDecoder:
         kv = (cache.k_all.view(np.uint8), cache.v_all.view(np.uint8), cache.pos_all, layers,
               cos, sin)
         self.scheduler.run(ds.decode_parallel, ds.decode_serial,
-                           (self.model_tables, self.bufs, kv, p, precise))
+                           (self.model_tables, self.bufs, kv, p, precise, self.feats))
         for layer in cache.layers:
             layer.written += 1
         cache.next_pos += 1

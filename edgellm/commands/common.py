@@ -149,13 +149,21 @@ def say(message: str) -> None:
 
 def fused_default() -> bool:
     """The CLI's one environment choice of the decode path: EDGELLM_FUSED=0 decodes through
-    the per-operation path (load(fused=False)); anything else, or unset, the fused step."""
-    return os.environ.get("EDGELLM_FUSED", "1").strip() != "0"
+    the per-operation path (load(fused=False)); =all through the fused step compiled with
+    every op, one kernel for every model (as the test suite runs it: arch/fused.py);
+    anything else, or unset, the fused step compiled for the model's own ops."""
+    value = os.environ.get("EDGELLM_FUSED", "1").strip()
+    if value == "all":
+        from ..arch.fused import FusedDecoder
+
+        FusedDecoder.prune = False
+    return value != "0"
 
 
-def open_model(args) -> LLM:
+def open_model(args, defer_variants: bool = False) -> LLM:
     """Resolve -m (pulling the default model on first use) and load it, saying when the
-    kernels are being compiled (the first run on a machine)."""
+    kernels are being compiled (the first run on a machine). defer_variants: leave the
+    first run's other variants (a decoder's warmup) to finish_first_run, after the answer."""
     from ..kernels.warmup import compile_notice, release_compiler_pages
 
     import warnings
@@ -172,5 +180,21 @@ def open_model(args) -> LLM:
                 raise ContextError(str(w)) from None
         if llm.packed.has_tokenizer:  # built before the kernels load: its build's transient
             llm.tokenizer  # (~10-20 MiB, freed) is then not on top of them in the peak
-        llm.model.warmup(release_compiler_pages)  # LLVM's, which decoding does not run
+        model = llm.model  # release: LLVM's pages, which decoding does not run
+        if defer_variants and hasattr(model, "warm_variants"):
+            model.warmup(release_compiler_pages, variants=False)
+        else:
+            model.warmup(release_compiler_pages)
     return llm
+
+
+def finish_first_run(llm: LLM) -> None:
+    """Compile the variants open_model(defer_variants=True) left, where they are due (the
+    first run on a machine): a later run with another thread count or --precise then
+    compiles nothing. Empties the model's cache."""
+    from ..kernels.warmup import compile_notice, release_compiler_pages
+
+    if getattr(llm.model, "variants_due", False):
+        with compile_notice(say):
+            llm.model.warm_variants()
+        release_compiler_pages()

@@ -19,6 +19,7 @@ from .common import (
     add_lora_argument,
     add_model_arguments,
     add_sampling_arguments,
+    finish_first_run,
     int_at_least,
     open_model,
     read_stdin_text,
@@ -80,7 +81,7 @@ def constraint_kwargs(args) -> dict:
 def run(args) -> int:
     prompt = read_stdin_text() if args.prompt == "-" else args.prompt
     constraint = constraint_kwargs(args)
-    with open_model(args) as llm:
+    with open_model(args, defer_variants=True) as llm:
         if args.chat:
             messages = [{"role": "system", "content": args.system}] if args.system else []
             prompt = messages + [{"role": "user", "content": prompt}]
@@ -94,4 +95,5 @@ def run(args) -> int:
         sys.stdout.write("\n")
         if args.verbose and last is not None and last.stats is not None:
             print(f"[{last.finish_reason}] {last.stats.line()}", file=sys.stderr)
+        finish_first_run(llm)  # the first run's other variants, after the answer
     return 0

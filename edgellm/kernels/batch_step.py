@@ -29,6 +29,7 @@ from numba import prange
 from .codegen_int8 import GROUP
 from .decode_step import (
     I_KMAX,
+    KIND_FEATURES,
     MAT_BLOCK,
     MAT_KIND,
     MAT_OFF,
@@ -53,6 +54,7 @@ from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     tile_q4_1_8x4c2,
 )
 
+N_KINDS = len(KIND_FEATURES)  # feats' first entries: the matrix types (decode_step.py)
 TILE = 32  # weight rows per tile (a multiple of the matvec row groups: the same groups)
 assert TILE % GROUP == 0 and TILE % 4 == 0  # q4 row groups, q8_0's four rows
 
@@ -83,7 +85,7 @@ def _groups(kind, w, g, xq, xd, xds, out, n):
 
 
 @kernel
-def _proj(tid, nt, op, model, bufs, n, precise, tile):
+def _proj(tid, nt, op, model, bufs, n, precise, tile, q8_0, q4_0, q4_1, f32, kquant):
     """The PROJ op of worker tid for rows 0..n-1: its rows of W as the single step splits
     them; q4 row groups meet all n rows per tile (_groups), other matrices a tile of
     `tile` rows at a time, each row through the single step's _mv."""
@@ -113,7 +115,8 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile):
             aq, ad, asum, ads = _act(xq[r], xd[r], xs[r], xds[r], ints, slot, K)
             h = _row(mem[r], shared, private, tid, op[5], K)
             out = _row(mem[r], shared, private, tid, op[7], rows)
-            _mv(blob, m, row0, rows, h, aq, ad, ads, out, c0, c1, float_acts)
+            _mv(blob, m, row0, rows, h, aq, ad, ads, out, c0, c1, float_acts,
+                q8_0, q4_0, q4_1, f32, kquant)
         c0 = c1
     if op[8] >= 0:
         b = params[op[8]:op[8] + rows]
@@ -124,7 +127,7 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile):
 
 
 @kernel
-def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile):
+def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, feats):
     """Worker tid's run of the program over rows 0..n-1 (see the module docstring)."""
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
@@ -132,7 +135,7 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile):
     for i in range(prog.shape[0]):
         op = prog[i]
         if op[0] == PROJ:
-            _proj(tid, nt, op, model, bufs, n, precise, tile)
+            _proj(tid, nt, op, model, bufs, n, precise, tile, *feats[:N_KINDS])
         else:
             for r in range(n):
                 c = slots[r]
@@ -140,11 +143,11 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile):
                         (mem[r], shared, private, xq[r], xd[r], xs[r], xds[r], kq, scores,
                          state),
                         (k_all[c], v_all[c], pos_all[c], layers[r], cos[r], sin[r]), pos[r],
-                        precise)
+                        precise, *feats)
 
 
 @kernel(parallel=True)
-def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile):
+def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile, feats):
     """One step of rows 0..n-1 on nt threads (nt == numba.get_num_threads(), omp layer).
 
     model: the fused step's tables, with ints [R, .] (a copy per row: MoE's routes);
@@ -152,13 +155,13 @@ def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile):
     [R, .], kq, scores, state): per-row arenas and act slots, shared attention scratch and
     barrier; kv = (k, v [R, slots, Hkv, Dh], pos [R, slots], layers [R, L, LAYER_WIDTH], cos,
     sin [R, sets, Dh/2]): caches by slot, the rest by row; pos [R], slots [R]: each row's
-    position and cache.
+    position and cache; feats: the fused step's (decode_step.py).
     """
     for tid in prange(nt):
-        _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile)
+        _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, feats)
 
 
 @kernel
-def batch_serial(model, bufs, kv, pos, slots, n, precise, tile):
+def batch_serial(model, bufs, kv, pos, slots, n, precise, tile, feats):
     """One step of rows 0..n-1 on the calling thread."""
-    _batch_worker(0, 1, model, bufs, kv, pos, slots, n, precise, tile)
+    _batch_worker(0, 1, model, bufs, kv, pos, slots, n, precise, tile, feats)

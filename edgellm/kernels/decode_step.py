@@ -38,6 +38,15 @@ an f32, f16 or q8_0 cache through kv_store.kv_rows / store_kv_row, a few rows at
 
 Every offset, shape and type in the tables is checked by the caller (arch/fused.py)
 before the first call: these kernels do not check bounds.
+
+The step compiles only what its model runs: `feats`, one entry per FEATURES (arch/fused.py,
+features()), says which kernels the program needs: its matrix types (KIND_FEATURES), the
+cache's type (kv_*), MoE (ROUTE, MOE) and LoRA (LORA_A, LORA_B), each None where the
+program has none, else an array (any; a flat tuple: numba's parallel region does not take
+a nested one holding None). The functions below test them as their own arguments (`if q4_0
+is not None`), which numba's dead-branch pruning resolves before typing, so a model's step
+never types or compiles the other kernels (a step with every entry set runs every
+program). The kernel cache keeps one step per feature set.
 """
 
 from __future__ import annotations
@@ -114,6 +123,9 @@ SLOTS = 2  # int8 activation slots per worker (xq rows tid * SLOTS ..)
 SILU, GELU_TANH = 0, 1
 ALIGN = 16  # row split granularity (cache-line friendly, whole prefill tiles)
 NEG = MASKED  # the score of a slot a query does not see
+KIND_FEATURES = ("q8_0", "q4_0", "q4_1", "f32", "kquant")  # kquant: q5_0, q5_1, K-quants
+KV_FEATURES = ("f32", "f16", "q8_0")
+FEATURES = (*KIND_FEATURES, *("kv_" + k for k in KV_FEATURES), "moe", "lora")
 
 
 @kernel
@@ -158,29 +170,40 @@ def _act(xq, xd, xs, xds, ints, s, K):
 
 
 @kernel
-def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts):
-    """out[0, r0:r1] = W[row0 + r0:row0 + r1] @ h[0] for matrix table entry m."""
+def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts, q8_0, q4_0, q4_1, f32,
+        kquant):
+    """out[0, r0:r1] = W[row0 + r0:row0 + r1] @ h[0] for matrix table entry m; q8_0 ..
+    kquant: feats' matrix types (None for a type the model has not)."""
     off, rb, kind, block = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES], m[MAT_KIND], \
         m[MAT_BLOCK]
     w = blob[off:off + rows * rb].reshape((rows, rb))
+    # the unpruned step's branches as they were (each kernel behind its type's feature):
+    # LLVM then optimizes the step as before, whose rows the batched step's match bit for bit
     if kind >= K_FIRST and not float_acts and has_kq(kind):  # q5_0/1, q4_k..q6_k
-        mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)
+        if kquant is not None:
+            mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)
     elif kind >= K_FIRST:  # the other K-quants: float activations in either mode (kquant.py)
-        mvp_rows_k(kind, w, h, out, r0, r1)
+        if kquant is not None:
+            mvp_rows_k(kind, w, h, out, r0, r1)
     elif kind == F32:
-        mvp_rows_f32(w.view(np.float32), block, h, out, r0, r1)
+        if f32 is not None:
+            mvp_rows_f32(w.view(np.float32), block, h, out, r0, r1)
     elif float_acts:
         if kind == Q8_0:
-            mvp_rows_q8_0(w, block, h, out, r0, r1)
+            if q8_0 is not None:
+                mvp_rows_q8_0(w, block, h, out, r0, r1)
         elif kind == Q4_0:
-            mvp_rows_q4_0(w, block, h, out, r0, r1)
-        else:
+            if q4_0 is not None:
+                mvp_rows_q4_0(w, block, h, out, r0, r1)
+        elif q4_1 is not None:
             mvp_rows_q4_1(w, block, h, out, r0, r1)
     elif kind == Q8_0:
-        mv_rows_q8_0(w, block, xq, xd, xds, out, r0, r1)
+        if q8_0 is not None:
+            mv_rows_q8_0(w, block, xq, xd, xds, out, r0, r1)
     elif kind == Q4_0:
-        mv_rows_q4_0(w, block, xq, xd, xds, out, r0, r1)
-    else:
+        if q4_0 is not None:
+            mv_rows_q4_0(w, block, xq, xd, xds, out, r0, r1)
+    elif q4_1 is not None:
         mv_rows_q4_1(w, block, xq, xd, xds, out, r0, r1)
 
 
@@ -285,17 +308,21 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
 
 
 @kernel
-def _attend(tid, nt, op, model, bufs, kv, p):
+def _attend(tid, nt, op, model, bufs, kv, p, f32, f16, q8_0):
     """The ATTEND op of worker tid (see the module docstring). kv's k, v are the cache's
-    bytes [slots, Hkv, row bytes], whatever its kv_type (so that one compiled step serves
-    all): rows of 4 Dh bytes are float32, of 2 Dh f16 bits, else (Dh/32 * 34) q8_0 blocks."""
+    bytes [slots, Hkv, row bytes], whatever its kv_type (so that one compiled step can serve
+    all): rows of 4 Dh bytes are float32, of 2 Dh f16 bits, else (Dh/32 * 34) q8_0 blocks;
+    f32, f16, q8_0: feats' kv_* (None for the types this step does not read)."""
     k, v = kv[0], kv[1]
     rb, Dh = k.shape[2] * k.itemsize, bufs[7].shape[2]
     if rb == 4 * Dh:
-        _attend_rows(tid, nt, op, model, bufs, kv, k.view(np.float32), v.view(np.float32), p)
+        if f32 is not None:
+            _attend_rows(tid, nt, op, model, bufs, kv, k.view(np.float32), v.view(np.float32),
+                         p)
     elif rb == 2 * Dh:
-        _attend_rows(tid, nt, op, model, bufs, kv, k.view(np.uint16), v.view(np.uint16), p)
-    else:
+        if f16 is not None:
+            _attend_rows(tid, nt, op, model, bufs, kv, k.view(np.uint16), v.view(np.uint16), p)
+    elif q8_0 is not None:
         _attend_rows(tid, nt, op, model, bufs, kv, k.view(np.uint8), v.view(np.uint8), p)
 
 
@@ -351,9 +378,9 @@ def _attend_rows(tid, nt, op, model, bufs, kv, k_all, v_all, p):
 
 
 @kernel
-def _moe(tid, nt, op, model, bufs, precise):
+def _moe(tid, nt, op, model, bufs, precise, q8_0, q4_0, q4_1, f32, kquant):
     """The MOE op of worker tid: the selected experts, in ascending order, as the
-    per-operation path adds them up (arch/moe.py)."""
+    per-operation path adds them up (arch/moe.py). q8_0 .. kquant: feats' matrix types."""
     prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     mat0, top_k, src, slot, ga, ua, fa, ya, da = op[1], op[2], op[3], op[4], op[5], op[6], \
@@ -371,6 +398,8 @@ def _moe(tid, nt, op, model, bufs, precise):
     fq, fd, fs, fds = _act(xq, xd, xs, xds, ints, s0 + 1 - slot, F)  # the other slot: ffn
     last = -1
     zero = ints[I_ZERO:I_ZERO + 1]  # the row index scatter_add takes
+    row0 = np.int64(0)  # not a literal 0: the PROJ op's _mv, not a second compile of it
+    kinds = (q8_0, q4_0, q4_1, f32, kquant)
     for _ in range(top_k):
         e, j = 1 << 62, -1  # the next expert up, and its slot in idx
         for jj in range(top_k):
@@ -379,14 +408,14 @@ def _moe(tid, nt, op, model, bufs, precise):
         last = e
         m = mat0 + 3 * e
         r0, r1 = _split(F, tid, nt)
-        _mv(blob, mats[m], 0, F, h, hq, hd, hds, gate, r0, r1, precise)
-        _mv(blob, mats[m + 1], 0, F, h, hq, hd, hds, up, r0, r1, precise)
+        _mv(blob, mats[m], row0, F, h, hq, hd, hds, gate, r0, r1, precise, *kinds)
+        _mv(blob, mats[m + 1], row0, F, h, hq, hd, hds, up, r0, r1, precise, *kinds)
         _act_rows(act, gate[:, r0:r1], up[:, r0:r1], ffn[:, r0:r1])
         barrier(state, nt)
         if not precise:
             quantize_rows(ffn, fq, fd, fs, fds, 0, 1)
         r0, r1 = _split(D, tid, nt)
-        _mv(blob, mats[m + 2], 0, D, ffn, fq, fd, fds, y, r0, r1, precise)
+        _mv(blob, mats[m + 2], row0, D, ffn, fq, fd, fds, y, r0, r1, precise, *kinds)
         if r1 > r0:
             scatter_add(x[0, r0:r1].reshape((1, r1 - r0)), zero, wts[j:j + 1],
                         y[0, r0:r1].reshape((1, r1 - r0)))
@@ -409,8 +438,10 @@ def _lora_up(lora, b, R, row0, rows, t, tmp, out, r0, r1):
 
 
 @kernel
-def _worker(tid, nt, model, bufs, kv, p, precise):
-    """Worker tid's run of the whole program (see the module docstring)."""
+def _worker(tid, nt, model, bufs, kv, p, precise, q8_0, q4_0, q4_1, f32, kquant, kv_f32, kv_f16,
+            kv_q8_0, moe, lora_ops):
+    """Worker tid's run of the whole program (see the module docstring); q8_0 .. lora_ops:
+    feats (lora_ops: its "lora", not to be confused with the model's LoRA table)."""
     prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
@@ -436,7 +467,7 @@ def _worker(tid, nt, model, bufs, kv, p, precise):
             h = _row(mem, shared, private, tid, op[5], K)
             out = _row(mem, shared, private, tid, op[7], rows)
             _mv(blob, mats[op[1]], op[2], rows, h, aq, ad, ads, out, r0, r1,
-                precise or op[9] != 0)
+                precise or op[9] != 0, q8_0, q4_0, q4_1, f32, kquant)
             if op[8] >= 0:
                 b = params[op[8]:op[8] + rows]
                 for r in range(r0, r1):
@@ -473,20 +504,20 @@ def _worker(tid, nt, model, bufs, kv, p, precise):
             for r in range(r0, r1):
                 buf[r] = np.tanh(buf[r] / c) * c
         elif code == ATTEND:
-            _attend(tid, nt, op, model, bufs, kv, p)
-        elif code == ROUTE:
+            _attend(tid, nt, op, model, bufs, kv, p, kv_f32, kv_f16, kv_q8_0)
+        elif code == ROUTE and moe is not None:
             E, k = op[2], op[3]
             route(_row(mem, shared, private, tid, op[1], E), k, op[4] != 0,
                   ints[op[5] + tid * k:op[5] + (tid + 1) * k].reshape((1, k)),
                   _row(mem, shared, private, tid, op[6], k))
-        elif code == MOE:
-            _moe(tid, nt, op, model, bufs, precise)
-        elif code == LORA_A:
+        elif code == MOE and moe is not None:
+            _moe(tid, nt, op, model, bufs, precise, q8_0, q4_0, q4_1, f32, kquant)
+        elif code == LORA_A and lora_ops is not None:
             K, R = op[2], op[4]
             r0, r1 = _heads(R, tid, nt) if op[6] else (0, R)
             _lora_down(lora, op[3], R, K, _row(mem, shared, private, tid, op[1], K),
                        _row(mem, shared, private, tid, op[5], R), r0, r1)
-        elif code == LORA_B:
+        elif code == LORA_B and lora_ops is not None:
             rows = op[5]
             r0, r1 = _split(rows, tid, nt)
             if r1 > r0:
@@ -497,7 +528,7 @@ def _worker(tid, nt, model, bufs, kv, p, precise):
 
 
 @kernel(parallel=True)
-def decode_parallel(nt, model, bufs, kv, p, precise):
+def decode_parallel(nt, model, bufs, kv, p, precise, feats):
     """One decode step on nt threads (nt == numba.get_num_threads(), omp layer).
 
     model = (prog, mats, consts, params, ints, blob, lora): the program and its tables
@@ -506,14 +537,15 @@ def decode_parallel(nt, model, bufs, kv, p, precise):
     act slots (flat: nt * SLOTS slots of ints[I_KMAX] values), attention scratch and the
     barrier; kv = (k, v, pos, layers, cos, sin): the cache of every layer as bytes
     [slots, Hkv, row bytes] (float32, f16 or q8_0 rows: kv_types.py),
-    the layer table and this position's RoPE rows [sets, Dh/2]; p: the position.
+    the layer table and this position's RoPE rows [sets, Dh/2]; p: the position;
+    feats: what the program uses (the module docstring).
     """
     for tid in prange(nt):  # tid as int64: prange's is uint64, which would compile _worker
-        _worker(np.int64(tid), nt, model, bufs, kv, p, precise)  # a second time
+        _worker(np.int64(tid), nt, model, bufs, kv, p, precise, *feats)  # a second time
 
 
 @kernel
-def decode_serial(model, bufs, kv, p, precise):
+def decode_serial(model, bufs, kv, p, precise, feats):
     """One decode step on the calling thread."""
-    _worker(np.int64(0), np.int64(1), model, bufs, kv, p, precise)  # int64s, not literals:
-    # decode_parallel's _worker, not a third compile of it
+    # int64s, not literals: decode_parallel's _worker, not a third compile of it
+    _worker(np.int64(0), np.int64(1), model, bufs, kv, p, precise, *feats)

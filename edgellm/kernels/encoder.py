@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 from .attention import combine
 from .fastexp import exp_shift
 from .jit import kernel
-from .panel_gemm import RT, W, tile_1, tile_rt
+from .panel_gemm import W, tiles
 
 _F32 = np.dtype(np.float32)
 
@@ -187,20 +187,12 @@ def _head_tiles(q, k, v, t0, L, h, scale, qh, kp, vp, scores, oh, out):
             for j in range(W):
                 vp[c, r, j] = v[t0 + r, h, c * W + j]
     for c in range(kp.shape[0]):
-        pan = kp[c]
-        for r in range(0, L - RT + 1, RT):
-            tile_rt(pan, qh, r, scores, c * W)
-        for r in range(L - L % RT, L):
-            tile_1(pan, qh, r, scores, c * W)
+        tiles(kp[c], qh, 0, L, scores, c * W)
     inv = np.empty(L, dtype=np.float32)
     for r in range(L):
         inv[r] = _softmax_fast(scores[r], L)
     for c in range(vp.shape[0]):
-        pan = vp[c]
-        for r in range(0, L - RT + 1, RT):
-            tile_rt(pan, scores, r, oh, c * W)
-        for r in range(L - L % RT, L):
-            tile_1(pan, scores, r, oh, c * W)
+        tiles(vp[c], scores, 0, L, oh, c * W)
     for r in range(L):
         for i in range(Dh):
             out[t0 + r, h, i] = oh[r, i] * inv[r]

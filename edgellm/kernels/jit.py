@@ -5,9 +5,11 @@ intrinsics or jitted functions it calls from other modules, nor the SIMD path. K
 are therefore defined with `@kernel`, which caches them in a subdirectory of
 NUMBA_CACHE_DIR named by CACHE_TAG: KERNEL_VERSION, SIMD_PATH (simd.py) and a hash of the
 kernel sources (`_SOURCES`: the IR helpers and code generators, the intrinsic registries,
-the kernel modules built on them, sync.py (the decode step's barrier), and quant.py, whose
-table gives the block layouts the generators emit). Editing any of them or switching path
-never loads a stale kernel. A kernel elsewhere that calls these intrinsics or kernels (a
+the kernel modules built on them, sync.py (the decode step's barrier), the fused steps
+(decode_step.py, batch_step.py: batch_step's cached step holds decode_step's code) and the
+helpers they inline (norms.py, rope.py, moe.py), and quant.py, whose table gives the block
+layouts the generators emit). Editing any of them or switching path never loads a stale
+kernel. A kernel elsewhere that calls these intrinsics or kernels (a
 fused decode step, say) should be defined with `@kernel` too, so that it is cached under
 the same tag; bump KERNEL_VERSION when a change the hash does not see must invalidate
 cached kernels (a global LLVM option, a helper module). Old tag directories are not deleted.
@@ -34,6 +36,7 @@ _SOURCES = ("simd.py", "jit.py", "ir.py", "codegen_int8.py", "codegen_float.py",
             "panel.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py", "fastexp.py",
             "activations.py", "attention.py", "dots.py", "kquant.py", "panel_gemm.py",
             "encoder.py", "codegen_kquant.py", "kquant_int.py", "kv_store.py",
+            "norms.py", "rope.py", "moe.py", "decode_step.py", "batch_step.py",
             os.path.join("..", "quant.py"), os.path.join("..", "quant_k.py"))
 
 

@@ -81,6 +81,31 @@ def _make_tile(rt: int):
 
 tile_rt = _make_tile(RT)
 tile_1 = _make_tile(1)
+tile_2 = _make_tile(2)
+tile_3 = _make_tile(3)
+tile_4 = _make_tile(4)
+tile_5 = _make_tile(5)
+
+
+@kernel
+def tiles(panel, x, t0, t1, out, n0):
+    """out[t0:t1, n0:n0+16] = x[t0:t1] @ panel: RT-row tiles, then one tile of the last
+    (t1 - t0) % RT rows (a one-row tile is latency-bound: 2 chains of FMAs, ~4x slower a
+    row than the RT-row tile's 12)."""
+    for t in range(t0, t1 - RT + 1, RT):
+        tile_rt(panel, x, t, out, n0)
+    r = (t1 - t0) % RT
+    t = t1 - r
+    if r == 1:
+        tile_1(panel, x, t, out, n0)
+    elif r == 2:
+        tile_2(panel, x, t, out, n0)
+    elif r == 3:
+        tile_3(panel, x, t, out, n0)
+    elif r == 4:
+        tile_4(panel, x, t, out, n0)
+    elif r == 5:
+        tile_5(panel, x, t, out, n0)
 
 
 @kernel
@@ -90,11 +115,7 @@ def _group(panel, rows, x, out, n0):
     for k in range(K):
         for j in range(W):
             panel[k, j] = rows[j, k]
-    T = x.shape[0]
-    for t in range(0, T - RT + 1, RT):
-        tile_rt(panel, x, t, out, n0)
-    for t in range(T - T % RT, T):
-        tile_1(panel, x, t, out, n0)
+    tiles(panel, x, 0, x.shape[0], out, n0)
 
 
 @kernel

@@ -48,10 +48,11 @@ def group_name(tensor: str) -> str:
     return ".".join(parts)
 
 
-def activations(K: int, n: int, rng) -> tuple:
-    """n random rows of width K and their int8 blocks: (h, xq, xd, xds)."""
+def activations(K: int, n: int, rng, dtype=np.int8) -> tuple:
+    """n random rows of width K and their integer blocks (dtype: int8 or int16, the step's
+    activations): (h, xq, xd, xds)."""
     h = rng.standard_normal((n, K)).astype(np.float32)
-    xq = np.zeros((n, K), np.int8)
+    xq = np.zeros((n, K), dtype)
     xd = np.zeros((n, K // 32), np.float32)
     xs = np.zeros((n, K // 32), np.int32)
     xds = np.zeros((n, K // 32), np.float32)
@@ -91,7 +92,7 @@ def main() -> None:
     def run(idx: list[int]):
         cols = [m.packed.tensors[names[i]].shape[1] for i in idx]
         K = max(cols)
-        h, xq, xd, xds = activations(K, len(idx), rng)
+        h, xq, xd, xds = activations(K, len(idx), rng, f.xq.dtype)
         table = np.array(idx, np.int64)
         if len(set(cols)) > 1:  # rows of one width per call
             parts = [[j for j in idx if m.packed.tensors[names[j]].shape[1] == c]

@@ -57,7 +57,7 @@ from numba import prange
 from .. import quant
 from .act_quant import quantize_rows
 from .activations import geglu_tanh, swiglu_row
-from .dots import LANES, dots16
+from .dots import LANES, dots16, wsum_rows
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
 from .kquant import mvp_rows_k
@@ -241,8 +241,8 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
     The cache kc, vc [n, Hkv, width] is float32, or f16 / q8_0 rows (kv_types.py) that
     kv_rows decodes into tile [LANES, Dh] a few rows at a time (never the whole cache).
     Scores 16 cached keys at a time per head (dots16: no horizontal sum per key), soft-capped
-    where softcap > 0; the weighted values are summed four rows per pass (each decoded once
-    for the group's heads) and normalized at the end. Scratch: scores [>= ng, >= slots],
+    where softcap > 0; the weighted values are summed 16 rows at a time (wsum_rows; each
+    decoded once for the group's heads) and normalized at the end. Scratch: scores [>= ng, >= slots],
     stats [1, >= ng]. out [Hq * Dh] receives the ng heads' rows.
     """
     n, Dh = kc.shape[0], kh.shape[0]
@@ -292,26 +292,14 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
         o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
         for i in range(Dh):
             o[i] = e_self * vh[i]
+    o2 = out.reshape((out.shape[0] // Dh, Dh))
     t = 0
-    while t + 4 <= n:  # four value rows per pass over each head's o
-        src, r = kv_rows(vals, t, 4, tile)
-        v0, v1, v2, v3 = src[r], src[r + 1], src[r + 2], src[r + 3]
+    while t < n:  # LANES value rows at a time, each decoded once for the group's heads
+        m = min(LANES, n - t)
+        src, r = kv_rows(vals, t, m, tile)
         for g in range(ng):
-            row = scores[g]
-            w0, w1, w2, w3 = row[t], row[t + 1], row[t + 2], row[t + 3]
-            o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
-            for i in range(Dh):
-                o[i] += w0 * v0[i] + w1 * v1[i] + w2 * v2[i] + w3 * v3[i]
-        t += 4
-    while t < n:
-        src, r = kv_rows(vals, t, 1, tile)
-        v0 = src[r]
-        for g in range(ng):
-            w0 = scores[g, t]
-            o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
-            for i in range(Dh):
-                o[i] += w0 * v0[i]
-        t += 1
+            wsum_rows(src, r, m, scores, g, t, o2, hq0 + g)
+        t += m
     for g in range(ng):
         inv = self_s[g]
         o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]

@@ -99,6 +99,14 @@ def _f16(b, base, off):
     return _h2f(b, _load(b, base, off, I16))
 
 
+def _splat_f16(b, base, off, n):
+    """<n x f32> of the f16 at byte offset off of base, broadcast as bits first
+    (vpbroadcastw + vcvtph2ps on x86: no scalar conversion and broadcast)."""
+    h = _load(b, base, off, I16)
+    v = b.insert_element(ir.Constant(_v(I16, n), ir.Undefined), h, _c(I32, 0))
+    return _h2f(b, b.shuffle_vector(v, v, _c(_v(I32, n), [0] * n)))
+
+
 def _splat(b, x, n):
     v = b.insert_element(ir.Constant(_v(x.type, n), ir.Undefined), x, _c(I32, 0))
     return b.shuffle_vector(v, v, _c(_v(I32, n), [0] * n))

@@ -1,0 +1,55 @@
+"""Decode attention's row kernels (dots.py) and the GELU-tanh gate against numpy / torch."""
+
+import numpy as np
+import pytest
+import torch
+from numba import njit
+
+from edgellm.kernels.activations import geglu_tanh
+from edgellm.kernels.dots import dots16, wsum_rows
+
+
+@njit(cache=False)
+def _wsum(V, W, out):
+    wsum_rows(V, 3, 17, W, 2, 5, out, 1)
+
+
+@njit(cache=False)
+def _dots(K, q, out):
+    dots16(K, 2, q, 1, out, 4, np.float32(0.5))
+
+
+@pytest.mark.parametrize("D", [256, 96, 64, 40, 7])
+def test_wsum_rows_on_strided_rows(D):
+    rng = np.random.default_rng(D)
+    V = rng.standard_normal((30, 3, D + 5)).astype(np.float32)[:, 1, :D]  # a KV head's rows
+    W = rng.standard_normal((4, 40)).astype(np.float32)
+    out = rng.standard_normal((3, D)).astype(np.float32)
+    want = out.copy()
+    want[1] += W[2, 5:22] @ V[3:20]
+    _wsum(V, W, out)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(out[[0, 2]], want[[0, 2]])  # other rows untouched
+
+
+@pytest.mark.parametrize("D", [256, 64, 16])
+def test_dots16_on_strided_rows(D):
+    rng = np.random.default_rng(D)
+    K = rng.standard_normal((20, 2, D)).astype(np.float32)[:, 1]
+    q = rng.standard_normal((2, D)).astype(np.float32)
+    out = np.zeros((2, 24), np.float32)
+    _dots(K, q, out)
+    np.testing.assert_allclose(out[1, 4:20], 0.5 * (K[2:18] @ q[1]), rtol=1e-5, atol=1e-4)
+    assert not out[0].any() and not out[1, :4].any() and not out[1, 20:].any()
+
+
+def test_geglu_tanh_matches_torch():
+    rng = np.random.default_rng(0)
+    g = (rng.standard_normal((3, 200)) * 4).astype(np.float32)
+    g[0, :6] = [0.0, -0.0, 1e-30, -100.0, 100.0, 1e-4]
+    u = rng.standard_normal((3, 200)).astype(np.float32)
+    out = np.zeros_like(g)
+    geglu_tanh(g, u, out)
+    want = (torch.nn.functional.gelu(torch.from_numpy(g), approximate="tanh")
+            * torch.from_numpy(u)).numpy()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)

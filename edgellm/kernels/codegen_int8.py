@@ -232,19 +232,18 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
             out = []
             for r in range(RW):
                 p = b.gep(wrows[r], [b.mul(bi, _i64(BB))], inbounds=True)
-                if halves:  # dot (dw dx) as below, dw broadcast from its f16 bits
+                if halves:  # the same dw dx, dw broadcast from its f16 bits
                     dot = _signed_dot_halves(b, _load(b, p, 2, _v(I8, 32)))(x)
                     scale = b.fmul(_splat_f16(b, p, 0, 8), dx8, flags=FAST)
-                    out.append(b.fadd(st[r], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
-                                      flags=FAST))
-                    continue
-                dw = _f16(b, p, 0)
-                if flip_trick:
-                    dot = _dot_acc(b, bias, b.xor(_load(b, p, 2, _v(I8, 32)), flip), x)
                 else:
-                    wv = _load(b, p, 2, _v(I8, 32)) if kind == "q8_0" else _nibbles(b, p, hdr, 32)
-                    dot = _weight_dot(b, kind, wv)(x)
-                scale = _splat(b, b.fmul(dw, dx, flags=FAST), 8)
+                    dw = _f16(b, p, 0)
+                    if flip_trick:
+                        dot = _dot_acc(b, bias, b.xor(_load(b, p, 2, _v(I8, 32)), flip), x)
+                    else:
+                        wv = (_load(b, p, 2, _v(I8, 32)) if kind == "q8_0"
+                              else _nibbles(b, p, hdr, 32))
+                        dot = _weight_dot(b, kind, wv)(x)
+                    scale = _splat(b, b.fmul(dw, dx, flags=FAST), 8)
                 out.append(b.fadd(st[r], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
                                   flags=FAST))
             if q4:  # RW == 1: p and dw are the row's

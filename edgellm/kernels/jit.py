@@ -4,12 +4,12 @@ Caching (numba#1833): numba's cache key for a kernel covers only its own source 
 intrinsics or jitted functions it calls from other modules, nor the SIMD path. Kernels
 are therefore defined with `@kernel`, which caches them in a subdirectory of
 NUMBA_CACHE_DIR named by CACHE_TAG: KERNEL_VERSION, SIMD_PATH (simd.py) and a hash of the
-kernel sources (`_SOURCES`: the IR helpers and code generators, the intrinsic registries,
-the kernel modules built on them, sync.py (the decode step's barrier), the fused steps
-(decode_step.py, batch_step.py: batch_step's cached step holds decode_step's code) and the
-helpers they inline (norms.py, rope.py, moe.py), and quant.py, whose table gives the block
-layouts the generators emit). Editing any of them or switching path never loads a stale
-kernel. A kernel elsewhere that calls these intrinsics or kernels (a
+kernel sources (`_sources`: every module of this package, whose kernels call each other's
+intrinsics and inline each other's helpers (batch_step's cached step holds decode_step's
+code), and quant.py / quant_k.py, whose tables give the block layouts the generators emit).
+Editing any of them or switching path never loads a stale kernel; a new kernel module is
+covered without being listed (a hand-kept list once missed the fused steps). A kernel
+elsewhere that calls these intrinsics or kernels (a
 fused decode step, say) should be defined with `@kernel` too, so that it is cached under
 the same tag; bump KERNEL_VERSION when a change the hash does not see must invalidate
 cached kernels (a global LLVM option, a helper module). Old tag directories are not deleted.
@@ -31,21 +31,23 @@ __all__ = ["CACHE_TAG", "KERNEL_VERSION", "OPTIONS", "kernel"]
 KERNEL_VERSION = 2
 OPTIONS = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
 
-# The kernel sources the tag covers, relative to this directory.
-_SOURCES = ("simd.py", "jit.py", "ir.py", "codegen_int8.py", "codegen_float.py", "tiles.py",
-            "panel.py", "act_quant.py", "matvec.py", "matmul.py", "sync.py", "fastexp.py",
-            "activations.py", "attention.py", "dots.py", "kquant.py", "panel_gemm.py",
-            "encoder.py", "codegen_kquant.py", "kquant_int.py", "kv_store.py",
-            "norms.py", "rope.py", "moe.py", "decode_step.py", "batch_step.py",
-            os.path.join("..", "quant.py"), os.path.join("..", "quant_k.py"))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sources() -> list[str]:
+    """The files the tag hashes: this package's modules (sorted) and the quant tables."""
+    try:
+        names = sorted(n for n in os.listdir(_HERE) if n.endswith(".py"))
+    except OSError:  # e.g. a zipped install: the tag falls back on KERNEL_VERSION alone
+        names = []
+    return [*names, os.path.join("..", "quant.py"), os.path.join("..", "quant_k.py")]
 
 
 def _sources_hash() -> str:
     h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in _SOURCES:
+    for name in _sources():
         try:
-            with open(os.path.join(here, name), "rb") as f:
+            with open(os.path.join(_HERE, name), "rb") as f:
                 h.update(f.read())
         except OSError:  # e.g. a zipped install: fall back on KERNEL_VERSION alone
             h.update(name.encode())

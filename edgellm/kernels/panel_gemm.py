@@ -6,8 +6,9 @@ kernels) and transposed into a panel P [K, 16]; then every token meets it as an 
 product: for each k, broadcast x[t, k] and multiply-add the two <8 x f32> halves of P[k]
 into RT x 2 accumulators held in registers (an RT x 16 output tile, written once). This is
 the register-blocked form BLAS kernels use; the row-dot tiles of matmul.py (x . W[n] with a
-horizontal sum per output) reach about half its rate on AVX2. Threads take groups of 16
-rows. Rows past the last whole group (N % 16) are plain dot products.
+horizontal sum per output) reach about half its rate on AVX2. The k loop runs in steps of
+16 (a cache line of each token's row of x), hinting each row PF_FLOATS ahead: the
+hardware prefetcher follows the RT rows badly. Threads take groups of 16 rows. Rows past the last whole group (N % 16) are plain dot products.
 
     gemm_<type>(w, block, x, out)    w as linear.py validates it; x, out float32, C order
 Callers validate shapes (kernels/linear.py's checks; arch/bert.py's _linear): these kernels

@@ -165,27 +165,37 @@ def _softmax(row, n, scale):
 
 
 @kernel
-def _head_tiles(q, k, v, t0, L, h, scale, qh, kp, vp, scores, oh, out):
-    """One sequence's head h as three small GEMMs on the float panel tiles (panel_gemm.py):
-    scores [L, 16 nk] = (q scale) kp, keys as panels kp [nk, Dh, 16] (zero past L);
-    softmax of each row's first L; oh [L, Dh] = scores[:, :L] vp, the values as panels
-    vp [Dh / 16, L, 16]; out[t0 + r, h] = oh[r] / (row r's sum of exps). qh [L, Dh]
-    holds the scaled queries."""
-    Dh = q.shape[2]
-    for r in range(L):
+def _gather_heads(q, k, v, t0, L, scale, qh, kp, vp):
+    """One sequence's rows t0..t0+L-1 of q, k, v [T, H, Dh], read row after row (whole
+    rows: a stream the prefetcher follows, where one head's 2 lines a row were as many
+    scattered misses), into head-major scratch: qh [H, L, Dh] the scaled queries, kp
+    [H, nk, Dh, 16] the keys as panels (zero past L), vp [H, Dh / 16, L, 16] the values
+    as panels."""
+    H, Dh = q.shape[1], q.shape[2]
+    last = kp.shape[1] - 1
+    for h in range(H):
         for i in range(Dh):
-            qh[r, i] = q[t0 + r, h, i] * scale
-    last = kp.shape[0] - 1
-    for i in range(Dh):
-        for j in range(W):
-            kp[last, i, j] = np.float32(0.0)
+            for j in range(W):
+                kp[h, last, i, j] = np.float32(0.0)
     for r in range(L):
         c, j = r // W, r % W
-        for i in range(Dh):
-            kp[c, i, j] = k[t0 + r, h, i]
-        for c in range(Dh // W):
-            for j in range(W):
-                vp[c, r, j] = v[t0 + r, h, c * W + j]
+        for h in range(H):
+            for i in range(Dh):
+                qh[h, r, i] = q[t0 + r, h, i] * scale
+            for i in range(Dh):
+                kp[h, c, i, j] = k[t0 + r, h, i]
+            for c2 in range(Dh // W):
+                for j2 in range(W):
+                    vp[h, c2, r, j2] = v[t0 + r, h, c2 * W + j2]
+
+
+@kernel
+def _head_tiles(qh, kp, vp, t0, L, h, scores, oh, out):
+    """Head h of one sequence as two small GEMMs on the float panel tiles (panel_gemm.py):
+    scores [L, 16 nk] = qh kp (the scaled queries against the key panels); softmax of each
+    row's first L; oh [L, Dh] = scores[:, :L] vp; out[t0 + r, h] = oh[r] / (row r's sum
+    of exps). qh, kp, vp: _gather_heads' scratch, head h."""
+    Dh = qh.shape[1]
     for c in range(kp.shape[0]):
         tiles(kp[c], qh, 0, L, scores, c * W)
     inv = np.empty(L, dtype=np.float32)
@@ -200,20 +210,22 @@ def _head_tiles(q, k, v, t0, L, h, scale, qh, kp, vp, scores, oh, out):
 
 @kernel(parallel=True)
 def _packed_attention_tiles(q, k, v, offsets, scale, out):
-    """_packed_attention for Dh % 16 == 0: each (sequence, head) on register tiles."""
+    """_packed_attention for Dh % 16 == 0: each sequence's heads gathered at once, then
+    each head on register tiles."""
     T, H, Dh = q.shape
     n_seq = offsets.shape[0] - 1
     sc = np.float32(scale)
-    for item in prange(n_seq * H):
-        s, h = item // H, item % H
+    for s in prange(n_seq):
         t0, L = offsets[s], offsets[s + 1] - offsets[s]
         nk = (L + W - 1) // W
-        qh = np.empty((L, Dh), dtype=np.float32)
-        kp = np.empty((nk, Dh, W), dtype=np.float32)
-        vp = np.empty((Dh // W, L, W), dtype=np.float32)
+        qh = np.empty((H, L, Dh), dtype=np.float32)
+        kp = np.empty((H, nk, Dh, W), dtype=np.float32)
+        vp = np.empty((H, Dh // W, L, W), dtype=np.float32)
+        _gather_heads(q, k, v, t0, L, sc, qh, kp, vp)
         scores = np.empty((L, nk * W), dtype=np.float32)
         oh = np.empty((L, Dh), dtype=np.float32)
-        _head_tiles(q, k, v, t0, L, h, sc, qh, kp, vp, scores, oh, out)
+        for h in range(H):
+            _head_tiles(qh[h], kp[h], vp[h], t0, L, h, scores, oh, out)
 
 
 @kernel(parallel=True)

@@ -270,10 +270,18 @@ def _prefetch_ahead(b, nxt, bi, nbytes):
     many streams, which the hardware prefetcher follows badly, so a tile fetches the rows
     after it linearly, as much per block as it consumes (a hint: never faults, also past
     the end of the matrix)."""
-    pf = _llvm_fn(b, "llvm.prefetch.p0", ir.VoidType(), [BYTES, I32, I32, I32])
     ahead = b.gep(nxt, [b.mul(bi, _i64(nbytes))])
     for c in range(0, nbytes, 64):
-        b.call(pf, [b.gep(ahead, [_i64(c)]), _c(I32, 0), _c(I32, 3), _c(I32, 1)])
+        _prefetch(b, b.gep(ahead, [_i64(c)]))
+
+
+def _prefetch(b, ptr):
+    """Hint the cache line at ptr (any pointer type) into L1 for reading: a hint, it never
+    faults, so ptr may point past its array's end."""
+    if ptr.type != BYTES:
+        ptr = b.bitcast(ptr, BYTES)
+    pf = _llvm_fn(b, "llvm.prefetch.p0", ir.VoidType(), [BYTES, I32, I32, I32])
+    b.call(pf, [ptr, _c(I32, 0), _c(I32, 3), _c(I32, 1)])
 
 
 

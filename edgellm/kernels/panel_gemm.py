@@ -8,7 +8,8 @@ into RT x 2 accumulators held in registers (an RT x 16 output tile, written once
 the register-blocked form BLAS kernels use; the row-dot tiles of matmul.py (x . W[n] with a
 horizontal sum per output) reach about half its rate on AVX2. The k loop runs in steps of
 16 (a cache line of each token's row of x), hinting each row PF_FLOATS ahead: the
-hardware prefetcher follows the RT rows badly. Threads take groups of 16 rows. Rows past the last whole group (N % 16) are plain dot products.
+hardware prefetcher follows the RT rows badly. Threads take groups of 16 rows. Rows past
+the last whole group (N % 16) are plain dot products.
 
     gemm_<type>(w, block, x, out)    w as linear.py validates it; x, out float32, C order
 Callers validate shapes (kernels/linear.py's checks; arch/bert.py's _linear): these kernels
@@ -23,9 +24,9 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .matvec import embed_f16, embed_f32, embed_q4_0, embed_q4_1, embed_q8_0
-from .ir import BYTES, I32, _c, _llvm_fn
+from .ir import _prefetch
 from .jit import kernel
+from .matvec import embed_f16, embed_f32, embed_q4_0, embed_q4_1, embed_q8_0
 
 W = 16  # panel width: output features per group (two <8 x f32> vectors)
 RT = 6  # tokens per register tile (12 accumulators)
@@ -48,6 +49,7 @@ def _tile_codegen(rt: int):
         accs = [cgutils.alloca_once_value(b, ir.Constant(_V8, [0.0] * 8)) for _ in range(2 * rt)]
         xrows = [b.gep(x.data, [b.mul(b.add(t, ir.Constant(_I64, s)), xcols)])
                  for s in range(rt)]
+
         def step(k):  # one k: the panel row's two halves times each token's x[t + s, k]
             prow = b.gep(panel.data, [b.mul(k, ir.Constant(_I64, W))])
             halves = [b.load(b.bitcast(b.gep(prow, [ir.Constant(_I64, 8 * h)]),
@@ -63,18 +65,18 @@ def _tile_codegen(rt: int):
                     b.store(b.call(fma, [splat, halves[h], b.load(a)]), a)
 
         # k in steps of 16 (one cache line of each x row), each token's row hinted
-        # PF_FLOATS ahead: a prefetch is a hint, never a fault, also past the row's end
-        pf = _llvm_fn(b, "llvm.prefetch.p0", ir.VoidType(), [BYTES, I32, I32, I32])
-        n16 = b.udiv(K, ir.Constant(_I64, 16))
+        # PF_FLOATS ahead (past the row's end too: a hint never faults), then the K % 16 left
+        sixteen = ir.Constant(_I64, 16)
+        n16 = b.udiv(K, sixteen)
         with cgutils.for_range(b, n16) as loop:
-            k0 = b.mul(loop.index, ir.Constant(_I64, 16))
+            k0 = b.mul(loop.index, sixteen)
             for s in range(rt):
-                ahead = b.gep(xrows[s], [b.add(k0, ir.Constant(_I64, PF_FLOATS))])
-                b.call(pf, [b.bitcast(ahead, BYTES), _c(I32, 0), _c(I32, 3), _c(I32, 1)])
+                _prefetch(b, b.gep(xrows[s], [b.add(k0, ir.Constant(_I64, PF_FLOATS))]))
             for u in range(16):
                 step(b.add(k0, ir.Constant(_I64, u)))
-        with cgutils.for_range(b, b.sub(K, b.mul(n16, ir.Constant(_I64, 16)))) as loop:
-            step(b.add(b.mul(n16, ir.Constant(_I64, 16)), loop.index))
+        k_tail = b.mul(n16, sixteen)
+        with cgutils.for_range(b, b.sub(K, k_tail)) as loop:
+            step(b.add(k_tail, loop.index))
         for s in range(rt):
             orow = b.gep(out.data, [b.add(b.mul(b.add(t, ir.Constant(_I64, s)), ocols), n0)])
             for h in range(2):

@@ -108,7 +108,9 @@ class BatchDecoder:
         D, V = m.args.hidden_size, m.args.vocab_size
         embedding(m.embed, np.array(tokens, np.int64), self.x[:n])
         self.mem[:n, self.x_at:self.x_at + D] = self.x[:n]
-        kv = (self.k, self.v, self.pos, self.layers, self.cos, self.sin)
+        # as bytes, as the fused step passes them: its _worker, not a second compile of it
+        kv = (self.k.view(np.uint8), self.v.view(np.uint8), self.pos, self.layers, self.cos,
+              self.sin)
         self.scheduler.run(bs.batch_parallel, bs.batch_serial,
                            (self.tables, self.bufs, kv, self.positions, self.slots, n,
                             m.precise, bs.TILE, f.feats))

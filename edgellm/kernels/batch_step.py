@@ -5,8 +5,9 @@ position.
 arch/batched.py's BatchDecoder gives every row its own copy of the fused step's arena and
 int8 activation slots (mem [R, S], xq [R, .], ...), layer table and RoPE rows (layers
 [R, L, LAYER_WIDTH], cos, sin [R, sets, Dh/2]); the caches are rows of stacked arrays (k, v
-[R, slots, Hkv, Dh], pos [R, slots]), row r of the step using cache slots[r]. The workers run the program once, each op for rows 0..n-1 before the
-next op, so the barriers the compiler placed for one row hold for n:
+[R, slots, Hkv, row bytes], pos [R, slots]), row r of the step using cache slots[r]. The
+workers run the program once, each op for rows 0..n-1 before the next op, so the barriers
+the compiler placed for one row hold for n:
 
   PROJ    the worker's rows of W (decode_step._split), as the single step's _mv walks
           them: q4_0/q4_1 (B = 32) row groups of 8 meet 4, 2 or 1 rows per tile, the
@@ -24,6 +25,7 @@ checks the rows' arrays (n <= R, one row per cache). These kernels do not check 
 
 from __future__ import annotations
 
+import numpy as np
 from numba import prange
 
 from .codegen_int8 import GROUP
@@ -151,17 +153,20 @@ def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile, feats):
     """One step of rows 0..n-1 on nt threads (nt == numba.get_num_threads(), omp layer).
 
     model: the fused step's tables, with ints [R, .] (a copy per row: MoE's routes);
-    bufs = (mem [R, S], shared, private, xq, xd, xs, xds
-    [R, .], kq, scores, state): per-row arenas and act slots, shared attention scratch and
-    barrier; kv = (k, v [R, slots, Hkv, Dh], pos [R, slots], layers [R, L, LAYER_WIDTH], cos,
-    sin [R, sets, Dh/2]): caches by slot, the rest by row; pos [R], slots [R]: each row's
-    position and cache; feats: the fused step's (decode_step.py).
+    bufs = (mem [R, S], shared, private, xq, xd, xs, xds [R, .], kq, scores, state):
+    per-row arenas and act slots, shared attention scratch and barrier; kv = (k, v
+    [R, slots, Hkv, row bytes] (bytes, as the fused step passes them: its _worker's
+    types), pos [R, slots], layers [R, L, LAYER_WIDTH], cos, sin [R, sets, Dh/2]): caches
+    by slot, the rest by row; pos [R], slots [R]: each row's position and cache; feats:
+    the fused step's (decode_step.py).
     """
-    for tid in prange(nt):
-        _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, feats)
+    for tid in prange(nt):  # tid as int64: prange's is uint64, which would compile
+        _batch_worker(np.int64(tid), nt, model, bufs, kv, pos, slots, n, precise, tile,
+                      feats)  # _batch_worker (and _worker under it) a second time
 
 
 @kernel
 def batch_serial(model, bufs, kv, pos, slots, n, precise, tile, feats):
     """One step of rows 0..n-1 on the calling thread."""
-    _batch_worker(0, 1, model, bufs, kv, pos, slots, n, precise, tile, feats)
+    _batch_worker(np.int64(0), np.int64(1), model, bufs, kv, pos, slots, n, precise, tile,
+                  feats)  # int64s: batch_parallel's _batch_worker, not another compile

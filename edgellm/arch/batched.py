@@ -38,6 +38,8 @@ class BatchDecoder:
         self.v = lazy_zeros((R, *c0.v_all.shape), c0.v_all.dtype)
         self.pos = np.full((R, c0.pos_all.shape[0]), -1, np.int64)
         self.rows = [(self.k[i], self.v[i], self.pos[i]) for i in range(R)]
+        # the kernel's view, as bytes like the fused step's: its _worker, not a second compile
+        self.k_bytes, self.v_bytes = self.k.view(np.uint8), self.v.view(np.uint8)
         self.caches = list(caches)
         for cache, arrays in zip(self.caches, self.rows):
             cache.move_to(*arrays)
@@ -108,9 +110,7 @@ class BatchDecoder:
         D, V = m.args.hidden_size, m.args.vocab_size
         embedding(m.embed, np.array(tokens, np.int64), self.x[:n])
         self.mem[:n, self.x_at:self.x_at + D] = self.x[:n]
-        # as bytes, as the fused step passes them: its _worker, not a second compile of it
-        kv = (self.k.view(np.uint8), self.v.view(np.uint8), self.pos, self.layers, self.cos,
-              self.sin)
+        kv = (self.k_bytes, self.v_bytes, self.pos, self.layers, self.cos, self.sin)
         self.scheduler.run(bs.batch_parallel, bs.batch_serial,
                            (self.tables, self.bufs, kv, self.positions, self.slots, n,
                             m.precise, bs.TILE, f.feats))

@@ -68,6 +68,31 @@ def test_each_row_is_the_single_steps_bit_for_bit(name, kind, threads, converted
                 assert caches[s].next_pos == caches[s].n_tokens
 
 
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_rows_match_on_stored_caches_whose_rings_wrap(kv_type, converted):
+    """f16 and q8_0 caches (each row's KV group decoded by one worker), and Gemma 3's
+    sliding layers (rings of 16) wrapping while the rows step: the single step's results
+    bit for bit."""
+    ids = [int(t) for t in reference("gemma3")["input_ids"]]
+    ids = (ids * 3)[:15]
+    with edgellm.load(converted("gemma3", "q4_0"), threads=2, kv_type=kv_type) as llm:
+        m = llm.model
+        prompts = [ids[:14], ids[:12], ids[1:15]]
+        caches, alone = _prefilled(m, prompts), _prefilled(m, prompts)
+        stepper = BatchDecoder.build(m, caches)
+        for step in range(6):  # each row against its own cache stepped by the single step
+            slots = [2, 0, 1] if step % 2 else [1, 2]
+            tokens = [ids[(step + r) % len(ids)] for r in range(len(slots))]
+            out = stepper.step(slots, tokens)
+            for r, (s, token) in enumerate(zip(slots, tokens)):
+                saved, m.cache = m.cache, alone[s]
+                try:
+                    assert np.array_equal(out[r], m.fused.step(token, m.precise)), (step, r)
+                finally:
+                    m.cache = saved
+        assert all(layer.written > layer.cap for layer in caches[2].layers if layer.window)
+
+
 def test_rows_agree_with_the_per_operation_batched_rows(converted):
     """The per-op path computes the same function (other kernels: close, same top-1)."""
     ids = [int(t) for t in reference("qwen3")["input_ids"]]

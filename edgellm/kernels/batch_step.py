@@ -15,8 +15,10 @@ the compiler placed for one row hold for n:
           tile's order); other matrices a tile of `tile` rows at a time (read from memory
           once, from L1 for the other rows), each row through _mv itself. Either way each
           row's result is the single step's, bit for bit
-  others  decode_step._worker on a one-op program, once per row: its own code (ATTEND's
-          barrier, MOE's, LoRA) on row r's buffers and cache
+  ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier
+  BARRIER once for all rows
+  others  decode_step._worker on a one-op program, once per row: its own code (MOE's
+          barriers, LoRA) on row r's buffers and cache
 
 So a row computes exactly what the single-sequence fused step computes for it, whatever
 else is in the step. Every table and offset is the fused step's, checked there; the caller
@@ -30,6 +32,10 @@ from numba import prange
 
 from .codegen_int8 import GROUP
 from .decode_step import (
+    ATTEND,
+    BARRIER,
+    C_EPS,
+    C_NORM_OFFSET,
     I_KMAX,
     KIND_FEATURES,
     MAT_BLOCK,
@@ -41,12 +47,18 @@ from .decode_step import (
     Q4_1,
     SLOTS,
     _act,
+    _attend_group,
+    _heads,
     _mv,
+    _prep_head,
     _row,
     _split,
+    _vec,
     _worker,
 )
 from .jit import kernel
+from .kv_store import store_kv_row
+from .sync import barrier
 from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     tile_q4_0_8x1,
     tile_q4_0_8x2c2,
@@ -57,6 +69,7 @@ from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
 )
 
 N_KINDS = len(KIND_FEATURES)  # feats' first entries: the matrix types (decode_step.py)
+KV_F32, KV_F16, KV_Q8_0 = N_KINDS, N_KINDS + 1, N_KINDS + 2  # then the cache types
 TILE = 32  # weight rows per tile (a multiple of the matvec row groups: the same groups)
 assert TILE % GROUP == 0 and TILE % 4 == 0  # q4 row groups, q8_0's four rows
 
@@ -129,6 +142,80 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile, q8_0, q4_0, q4_1, f32, kqu
 
 
 @kernel
+def _attend_batch(tid, nt, op, model, bufs, kv, pos, slots, n, f32, f16, q8_0):
+    """The ATTEND op of worker tid for rows 0..n-1: the cache's bytes viewed as its kv_type
+    (decode_step._attend), then _attend_units."""
+    k, v = kv[0], kv[1]
+    rb, Dh = k.shape[3] * k.itemsize, bufs[7].shape[2]
+    if rb == 4 * Dh:
+        if f32 is not None:
+            _attend_units(tid, nt, op, model, bufs, kv, k.view(np.float32), v.view(np.float32),
+                          pos, slots, n)
+    elif rb == 2 * Dh:
+        if f16 is not None:
+            _attend_units(tid, nt, op, model, bufs, kv, k.view(np.uint16), v.view(np.uint16),
+                          pos, slots, n)
+    elif q8_0 is not None:
+        _attend_units(tid, nt, op, model, bufs, kv, k.view(np.uint8), v.view(np.uint8), pos,
+                      slots, n)
+
+
+@kernel
+def _attend_units(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n):
+    """Attention of rows 0..n-1 in units of (row, KV group): n * Hkv units split between the
+    workers, each unit all of its group's query heads (decode_step._attend_group, whose
+    heads are independent: each head's result is the single step's, whichever worker had
+    it there). A unit is the only reader of its row's cache rows of its KV head, so it
+    stores this token's k, v there at once; after the one barrier, the owner of each row's
+    KV head 0 records the slot's position (which every unit of the row reads).
+    k_all, v_all [R, slots, Hkv, width] as stored (kv_rows)."""
+    prog, mats, consts, params, ints_all, blob, lora = model
+    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    _, _, pos_all, layers, cos_all, sin_all = kv
+    layer, qa, ka, va, da = op[1], op[2], op[3], op[4], op[5]
+    qn, kn, rset, perm_at = op[6], op[7], op[8], op[9]
+    scale, softcap = np.float32(consts[op[10]]), np.float32(consts[op[11]])
+    eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
+    Hkv, Dh = k_all.shape[2], kq.shape[2]
+    group = scores.shape[1] - 1  # query heads per KV head
+    Hq = Hkv * group
+    qw, kw = params[max(qn, 0):max(qn, 0) + Dh], params[max(kn, 0):max(kn, 0) + Dh]
+    kbuf, qbuf, tile = kq[tid, 0], kq[tid, 1:1 + group], kq[tid, 1 + group:]
+    use_perm = perm_at >= 0
+    u0, u1 = _heads(n * Hkv, tid, nt)
+    for u in range(u0, u1):
+        r, kvh = u // Hkv, u % Hkv
+        c, p = slots[r], pos[r]
+        lt = layers[r, layer]
+        start, cap, window, slot, filled = lt[0], lt[1], lt[2], lt[3], lt[4]
+        kc, vc = k_all[c, start:start + cap], v_all[c, start:start + cap]
+        cpos = pos_all[c, start:start + cap]
+        cos, sin = cos_all[r, rset:rset + 1], sin_all[r, rset:rset + 1]
+        perm = ints_all[r, max(perm_at, 0):max(perm_at, 0) + Dh]
+        q = _vec(mem[r], shared, private, tid, qa, Hq * Dh)
+        k = _vec(mem[r], shared, private, tid, ka, Hkv * Dh)
+        v = _vec(mem[r], shared, private, tid, va, Hkv * Dh)
+        out = _vec(mem[r], shared, private, tid, da, Hq * Dh)
+        hq = kvh * group
+        _prep_head(k[kvh * Dh:(kvh + 1) * Dh], perm, use_perm, kbuf, kw, kn >= 0, eps, offset,
+                   cos, sin)
+        for g in range(group):
+            _prep_head(q[(hq + g) * Dh:(hq + g + 1) * Dh], perm, use_perm, qbuf[g], qw, qn >= 0,
+                       eps, offset, cos, sin)
+        _attend_group(qbuf, group, kbuf, v[kvh * Dh:(kvh + 1) * Dh], kc[:filled], vc[:filled],
+                      cpos[:filled], kvh, p, window, scale, softcap, scores[tid, :group],
+                      scores[tid, group:], out, hq, tile)
+        store_kv_row(kbuf, kc[slot, kvh], tile)
+        store_kv_row(v[kvh * Dh:(kvh + 1) * Dh], vc[slot, kvh], tile)
+    barrier(state, nt)
+    for u in range(u0, u1):
+        r = u // Hkv
+        if u % Hkv == 0:
+            lt = layers[r, layer]
+            pos_all[slots[r], lt[0] + lt[3]] = pos[r]
+
+
+@kernel
 def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, feats):
     """Worker tid's run of the program over rows 0..n-1 (see the module docstring)."""
     prog, mats, consts, params, ints_all, blob, lora = model
@@ -138,6 +225,11 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, feats)
         op = prog[i]
         if op[0] == PROJ:
             _proj(tid, nt, op, model, bufs, n, precise, tile, *feats[:N_KINDS])
+        elif op[0] == BARRIER:  # once for all rows
+            barrier(state, nt)
+        elif op[0] == ATTEND:
+            _attend_batch(tid, nt, op, model, bufs, kv, pos, slots, n, feats[KV_F32],
+                          feats[KV_F16], feats[KV_Q8_0])
         else:
             for r in range(n):
                 c = slots[r]

@@ -2,7 +2,8 @@
 
 A numba/llvmlite upgrade can silently change what the IR in edgellm.kernels' code generators
 lowers to; these tests read the assembly of freshly compiled (uncached) kernels:
-  VNNI path       vpdpbusd in the int8 matvec and matmul kernels
+  VNNI path       vpdpbusd in the int8 matvec and matmul kernels, vpdpwssd in the int16
+                  q4 row groups
   portable path   (EDGELLM_PORTABLE=1, in a subprocess) vpmaddwd and no vpdpbusd
   precise path    packed float multiply-adds
   K-quants        (kquant.py, float activations) vectorized dequantization and multiply-adds
@@ -64,6 +65,18 @@ def test_vnni_path_emits_vpdpbusd(kind):
     for asm in int8_asm(kind):
         assert "vpdpbusd" in asm
         assert "vpmaddwd" not in asm
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+@pytest.mark.parametrize("kind", ("q4_0", "q4_1"))
+def test_vnni_int16_row_groups_emit_vpdpwssd(kind):
+    """The default decode path's q4 row groups (int16 activations): vpdpwssd, two per row
+    pair (codegen_int8._q4_i16_vnni_group_codegen; the last rows' 1x1 tile is vpmaddwd)."""
+    w = np.zeros((8, 18 if kind == "q4_0" else 20), np.uint8)
+    w.flags.writeable = False
+    xq, f = np.zeros((1, 32), np.int16), np.zeros((1, 8), np.float32)
+    asm = fresh_asm(getattr(matvec, f"mv_rows_{kind}"), w, 32, xq, f, f, f, 0, 8)
+    assert asm.count("vpdpwssd") >= 8
 
 
 PORTABLE_PROBE = """
@@ -167,7 +180,8 @@ def test_kquant_paths_are_vectorized(kind):
 def test_kquant_int_tiles_are_vectorized(kind):
     """kquant_int.py's tiles (decode's 1x1, prefill's 1x4), int16 activations: the block dots
     are vpmaddwd on 256-bit registers (or vpdpbusd on int8 ones with VNNI), the per-block
-    sums reduced with vphaddd, scaled as packed floats."""
+    sums reduced with vphaddd, scaled as packed floats. (On AVX-512 LLVM widens the block
+    dots to 512-bit vpmaddwd.)"""
     t = quant.TYPES[kind]
     B = t.blocks[0]
     w = np.zeros((4, t.block_bytes(B) * 256 // B), np.uint8)
@@ -185,7 +199,7 @@ def test_kquant_int_tiles_are_vectorized(kind):
         sig = tuple(numba.typeof(a) for a in (w, xq, f, f, out))
         f_.compile(sig)
         asm = f_.inspect_asm(sig)
-        assert re.search(r"vpmaddwd\s[^\n]*%ymm", asm), (kind, rt)
+        assert re.search(r"vpmaddwd\s[^\n]*%[yz]mm", asm), (kind, rt)
         assert re.search(r"vphaddd\s[^\n]*%ymm", asm), (kind, rt)
         assert re.search(r"vcvtdq2ps\s[^\n]*%ymm", asm), (kind, rt)
         assert asm.count("vpmaddwd") >= rt * (8 if B == 256 else 4), (kind, rt)

@@ -46,6 +46,7 @@ from .ir import (
     _hadd,
     _hsum,
     _i64,
+    _llvm_fn,
     _load,
     _loop,
     _nibbles,
@@ -493,6 +494,82 @@ def _group_codegen(kind, RT, A=I8, chains=None):
 
 
 
+def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
+    """Tile codegen for GROUP q4_0/q4_1 rows x RT tokens of int16 activations on AVX-512
+    VNNI, B = 32: the row-group tile's per-block float work (scale_block, group_blocks:
+    the same operations in the same order, so the same results bit for bit) on integer dot
+    products made by vpdpwssd (i16 x i16 pairs summed into i32 lanes), which the generic
+    IR of _group_codegen does not reach (it lowers to vpmovzxbw + vpmaddwd + a pair-sum
+    shuffle per 16 products, and vphaddd trees).
+
+    Per block: two rows' 16 nibble bytes side by side, zero-extended to 32 x i16 once
+    (shared by the tokens); & 15 gives elements 0..15 of both rows, >> 4 elements 16..31,
+    against the activation's halves broadcast to both 256-bit halves: two vpdpwssd per row
+    pair and token, rows r and r + 1 in lanes 0-7 and 8-15. Three levels of pair sums
+    (even | odd lanes of two vectors) leave row r's sum in lane r. Sums fit in i32: 32
+    products of at most 15 x 32767 per row and block.
+    """
+    hdr, per_byte = BLOCK_BYTES[kind]
+    BB = hdr + 32 // per_byte
+    R = GROUP
+    order = tuple(range(R))
+    v16i, v32w = _v(I32, 16), _v(I16, 32)
+    even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
+        wrow = [w.row(b.add(i, _i64(r))) for r in range(R)]
+        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        low = _c(v32w, [15] * 32)
+        four = _c(v32w, [4] * 32)
+        zero = _c(v16i, [0] * 16)
+        dpw = _llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", v16i, [v16i] * 3)
+
+        def gather16(ps, off):
+            v = ir.Constant(_v(I16, R), ir.Undefined)
+            for lane, r in enumerate(order):
+                v = b.insert_element(v, _load(b, ps[r], off, I16), _c(I32, lane))
+            return _h2f(b, v)
+
+        def pairs(u, v):
+            return b.add(_pick(b, u, even, v), _pick(b, u, odd, v))
+
+        nxt = w.row(b.add(i, _i64(PF_GROUPS * R)))  # the rows PF_GROUPS groups ahead
+
+        def body(bi, st):
+            ps = [b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True) for row in wrow]
+            _prefetch_ahead(b, nxt, bi, R * BB)
+            xoff, foff = b.mul(bi, _i64(64)), b.mul(bi, _i64(4))
+            ws = []
+            for r in range(0, R, 2):
+                raw = _pick(b, _load(b, ps[r], hdr, _v(I8, 16)), range(32),
+                            _load(b, ps[r + 1], hdr, _v(I8, 16)))
+                z = b.zext(raw, v32w)
+                ws.append((b.bitcast(b.and_(z, low), v16i), b.bitcast(b.lshr(z, four), v16i)))
+            dw = gather16(ps, 0)
+            mw = gather16(ps, 2) if kind == "q4_1" else None
+            new = []
+            for s in range(RT):
+                halves = []
+                for h in (0, 32):
+                    xv = _load(b, xrow[s], b.add(xoff, _i64(h)), _v(I16, 16))
+                    halves.append(b.bitcast(_pick(b, xv, list(range(16)) * 2), v16i))
+                acc = [b.call(dpw, [b.call(dpw, [zero, lo, halves[0]]), hi, halves[1]])
+                       for lo, hi in ws]
+                quad = pairs(pairs(acc[0], acc[1]), pairs(acc[2], acc[3]))  # 2 lanes a row
+                tot = b.add(_pick(b, quad, range(0, 16, 2)), _pick(b, quad, range(1, 16, 2)))
+                new.append(scale_block(b, kind, tot, drow[s], srow[s], foff, dw, mw, st[s]))
+            return new
+
+        group_blocks(b, b.sdiv(xq.cols, _i64(32)), RT, body, out, t, i, order, chains)
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
 def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT, A=I8):
     """Add one 32-column block (index bi, B = 32) to the scalar results st."""
     hdr, per_byte = BLOCK_BYTES[kind]
@@ -553,6 +630,8 @@ def make_tile(kind, RW, RT, chains=None):
             return _rows_of(_q4_i16_row_codegen(kind, sub, RT, chains=1), RW, sub)
         if B == 32 and RT == 1 and (RW == 1 and kind != "q4_1" or RW == 4 and kind == "q8_0"):
             return _q8act_row_codegen(kind, RW, A)
+        if RW == GROUP and B == 32 and A == I16 and VNNI and kind != "q8_0":
+            return _q4_i16_vnni_group_codegen(kind, RT, chains)
         if RW == GROUP:
             return _group_codegen(kind, RT, A, chains) if B == 32 else _stacked(kind, B, RT, A)
         return _q8act_codegen(kind, B, RW, RT, A)

@@ -3,7 +3,7 @@
 A numba/llvmlite upgrade can silently change what the IR in edgellm.kernels' code generators
 lowers to; these tests read the assembly of freshly compiled (uncached) kernels:
   VNNI path       vpdpbusd in the int8 matvec and matmul kernels, vpdpwssd in the int16
-                  q4 row groups
+                  q4 row groups and the prefill panels
   portable path   (EDGELLM_PORTABLE=1, in a subprocess) vpmaddwd and no vpdpbusd
   precise path    packed float multiply-adds
   K-quants        (kquant.py, float activations) vectorized dequantization and multiply-adds
@@ -77,6 +77,19 @@ def test_vnni_int16_row_groups_emit_vpdpwssd(kind):
     xq, f = np.zeros((1, 32), np.int16), np.zeros((1, 8), np.float32)
     asm = fresh_asm(getattr(matvec, f"mv_rows_{kind}"), w, 32, xq, f, f, f, 0, 8)
     assert asm.count("vpdpwssd") >= 8
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+@pytest.mark.parametrize("kind", QTYPES)
+def test_vnni_int16_prefill_panels_emit_vpdpwssd(kind):
+    """Prefill's panel tiles on int16 activations (the default path's): one vpdpwssd per
+    chunk and token (panel.py)."""
+    w, _, f = sample_args()
+    xq, xs = np.zeros((1, 32), np.int16), np.zeros((1, 1), np.int32)
+    panel, scales = matmul.panel_scratch(32)
+    asm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, xs, f, f, 0, 4, 1,
+                    panel, scales)
+    assert asm.count("vpdpwssd") >= 8 * 5  # the 8x4 and 8x1 tiles' chunks
 
 
 PORTABLE_PROBE = """

@@ -25,7 +25,8 @@ differently there), the same error against the float64 product.
   ptile_<type>_8x<RT>(panel, scales, g, xq, xd, xs, xds, t, out, i)
                                                            out[t+s, i+r], s < RT, r < 8
 int16 activations (xq int16, the default path's): the same panels, each chunk's 4
-activations loaded as 8 bytes, the dot in generic IR (vpmaddwd on x86, never vpdpbusd).
+activations loaded as 8 bytes; the dot is vpdpwssd on AVX-512 VNNI, elsewhere the generic IR
+(vpmaddwd on x86). The integer sums are exact either way, so the results are the same.
 Callers validate shapes (linear.py, matmul.py): these do not check bounds. Each intrinsic
 is defined by name at the end of this file; a new type with int8 kernels adds its lines.
 """
@@ -36,18 +37,21 @@ from llvmlite import ir
 from numba import types
 
 from .codegen_int8 import GROUP, group_blocks, scale_block
+from .simd import VNNI
 from .ir import (
     BLOCK_BYTES,
     F32,
     I8,
     I16,
     I32,
+    I64,
     _by_block,
     _c,
     _dot_acc,
     _for,
     _h2f,
     _i64,
+    _llvm_fn,
     _load,
     _nibbles,
     _pick,
@@ -136,10 +140,13 @@ def _pack_codegen(kind, B):
 
 def _ptile_codegen(kind, RT, A=I8):
     """8 packed rows x RT tokens, all blocks (module docstring); activations int8 (A = I8)
-    or int16 (I16: each chunk's 4 activations are 8 bytes, the dot the generic IR)."""
+    or int16 (I16: each chunk's 4 activations are 8 bytes; on AVX-512 VNNI the chunk
+    widened to 32 x i16 once for the RT tokens and one vpdpwssd per chunk and token, whose
+    lanes 2r, 2r + 1 hold row r; elsewhere the generic IR)."""
     v8 = _v(F32, 8)
     AB = A.width // 8
     X4 = ir.IntType(32 * AB)  # 4 activations
+    wssd = VNNI and A == I16  # int16 activations on AVX-512 VNNI: vpdpwssd
 
     def codegen(ctx, b, sig, args):
         panel, scales, xq, xd, xs, xds, out = (
@@ -152,6 +159,9 @@ def _ptile_codegen(kind, RT, A=I8):
         irow = [xs.row(r) for r in rows]
         srows = [xds.row(r) for r in rows]
         zero_i = _c(_v(I32, 8), [0] * 8)
+        v16i = _v(I32, 16)
+        zero16 = _c(v16i, [0] * 16)
+        dpw = _llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", v16i, [v16i] * 3) if wssd else None
 
         def body(bi, st):
             pb = b.mul(bi, _i64(PANEL_BLOCK))
@@ -162,11 +172,24 @@ def _ptile_codegen(kind, RT, A=I8):
             xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             new = []
+            if wssd:  # the chunks as 32 x i16 (row r's 4 weights in lanes 4r..4r+3), shared
+                wide = [b.bitcast(b.zext(ch, _v(I16, 32)), v16i) for ch in chunks]
             for s in range(RT):
                 if kind == "q8_0":  # the +128 of the weights, taken back
                     tot = _splat(b, b.mul(_load(b, irow[s], foff, I32), _c(I32, -128)), 8)
                 else:
                     tot = zero_i
+                if wssd:  # lanes 2r, 2r + 1 of the i32 sums are row r's
+                    part = [zero16] * CHAINS
+                    for c in range(8):
+                        x4 = _load(b, xrow[s], b.add(xoff, _i64(8 * c)), I64)
+                        x4 = b.bitcast(_splat(b, x4, 8), v16i)
+                        part[c % CHAINS] = b.call(dpw, [part[c % CHAINS], wide[c], x4])
+                    acc = b.add(part[0], part[1]) if CHAINS == 2 else part[0]
+                    acc = b.add(_pick(b, acc, range(0, 16, 2)), _pick(b, acc, range(1, 16, 2)))
+                    new.append(scale_block(b, kind, b.add(acc, tot), drow[s], srows[s], foff,
+                                           dw, mw, st[s]))
+                    continue
                 part = [tot] + [zero_i] * (CHAINS - 1)
                 for c in range(8):
                     x4 = _splat(b, _load(b, xrow[s], b.add(xoff, _i64(4 * AB * c)), X4), 8)

@@ -16,6 +16,8 @@ Per super-block (8 activation blocks g = 0..7 of 32 values, 16 half-blocks of 16
            float exactly (|q| <= 32, |x| <= 32767: < 2^24)
   minima   q4_k/q5_k: sum_j (dmin m_j) xds_j, with xds = dx * (the block's sum of x),
            as one <8 x f32> multiply-add per super-block (value = d sc q - dmin m)
+On AVX-512 VNNI with int16 activations each block's dot is one vpdpwssd (<16 x i32>) and
+the reduce four levels of pair sums (_block_dot_wssd, _block_sums16): the same integers.
 This is llama.cpp's q4_K x q8_K scheme (ggml-cpu's x86 quants.c) with ActQ8's blocks of 32
 instead of q8_K's 256: one float scale per 32 activations, so the sc multiply is done in
 float per lane instead of on the integer sums.
@@ -40,6 +42,7 @@ from .ir import (
     _hadd,
     _hsum,
     _i64,
+    _llvm_fn,
     _load,
     _loop,
     _pick,
@@ -49,6 +52,8 @@ from .ir import (
     _typed,
     _v,
 )
+
+from .simd import VNNI
 
 __all__ = ["KQ_TYPES", "SUPER_BYTES", "make_ktile"]
 
@@ -129,6 +134,26 @@ def _block_sums(b, dots):
                  _pick(b, q0, (4, 5, 6, 7, 12, 13, 14, 15), q1))
 
 
+def _block_dot_wssd(b, dpw, w, x, scale=None):
+    """_block_dot on AVX-512 VNNI with int16 activations: the codes widened to 32 x i16
+    (times the scale first, as there), one vpdpwssd -> <16 x i32> (lane j: products 2j,
+    2j + 1)."""
+    v16i = _v(I32, 16)
+    w16 = b.zext(w, _v(I16, 32)) if scale is None else b.mul(b.sext(w, _v(I16, 32)), scale)
+    return b.call(dpw, [_c(v16i, [0] * 16), b.bitcast(w16, v16i), b.bitcast(x, v16i)])
+
+
+def _block_sums16(b, dots):
+    """8 <16 x i32> block dots -> one <8 x i32>, lane g = block g's sum: four levels of pair
+    sums (even | odd lanes of two vectors), each halving the lanes per block."""
+    even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
+    while len(dots) > 1:
+        dots = [b.add(_pick(b, dots[k], even, dots[k + 1]), _pick(b, dots[k], odd, dots[k + 1]))
+                for k in range(0, len(dots), 2)]
+    v = dots[0]  # lanes 2g, 2g + 1: block g
+    return b.add(_pick(b, v, range(0, 16, 2)), _pick(b, v, range(1, 16, 2)))
+
+
 def _kq_codegen(kind, RT):
     SB = SUPER_BYTES[kind]
     mins = kind in _MINS
@@ -139,6 +164,9 @@ def _kq_codegen(kind, RT):
         i, t = args[1], args[5]
         A = I16 if sig.args[2].dtype == types.int16 else I8
         AB = A.width // 8
+        wssd = VNNI and A == I16  # vpdpwssd (the generic IR's dots lower to vpmaddwd)
+        dpw = (_llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", _v(I32, 16), [_v(I32, 16)] * 3)
+               if wssd else None)
         wrow = w.row(i)
         xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
         drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
@@ -163,11 +191,16 @@ def _kq_codegen(kind, RT):
             foff = b.mul(sb, _i64(32))  # 8 float scales per super-block
             x0 = b.mul(sb, _i64(256 * AB))
             for s in range(RT):
-                dots = [_block_dot(b, codes[g], _load(b, xrow[s], b.add(x0, _i64(32 * AB * g)),
-                                                      _v(A, 32)), scales[g]) for g in range(8)]
+                xs = [_load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
+                      for g in range(8)]
+                if wssd:
+                    sums = _block_sums16(b, [_block_dot_wssd(b, dpw, codes[g], xs[g], scales[g])
+                                             for g in range(8)])
+                else:
+                    sums = _block_sums(b, [_block_dot(b, codes[g], xs[g], scales[g])
+                                           for g in range(8)])
                 f = b.fmul(ws, _load(b, drow[s], foff, v8), flags=FAST)
-                new[s] = b.fadd(new[s], b.fmul(b.sitofp(_block_sums(b, dots), v8), f,
-                                               flags=FAST), flags=FAST)
+                new[s] = b.fadd(new[s], b.fmul(b.sitofp(sums, v8), f, flags=FAST), flags=FAST)
                 if mins:
                     ds8 = _load(b, srow[s], foff, v8)
                     new[RT + s] = b.fadd(new[RT + s], b.fmul(mw, ds8, flags=FAST), flags=FAST)

@@ -192,9 +192,9 @@ def test_kquant_paths_are_vectorized(kind):
 @pytest.mark.parametrize("kind", [n for n in quant.K_TYPES if quant.TYPES[n].int8_kernels])
 def test_kquant_int_tiles_are_vectorized(kind):
     """kquant_int.py's tiles (decode's 1x1, prefill's 1x4), int16 activations: the block dots
-    are vpmaddwd on 256-bit registers (or vpdpbusd on int8 ones with VNNI), the per-block
-    sums reduced with vphaddd, scaled as packed floats. (On AVX-512 LLVM widens the block
-    dots to 512-bit vpmaddwd.)"""
+    are vpmaddwd on 256- or 512-bit registers, the per-block sums reduced with vphaddd,
+    scaled as packed floats; on AVX-512 VNNI the super-block types' dots are vpdpwssd
+    instead (codegen_kquant._block_dot_wssd), reduced with permutes."""
     t = quant.TYPES[kind]
     B = t.blocks[0]
     w = np.zeros((4, t.block_bytes(B) * 256 // B), np.uint8)
@@ -202,6 +202,8 @@ def test_kquant_int_tiles_are_vectorized(kind):
     xq = np.zeros((4, 256), np.int16)
     f = np.zeros((4, 8), np.float32)
     out = np.zeros((4, 4), np.float32)
+    wssd = simd.SIMD_PATH == "vnni" and B == 256
+    dot = "vpdpwssd" if wssd else "vpmaddwd"
     for rt in (1, 4):
         tile = getattr(kquant_int, f"ktile_{kind}_1x{rt}")
 
@@ -212,7 +214,8 @@ def test_kquant_int_tiles_are_vectorized(kind):
         sig = tuple(numba.typeof(a) for a in (w, xq, f, f, out))
         f_.compile(sig)
         asm = f_.inspect_asm(sig)
-        assert re.search(r"vpmaddwd\s[^\n]*%[yz]mm", asm), (kind, rt)
-        assert re.search(r"vphaddd\s[^\n]*%ymm", asm), (kind, rt)
+        assert re.search(dot + r"\s[^\n]*%[yz]mm", asm), (kind, rt)
+        if not wssd:
+            assert re.search(r"vphaddd\s[^\n]*%ymm", asm), (kind, rt)
         assert re.search(r"vcvtdq2ps\s[^\n]*%ymm", asm), (kind, rt)
-        assert asm.count("vpmaddwd") >= rt * (8 if B == 256 else 4), (kind, rt)
+        assert asm.count(dot) >= rt * (8 if B == 256 else 4), (kind, rt)

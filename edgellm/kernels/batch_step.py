@@ -10,10 +10,11 @@ workers run the program once, each op for rows 0..n-1 before the next op, so the
 the compiler placed for one row hold for n:
 
   PROJ    the worker's rows of W (decode_step._split), as the single step's _mv walks
-          them: q4_0/q4_1 (B = 32) row groups of 8 meet 4, 2 or 1 rows per tile, the
-          weights unpacked once (tiles.py's 8x4c2/8x2c2: each row's sums added in the 8x1
-          tile's order); other matrices a tile of `tile` rows at a time (read from memory
-          once, from L1 for the other rows), each row through _mv itself. Either way each
+          them: q4_0/q4_1 (B = 32) row groups of 8 and q8_0's groups of 4 meet 4, 2 or 1
+          rows per tile, the weights unpacked once (tiles.py's 8x4c2/8x2c2, 4x4c2/4x2c2:
+          each row's sums added in the 8x1 or 4x1 tile's order); other matrices a tile of
+          `tile` rows at a time (read from memory once, from L1 for the other rows), each
+          row through _mv itself. Either way each
           row's result is the single step's, bit for bit
   ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier
   BARRIER once for all rows
@@ -45,6 +46,7 @@ from .decode_step import (
     PROJ,
     Q4_0,
     Q4_1,
+    Q8_0,
     SLOTS,
     _act,
     _attend_group,
@@ -66,6 +68,9 @@ from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     tile_q4_1_8x1,
     tile_q4_1_8x2c2,
     tile_q4_1_8x4c2,
+    tile_q8_0_4x1,
+    tile_q8_0_4x2c2,
+    tile_q8_0_4x4c2,
 )
 
 N_KINDS = len(KIND_FEATURES)  # feats' first entries: the matrix types (decode_step.py)
@@ -100,10 +105,25 @@ def _groups(kind, w, g, xq, xd, xds, out, n):
 
 
 @kernel
+def _quads(w, i, xq, xd, xds, out, n):
+    """out[:n, i:i + 4] = W[i:i + 4] @ x[:n] for q8_0 (B = 32): four, two, then one
+    sequence per tile, each row's sums the 4x1 tile's (the single step's mv_rows_q8_0)."""
+    t = 0
+    while t + 4 <= n:
+        tile_q8_0_4x4c2(w, 32, i, xq, xd, xds, t, out)
+        t += 4
+    if t + 2 <= n:
+        tile_q8_0_4x2c2(w, 32, i, xq, xd, xds, t, out)
+        t += 2
+    if t < n:
+        tile_q8_0_4x1(w, 32, i, xq, xd, xds, t, out)
+
+
+@kernel
 def _proj(tid, nt, op, model, bufs, n, precise, tile, q8_0, q4_0, q4_1, f32, kquant):
     """The PROJ op of worker tid for rows 0..n-1: its rows of W as the single step splits
-    them; q4 row groups meet all n rows per tile (_groups), other matrices a tile of
-    `tile` rows at a time, each row through the single step's _mv."""
+    them; q4 row groups and q8_0's groups of 4 meet all n rows per tile (_groups, _quads),
+    other matrices a tile of `tile` rows at a time, each row through the single step's _mv."""
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     ints = ints_all[0]
@@ -113,7 +133,8 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile, q8_0, q4_0, q4_1, f32, kqu
     float_acts = precise or op[9] != 0
     kind = m[MAT_KIND]
     c0 = r0
-    if not float_acts and m[MAT_BLOCK] == 32 and (kind == Q4_0 or kind == Q4_1):
+    q4 = kind == Q4_0 or kind == Q4_1
+    if not float_acts and m[MAT_BLOCK] == 32 and (q4 or kind == Q8_0 and q8_0 is not None):
         kmax = ints[I_KMAX]
         q0, b0, nb = slot * kmax, slot * (kmax // 32), K // 32
         dst = op[7] if op[7] >= 0 else shared + tid * private + (-1 - op[7])
@@ -121,9 +142,14 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile, q8_0, q4_0, q4_1, f32, kqu
         w = blob[off:off + rows * rb].reshape((rows, rb))
         xqv, xdv, xdsv = xq[:n, q0:q0 + K], xd[:n, b0:b0 + nb], xds[:n, b0:b0 + nb]
         outv = mem[:n, dst:dst + rows]
-        c0 = r0 + (r1 - r0) // GROUP * GROUP  # then the last rows one at a time, as _mv
-        for g in range(r0, c0, GROUP):
-            _groups(kind, w, g, xqv, xdv, xdsv, outv, n)
+        if q4:
+            c0 = r0 + (r1 - r0) // GROUP * GROUP  # then the last rows one at a time, as _mv
+            for g in range(r0, c0, GROUP):
+                _groups(kind, w, g, xqv, xdv, xdsv, outv, n)
+        else:
+            c0 = r0 + (r1 - r0) // 4 * 4
+            for g in range(r0, c0, 4):
+                _quads(w, g, xqv, xdv, xdsv, outv, n)
     while c0 < r1:
         c1 = min(r1, c0 + tile)
         for r in range(n):

@@ -184,7 +184,7 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
 
 
 
-def _q8act_row_codegen(kind, RW=1, A=I8):
+def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
     """Tile codegen for RW weight rows (RW > 1: q8_0 only) x one token, B = 32, on 256 bits
     per block.
 
@@ -197,11 +197,13 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
     integers either way, so the results are too. q8_0 elsewhere (int16 activations, AVX2):
     dw dx as a vector, dx broadcast once for the rows and dw straight from its f16 bits
     (`halves`, below): the same roundings as the scalar dw dx, so the same results.
+    RT > 1 (q8_0, the batched step's tiles): RT tokens, each with the one-token tile's
+    operations in its order (its results bit for bit), the weights loaded once.
     """
     hdr, per_byte = BLOCK_BYTES[kind]
     BB = hdr + 32 // per_byte
     q4 = kind != "q8_0"
-    assert RW == 1 or not q4
+    assert (RW == 1 and RT == 1) or not q4
     flip_trick = VNNI and RW > 1 and A == I8
     # q8_0 off vpdpbusd (int16 activations, or AVX2): the halves grouping of the products,
     # and per row and block a vpbroadcastw + vcvtph2ps of the scale instead of a scalar
@@ -215,53 +217,65 @@ def _q8act_row_codegen(kind, RW=1, A=I8):
         w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
         i, t = args[1], args[5]
         wrows = [w.row(b.add(i, _i64(r))) for r in range(RW)]
-        xrow, drow, srow = xq.row(t), xd.row(t), xds.row(t)
-        init = [_c(v8, [0.0] * 8)] * RW + ([_c(F32, 0.0)] if q4 else [])
+        toks = [b.add(t, _i64(s)) for s in range(RT)]
+        xrows, drows, srows = ([a.row(u) for u in toks] for a in (xq, xd, xds))
+        n = RW * RT
+        init = [_c(v8, [0.0] * 8)] * n + ([_c(F32, 0.0)] if q4 else [])
         zero_i = _c(_v(I32, 8), [0] * 8)
         flip = _c(_v(I8, 32), [-128] * 32)
         nxt = w.row(b.add(i, _i64(PF_ROWS * RW)))  # the rows PF_ROWS tiles ahead
 
         def body(bi, st):
-            x = _load(b, xrow, b.mul(bi, _i64(32 * AB)), _v(A, 32))
-            dx = _load(b, drow, b.mul(bi, _i64(4)), F32)
+            xs = [_load(b, xr, b.mul(bi, _i64(32 * AB)), _v(A, 32)) for xr in xrows]
+            dxs = [_load(b, dr, b.mul(bi, _i64(4)), F32) for dr in drows]
             if RW > 1:
                 _prefetch_ahead(b, nxt, bi, RW * BB)
             if flip_trick:
-                bias = b.sub(zero_i, _dot_acc(b, zero_i, flip, x))
+                biases = [b.sub(zero_i, _dot_acc(b, zero_i, flip, x)) for x in xs]
             if halves:
-                dx8 = _splat(b, dx, 8)  # shared by the rows
-            out = []
+                dx8s = [_splat(b, dx, 8) for dx in dxs]  # shared by the rows
+            out = [None] * n
             for r in range(RW):
                 p = b.gep(wrows[r], [b.mul(bi, _i64(BB))], inbounds=True)
                 if halves:  # the same dw dx, dw broadcast from its f16 bits
-                    dot = _signed_dot_halves(b, _load(b, p, 2, _v(I8, 32)))(x)
-                    scale = b.fmul(_splat_f16(b, p, 0, 8), dx8, flags=FAST)
+                    dotw = _signed_dot_halves(b, _load(b, p, 2, _v(I8, 32)))
+                    dw8 = _splat_f16(b, p, 0, 8)
                 else:
                     dw = _f16(b, p, 0)
                     if flip_trick:
-                        dot = _dot_acc(b, bias, b.xor(_load(b, p, 2, _v(I8, 32)), flip), x)
+                        wu = b.xor(_load(b, p, 2, _v(I8, 32)), flip)
                     else:
                         wv = (_load(b, p, 2, _v(I8, 32)) if kind == "q8_0"
                               else _nibbles(b, p, hdr, 32))
-                        dot = _weight_dot(b, kind, wv)(x)
-                    scale = _splat(b, b.fmul(dw, dx, flags=FAST), 8)
-                out.append(b.fadd(st[r], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
-                                  flags=FAST))
-            if q4:  # RW == 1: p and dw are the row's
+                        dotw = _weight_dot(b, kind, wv)
+                for s in range(RT):
+                    if halves:
+                        dot = dotw(xs[s])
+                        scale = b.fmul(dw8, dx8s[s], flags=FAST)
+                    else:
+                        dot = (_dot_acc(b, biases[s], wu, xs[s]) if flip_trick
+                               else dotw(xs[s]))
+                        scale = _splat(b, b.fmul(dw, dxs[s], flags=FAST), 8)
+                    j = r * RT + s
+                    out[j] = b.fadd(st[j], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
+                                    flags=FAST)
+            if q4:  # RW == RT == 1: p and dw are the row's
                 fm = dw if kind == "q4_0" else _f16(b, p, 2)
-                ds = _load(b, srow, b.mul(bi, _i64(4)), F32)
-                out.append(b.fadd(st[RW], b.fmul(fm, ds, flags=FAST), flags=FAST))
+                ds = _load(b, srows[0], b.mul(bi, _i64(4)), F32)
+                out.append(b.fadd(st[n], b.fmul(fm, ds, flags=FAST), flags=FAST))
             return out
 
         states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=2)
         for r in range(RW):
-            res = b.fadd(_hsum(b, states[0][r]), _hsum(b, states[1][r]), flags=FAST)
-            if q4:
-                fix = b.fadd(states[0][RW], states[1][RW], flags=FAST)
-                if kind == "q4_0":
-                    fix = b.fmul(fix, _c(F32, -8.0), flags=FAST)
-                res = b.fadd(res, fix, flags=FAST)
-            _store(b, out, t, b.add(i, _i64(r)), res)
+            for s in range(RT):
+                j = r * RT + s
+                res = b.fadd(_hsum(b, states[0][j]), _hsum(b, states[1][j]), flags=FAST)
+                if q4:
+                    fix = b.fadd(states[0][n], states[1][n], flags=FAST)
+                    if kind == "q4_0":
+                        fix = b.fmul(fix, _c(F32, -8.0), flags=FAST)
+                    res = b.fadd(res, fix, flags=FAST)
+                _store(b, out, toks[s], b.add(i, _i64(r)), res)
         return ctx.get_dummy_value()
 
     return codegen
@@ -630,6 +644,8 @@ def make_tile(kind, RW, RT, chains=None):
             return _rows_of(_q4_i16_row_codegen(kind, sub, RT, chains=1), RW, sub)
         if B == 32 and RT == 1 and (RW == 1 and kind != "q4_1" or RW == 4 and kind == "q8_0"):
             return _q8act_row_codegen(kind, RW, A)
+        if B == 32 and RW == 4 and kind == "q8_0" and chains:  # the batched step's
+            return _q8act_row_codegen(kind, RW, A, RT)
         if RW == GROUP and B == 32 and A == I16 and VNNI and kind != "q8_0":
             return _q4_i16_vnni_group_codegen(kind, RT, chains)
         if RW == GROUP:

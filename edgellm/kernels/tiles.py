@@ -21,6 +21,7 @@ __all__ = [
     "tile_q4_0_1x1", "tile_q4_0_1x4", "tile_q4_0_8x1",
     "tile_q4_1_1x1", "tile_q4_1_1x4", "tile_q4_1_8x1",
     "tile_q4_0_8x2c2", "tile_q4_0_8x4c2", "tile_q4_1_8x2c2", "tile_q4_1_8x4c2",
+    "tile_q8_0_4x2c2", "tile_q8_0_4x4c2",
     "ftile_f32_1x1", "ftile_f32_1x4", "ftile_f16_1x1", "ftile_f16_1x4",
     "ftile_q8_0_1x1", "ftile_q8_0_1x4", "ftile_q4_0_1x1", "ftile_q4_0_1x4",
     "ftile_q4_1_1x1", "ftile_q4_1_1x4",
@@ -45,6 +46,9 @@ tile_q4_0_8x2c2 = make_tile("q4_0", GROUP, 2, chains=2)
 tile_q4_0_8x4c2 = make_tile("q4_0", GROUP, 4, chains=2)
 tile_q4_1_8x2c2 = make_tile("q4_1", GROUP, 2, chains=2)
 tile_q4_1_8x4c2 = make_tile("q4_1", GROUP, 4, chains=2)
+# ... and q8_0's 4 rows x 2 or 4 sequences, each one's sums the 4x1 tile's
+tile_q8_0_4x2c2 = make_tile("q8_0", 4, 2, chains=2)
+tile_q8_0_4x4c2 = make_tile("q8_0", 4, 4, chains=2)
 
 # float activations: one row x one or four tokens
 ftile_f32_1x1 = make_ftile("f32", 1, 1)

@@ -45,10 +45,11 @@ def _solo(m, state, token):
         m.cache = saved
 
 
-# q4_1 / q4_0: the shared row-group tiles; q8_0: each row through the single step's kernel.
+# q4_1 / q4_0: the shared row-group tiles; q8_0: its 4-row tiles (serial and parallel steps).
 # gemma3: sliding and global caches, two RoPE sets; qwen3-moe: each row its own experts.
 @pytest.mark.parametrize("name,kind,threads", [
-    ("llama", "q4_1", 2), ("llama", "q4_0", 1), ("qwen2", "q8_0", 2), ("gemma3", "q4_0", 2),
+    ("llama", "q4_1", 2), ("llama", "q4_0", 1), ("qwen2", "q8_0", 2), ("qwen2", "q8_0", 1),
+    ("gemma3", "q4_0", 2),
     ("qwen3-moe", "q8_0", 2), ("phi3", "q4_1", 1)])
 def test_each_row_is_the_single_steps_bit_for_bit(name, kind, threads, converted):
     ids = [int(t) for t in reference(name)["input_ids"]]

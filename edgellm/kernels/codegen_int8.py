@@ -184,6 +184,21 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
 
 
 
+# fast-math without reassociation: the operations happen in the order written, so a tile
+# of several tokens gives each the one-token tile's results whatever LLVM does around it
+# (with "fast", it re-associated the final lane sums differently in the batched step)
+ORDERED = ("nnan", "ninf", "nsz", "arcp", "contract", "afn")
+
+
+def _hsum_ordered(b, v):
+    """_hsum in ORDERED arithmetic."""
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        v = b.fadd(_pick(b, v, range(n)), _pick(b, v, range(n, 2 * n)), flags=ORDERED)
+    return b.extract_element(v, _c(I32, 0))
+
+
 def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
     """Tile codegen for RW weight rows (RW > 1: q8_0 only) x one token, B = 32, on 256 bits
     per block.
@@ -251,30 +266,31 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
                 for s in range(RT):
                     if halves:
                         dot = dotw(xs[s])
-                        scale = b.fmul(dw8, dx8s[s], flags=FAST)
+                        scale = b.fmul(dw8, dx8s[s], flags=ORDERED)
                     else:
                         dot = (_dot_acc(b, biases[s], wu, xs[s]) if flip_trick
                                else dotw(xs[s]))
-                        scale = _splat(b, b.fmul(dw, dxs[s], flags=FAST), 8)
+                        scale = _splat(b, b.fmul(dw, dxs[s], flags=ORDERED), 8)
                     j = r * RT + s
-                    out[j] = b.fadd(st[j], b.fmul(b.sitofp(dot, v8), scale, flags=FAST),
-                                    flags=FAST)
+                    out[j] = b.fadd(st[j], b.fmul(b.sitofp(dot, v8), scale, flags=ORDERED),
+                                    flags=ORDERED)
             if q4:  # RW == RT == 1: p and dw are the row's
                 fm = dw if kind == "q4_0" else _f16(b, p, 2)
                 ds = _load(b, srows[0], b.mul(bi, _i64(4)), F32)
-                out.append(b.fadd(st[n], b.fmul(fm, ds, flags=FAST), flags=FAST))
+                out.append(b.fadd(st[n], b.fmul(fm, ds, flags=ORDERED), flags=ORDERED))
             return out
 
         states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=2)
         for r in range(RW):
             for s in range(RT):
                 j = r * RT + s
-                res = b.fadd(_hsum(b, states[0][j]), _hsum(b, states[1][j]), flags=FAST)
+                res = b.fadd(_hsum_ordered(b, states[0][j]), _hsum_ordered(b, states[1][j]),
+                             flags=ORDERED)
                 if q4:
-                    fix = b.fadd(states[0][n], states[1][n], flags=FAST)
+                    fix = b.fadd(states[0][n], states[1][n], flags=ORDERED)
                     if kind == "q4_0":
-                        fix = b.fmul(fix, _c(F32, -8.0), flags=FAST)
-                    res = b.fadd(res, fix, flags=FAST)
+                        fix = b.fmul(fix, _c(F32, -8.0), flags=ORDERED)
+                    res = b.fadd(res, fix, flags=ORDERED)
                 _store(b, out, toks[s], b.add(i, _i64(r)), res)
         return ctx.get_dummy_value()
 

@@ -81,48 +81,39 @@ assert TILE % GROUP == 0 and TILE % 4 == 0  # q4 row groups, q8_0's four rows
 
 @kernel
 def _groups(kind, w, g, xq, xd, xds, out, n):
-    """out[:n, g:g + GROUP] = W[g:g + GROUP] @ x[:n] for q4_0/q4_1 (B = 32) row groups:
-    four, two, then one sequence per tile, each row's sums the 8x1 tile's."""
-    t = 0
-    if kind == Q4_1:
-        while t + 4 <= n:
-            tile_q4_1_8x4c2(w, 32, g, xq, xd, xds, t, out)
-            t += 4
-        if t + 2 <= n:
-            tile_q4_1_8x2c2(w, 32, g, xq, xd, xds, t, out)
-            t += 2
-        if t < n:
-            tile_q4_1_8x1(w, 32, g, xq, xd, xds, t, out)
-    else:
-        while t + 4 <= n:
-            tile_q4_0_8x4c2(w, 32, g, xq, xd, xds, t, out)
-            t += 4
-        if t + 2 <= n:
-            tile_q4_0_8x2c2(w, 32, g, xq, xd, xds, t, out)
-            t += 2
-        if t < n:
-            tile_q4_0_8x1(w, 32, g, xq, xd, xds, t, out)
-
-
-@kernel
-def _quads(w, i, xq, xd, xds, out, n):
-    """out[:n, i:i + 4] = W[i:i + 4] @ x[:n] for q8_0 (B = 32): four, two, then one
-    sequence per tile, each row's sums the 4x1 tile's (the single step's mv_rows_q8_0)."""
+    """out[:n, g:g + R] = W[g:g + R] @ x[:n] for a row group of R (B = 32): q4_0/q4_1's 8
+    rows, q8_0's 4; four, two, then one sequence per tile, each row's sums
+    the one-sequence tile's (the single step's 8x1 or 4x1)."""
     t = 0
     while t + 4 <= n:
-        tile_q8_0_4x4c2(w, 32, i, xq, xd, xds, t, out)
+        if kind == Q4_1:
+            tile_q4_1_8x4c2(w, 32, g, xq, xd, xds, t, out)
+        elif kind == Q4_0:
+            tile_q4_0_8x4c2(w, 32, g, xq, xd, xds, t, out)
+        else:
+            tile_q8_0_4x4c2(w, 32, g, xq, xd, xds, t, out)
         t += 4
     if t + 2 <= n:
-        tile_q8_0_4x2c2(w, 32, i, xq, xd, xds, t, out)
+        if kind == Q4_1:
+            tile_q4_1_8x2c2(w, 32, g, xq, xd, xds, t, out)
+        elif kind == Q4_0:
+            tile_q4_0_8x2c2(w, 32, g, xq, xd, xds, t, out)
+        else:
+            tile_q8_0_4x2c2(w, 32, g, xq, xd, xds, t, out)
         t += 2
     if t < n:
-        tile_q8_0_4x1(w, 32, i, xq, xd, xds, t, out)
+        if kind == Q4_1:
+            tile_q4_1_8x1(w, 32, g, xq, xd, xds, t, out)
+        elif kind == Q4_0:
+            tile_q4_0_8x1(w, 32, g, xq, xd, xds, t, out)
+        else:
+            tile_q8_0_4x1(w, 32, g, xq, xd, xds, t, out)
 
 
 @kernel
 def _proj(tid, nt, op, model, bufs, n, precise, tile, q8_0, q4_0, q4_1, f32, kquant):
     """The PROJ op of worker tid for rows 0..n-1: its rows of W as the single step splits
-    them; q4 row groups and q8_0's groups of 4 meet all n rows per tile (_groups, _quads),
+    them; q4 row groups and q8_0's groups of 4 meet all n rows per tile (_groups),
     other matrices a tile of `tile` rows at a time, each row through the single step's _mv."""
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
@@ -142,14 +133,10 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile, q8_0, q4_0, q4_1, f32, kqu
         w = blob[off:off + rows * rb].reshape((rows, rb))
         xqv, xdv, xdsv = xq[:n, q0:q0 + K], xd[:n, b0:b0 + nb], xds[:n, b0:b0 + nb]
         outv = mem[:n, dst:dst + rows]
-        if q4:
-            c0 = r0 + (r1 - r0) // GROUP * GROUP  # then the last rows one at a time, as _mv
-            for g in range(r0, c0, GROUP):
-                _groups(kind, w, g, xqv, xdv, xdsv, outv, n)
-        else:
-            c0 = r0 + (r1 - r0) // 4 * 4
-            for g in range(r0, c0, 4):
-                _quads(w, g, xqv, xdv, xdsv, outv, n)
+        R = GROUP if q4 else 4
+        c0 = r0 + (r1 - r0) // R * R  # then the last rows one at a time, as _mv
+        for g in range(r0, c0, R):
+            _groups(kind, w, g, xqv, xdv, xdsv, outv, n)
     while c0 < r1:
         c1 = min(r1, c0 + tile)
         for r in range(n):

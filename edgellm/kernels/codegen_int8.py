@@ -37,6 +37,7 @@ from .ir import (
     I8,
     I16,
     I32,
+    ORDERED,
     _by_block,
     _c,
     _dot_acc,
@@ -184,19 +185,14 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
 
 
 
-# fast-math without reassociation: the operations happen in the order written, so a tile
-# of several tokens gives each the one-token tile's results whatever LLVM does around it
-# (with "fast", it re-associated the final lane sums differently in the batched step)
-ORDERED = ("nnan", "ninf", "nsz", "arcp", "contract", "afn")
-
-
-def _hsum_ordered(b, v):
-    """_hsum in ORDERED arithmetic."""
-    n = v.type.count
-    while n > 1:
-        n //= 2
-        v = b.fadd(_pick(b, v, range(n)), _pick(b, v, range(n, 2 * n)), flags=ORDERED)
-    return b.extract_element(v, _c(I32, 0))
+def _tile_rows(ctx, b, sig, args, RW, RT):
+    """A tile intrinsic's arguments (W, i, xq, xd, xds, t, out; block dropped) as byte rows:
+    (w, xq, out, i, t, W's rows i..i+RW-1, and the RT tokens' xq, xd, xds rows from t)."""
+    w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+    i, t = args[1], args[5]
+    toks = [b.add(t, _i64(s)) for s in range(RT)]
+    return (w, xq, out, i, t, [w.row(b.add(i, _i64(r))) for r in range(RW)],
+            [xq.row(u) for u in toks], [xd.row(u) for u in toks], [xds.row(u) for u in toks])
 
 
 def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
@@ -229,11 +225,8 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
     v8 = _v(F32, 8)
 
     def codegen(ctx, b, sig, args):
-        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
-        i, t = args[1], args[5]
-        wrows = [w.row(b.add(i, _i64(r))) for r in range(RW)]
+        w, xq, out, i, t, wrows, xrows, drows, srows = _tile_rows(ctx, b, sig, args, RW, RT)
         toks = [b.add(t, _i64(s)) for s in range(RT)]
-        xrows, drows, srows = ([a.row(u) for u in toks] for a in (xq, xd, xds))
         n = RW * RT
         init = [_c(v8, [0.0] * 8)] * n + ([_c(F32, 0.0)] if q4 else [])
         zero_i = _c(_v(I32, 8), [0] * 8)
@@ -284,7 +277,7 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
         for r in range(RW):
             for s in range(RT):
                 j = r * RT + s
-                res = b.fadd(_hsum_ordered(b, states[0][j]), _hsum_ordered(b, states[1][j]),
+                res = b.fadd(_hsum(b, states[0][j], ORDERED), _hsum(b, states[1][j], ORDERED),
                              flags=ORDERED)
                 if q4:
                     fix = b.fadd(states[0][n], states[1][n], flags=ORDERED)
@@ -325,12 +318,7 @@ def _q4_i16_row_codegen(kind, RW, RT=1, chains=None):
         return b.add(_pick(b, p, range(0, 16, 2)), _pick(b, p, range(1, 16, 2)))
 
     def codegen(ctx, b, sig, args):
-        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
-        i, t = args[1], args[5]
-        wrows = [w.row(b.add(i, _i64(r))) for r in range(RW)]
-        xrows = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
-        drows = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
-        srows = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        w, xq, out, i, t, wrows, xrows, drows, srows = _tile_rows(ctx, b, sig, args, RW, RT)
         nxt = w.row(b.add(i, _i64(PF_ROWS * RW)))
         low = _c(i16x16, [15] * 16)
         four = _c(i16x16, [4] * 16)
@@ -449,12 +437,7 @@ def _group_codegen(kind, RT, A=I8, chains=None):
     AB = A.width // 8
 
     def codegen(ctx, b, sig, args):
-        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
-        i, t = args[1], args[5]
-        wrow = [w.row(b.add(i, _i64(r))) for r in range(R)]
-        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
-        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
-        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        w, xq, out, i, t, wrow, xrow, drow, srow = _tile_rows(ctx, b, sig, args, R, RT)
         zero_i = _c(_v(I32, 8), [0] * 8)
         low16 = _c(_v(I8, 32), [15] * 32)
         four = _c(_v(I8, 32), [4] * 32)
@@ -547,12 +530,7 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
     even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
 
     def codegen(ctx, b, sig, args):
-        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
-        i, t = args[1], args[5]
-        wrow = [w.row(b.add(i, _i64(r))) for r in range(R)]
-        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
-        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
-        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        w, xq, out, i, t, wrow, xrow, drow, srow = _tile_rows(ctx, b, sig, args, R, RT)
         low = _c(v32w, [15] * 32)
         four = _c(v32w, [4] * 32)
         zero = _c(v16i, [0] * 16)

@@ -30,6 +30,9 @@ I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64
 F16, F32 = ir.HalfType(), ir.FloatType()
 BYTES = I8.as_pointer()
 FAST = ("fast",)
+# every fast-math flag but reassoc: float operations happen in the order written, so a tile
+# of several tokens gives each the one-token tile's results whatever LLVM does around it
+ORDERED = ("nnan", "ninf", "nsz", "arcp", "contract", "afn")
 
 
 def _v(t, n):
@@ -116,12 +119,12 @@ def _pick(b, v, idx, other=None):
     return b.shuffle_vector(v, v if other is None else other, _c(_v(I32, len(idx)), list(idx)))
 
 
-def _hsum(b, v):
+def _hsum(b, v, flags=FAST):
     """Sum of a float vector's lanes (halving tree)."""
     n = v.type.count
     while n > 1:
         n //= 2
-        v = b.fadd(_pick(b, v, range(n)), _pick(b, v, range(n, 2 * n)), flags=FAST)
+        v = b.fadd(_pick(b, v, range(n)), _pick(b, v, range(n, 2 * n)), flags=flags)
     return b.extract_element(v, _c(I32, 0))
 
 

@@ -5,7 +5,8 @@ ActQ8's int16 (default) or int8 activation blocks of 32: decode and prefill.
   mv_kq(kind, w, xq, xd, xds, out)                the same over all rows, parallel in chunks
   mm_kq(kind, w, xq, xd, xs, xds, out, T, threads)   prefill: out[:T] = x[:T] @ W.T; a chunk
                                                   of ROWS rows (in L1) meets the tokens four
-                                                  at a time, rows split between threads
+                                                  at a time, rows split between threads;
+                                                  q5_0/q5_1 on panel.py's packed panels
 kind is the type's code (quant.TYPES[name].code, KQ_CODES); the tiles are
 codegen_kquant.py's. Callers validate shapes (linear.py, arch/fused.py): these kernels do not
 check bounds. q2_k and q3_k have kquant.py's float-activation kernels only.
@@ -16,8 +17,18 @@ from __future__ import annotations
 from numba import prange
 
 from .. import quant
+from .codegen_int8 import GROUP
 from .codegen_kquant import KQ_TYPES, make_ktile
 from .jit import kernel
+from .matmul import panel_scratch, thread_rows
+from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
+    pack_q5_0,
+    pack_q5_1,
+    ptile_q5_0_8x1,
+    ptile_q5_0_8x4,
+    ptile_q5_1_8x1,
+    ptile_q5_1_8x4,
+)
 
 __all__ = ["KQ_CODES", "has_kq", "mm_kq", "mv_kq", "mv_rows_kq"]
 
@@ -107,9 +118,40 @@ def mm_rows_kq(kind, w, xq, xd, xds, out, r0, r1, T):
                 _tile1(kind, w, i, xq, xd, xds, t, out)
 
 
+@kernel
+def mm_rows_q5(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
+    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T for q5_0 / q5_1: groups of 8 rows packed into a
+    panel once and met by the tokens four at a time (panel.py, as matmul.py's q4 types),
+    the last rows through the 1x4 / 1x1 tiles."""
+    g1 = r0 + (r1 - r0) // GROUP * GROUP
+    for i in range(r0, g1, GROUP):
+        if kind == Q5_0:
+            pack_q5_0(w, 32, i, panel, scales, 0)
+        else:
+            pack_q5_1(w, 32, i, panel, scales, 0)
+        for t in range(0, T - 3, 4):
+            if kind == Q5_0:
+                ptile_q5_0_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+            else:
+                ptile_q5_1_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        for t in range(T - T % 4, T):
+            if kind == Q5_0:
+                ptile_q5_0_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+            else:
+                ptile_q5_1_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+    mm_rows_kq(kind, w, xq, xd, xds, out, g1, r1, T)
+
+
 @kernel(parallel=True)
 def mm_kq(kind, w, xq, xd, xs, xds, out, T, threads):
     n = w.shape[0]
+    if kind == Q5_0 or kind == Q5_1:
+        nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
+        for p in prange(nth):
+            r0, r1 = thread_rows(n, nth, p)
+            panel, scales = panel_scratch(xq.shape[1])
+            mm_rows_q5(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
+        return
     nth = max(1, min(threads, (n + ROWS - 1) // ROWS))
     for p in prange(nth):
         chunks = (n + ROWS - 1) // ROWS

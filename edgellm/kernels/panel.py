@@ -37,6 +37,7 @@ from llvmlite import ir
 from numba import types
 
 from .codegen_int8 import GROUP, group_blocks, scale_block
+from .codegen_kquant import _q5_codes
 from .simd import VNNI
 from .ir import (
     BLOCK_BYTES,
@@ -64,11 +65,15 @@ from .ir import (
 __all__ = ["PANEL_BLOCK", "SCALES_BLOCK",
            "pack_q8_0", "pack_q4_0", "pack_q4_1",
            "ptile_q8_0_8x1", "ptile_q8_0_8x4", "ptile_q4_0_8x1", "ptile_q4_0_8x4",
-           "ptile_q4_1_8x1", "ptile_q4_1_8x4"]
+           "ptile_q4_1_8x1", "ptile_q4_1_8x4",
+           "pack_q5_0", "pack_q5_1", "ptile_q5_0_8x1", "ptile_q5_0_8x4", "ptile_q5_1_8x1",
+           "ptile_q5_1_8x4"]
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
 CHAINS = 2  # independent vpdpbusd chains per token and block (integer sums: exact)
+Q5 = {"q5_0": (22, 2), "q5_1": (24, 4)}  # block bytes, offset of the high bits' word
+MINS = ("q4_1", "q5_1")  # types with a minimum per block (value d q + m)
 
 
 def _store_vec(b, base, off, value):
@@ -80,10 +85,17 @@ def _pack_codegen(kind, B):
     """Rows i..i+7 of the weight matrix (blocks of B) -> row g of panel and scales.
 
     The panel is always in 32-column sub-blocks: a weight block of 64 or 128 becomes 2 or
-    4 of them, each with the block's scale (and minimum).
+    4 of them, each with the block's scale (and minimum). q5_0 / q5_1 (B = 32): the 5-bit
+    codes 0..31 (codegen_kquant._q5_codes), scale and (q5_1) minimum as q4_0's / q4_1's.
     """
-    hdr, per_byte = BLOCK_BYTES[kind]
-    BB = hdr + B // per_byte
+    if kind in Q5:
+        if B != 32:  # the type has blocks of 32 only: other sizes are never called
+            return lambda ctx, b, sig, args: ctx.get_dummy_value()
+        BB, hdr = Q5[kind]
+        per_byte = 1
+    else:
+        hdr, per_byte = BLOCK_BYTES[kind]
+        BB = hdr + B // per_byte
     v32 = _v(I32, 8)
     low16 = _c(_v(I8, 32), [15] * 32)
     four = _c(_v(I8, 32), [4] * 32)
@@ -91,6 +103,8 @@ def _pack_codegen(kind, B):
 
     def sub_block(b, p, j):
         """Sub-block j of the weight block at p as <32 x i8> unsigned values."""
+        if kind in Q5:
+            return _q5_codes(b, p, hdr)
         if kind == "q8_0":
             return b.xor(_load(b, p, hdr + 32 * j, _v(I8, 32)), flip)
         if B == 32:
@@ -115,7 +129,7 @@ def _pack_codegen(kind, B):
         def body(bi, st):
             ps = [b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True) for row in wrow]
             dw = gather16(ps, 0)
-            mw = gather16(ps, 2) if kind == "q4_1" else None
+            mw = gather16(ps, 2) if kind in MINS else None
             for j in range(B // 32):
                 rows = [b.bitcast(sub_block(b, p, j), v32) for p in ps]  # 8 four-byte groups
                 while len(rows) > 1:  # concatenate: 64 lanes, row r's group c at 8r + c
@@ -128,7 +142,7 @@ def _pack_codegen(kind, B):
                     _store_vec(b, prow, b.add(pb, _i64(32 * c)), chunk)
                 so = b.mul(sb, _i64(4 * SCALES_BLOCK))
                 _store_vec(b, srow, so, dw)
-                if kind == "q4_1":
+                if kind in MINS:
                     _store_vec(b, srow, b.add(so, _i64(4 * GROUP)), mw)
             return st
 
@@ -168,7 +182,7 @@ def _ptile_codegen(kind, RT, A=I8):
             chunks = [_load(b, prow, b.add(pb, _i64(32 * c)), _v(I8, 32)) for c in range(8)]
             sb = b.mul(bi, _i64(4 * SCALES_BLOCK))
             dw = _load(b, srow, sb, v8)
-            mw = _load(b, srow, b.add(sb, _i64(4 * GROUP)), v8) if kind == "q4_1" else None
+            mw = _load(b, srow, b.add(sb, _i64(4 * GROUP)), v8) if kind in MINS else None
             xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             new = []
@@ -237,3 +251,11 @@ ptile_q4_0_8x1 = make_ptile("q4_0", 1)
 ptile_q4_0_8x4 = make_ptile("q4_0", 4)
 ptile_q4_1_8x1 = make_ptile("q4_1", 1)
 ptile_q4_1_8x4 = make_ptile("q4_1", 4)
+# q5_0 / q5_1 (GGUF files' fallback where a row is not a multiple of 256: most of Gemma 3
+# 270M Q4_K_M's matrices): prefill on the same panels
+pack_q5_0 = make_pack("q5_0")
+pack_q5_1 = make_pack("q5_1")
+ptile_q5_0_8x1 = make_ptile("q5_0", 1)
+ptile_q5_0_8x4 = make_ptile("q5_0", 4)
+ptile_q5_1_8x1 = make_ptile("q5_1", 1)
+ptile_q5_1_8x4 = make_ptile("q5_1", 4)

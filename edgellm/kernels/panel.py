@@ -37,11 +37,12 @@ from llvmlite import ir
 from numba import types
 
 from .codegen_int8 import GROUP, group_blocks, scale_block
-from .codegen_kquant import _q5_codes
+from .codegen_kquant import SUPER_BYTES, _q5_codes, _scales_k4
 from .simd import VNNI
 from .ir import (
     BLOCK_BYTES,
     F32,
+    FAST,
     I8,
     I16,
     I32,
@@ -49,6 +50,8 @@ from .ir import (
     _by_block,
     _c,
     _dot_acc,
+    _drop_block,
+    _f16,
     _for,
     _h2f,
     _i64,
@@ -66,8 +69,8 @@ __all__ = ["PANEL_BLOCK", "SCALES_BLOCK",
            "pack_q8_0", "pack_q4_0", "pack_q4_1",
            "ptile_q8_0_8x1", "ptile_q8_0_8x4", "ptile_q4_0_8x1", "ptile_q4_0_8x4",
            "ptile_q4_1_8x1", "ptile_q4_1_8x4",
-           "pack_q5_0", "pack_q5_1", "ptile_q5_0_8x1", "ptile_q5_0_8x4", "ptile_q5_1_8x1",
-           "ptile_q5_1_8x4"]
+           "pack_q4_k", "pack_q5_0", "pack_q5_1", "ptile_q5_0_8x1", "ptile_q5_0_8x4",
+           "ptile_q5_1_8x1", "ptile_q5_1_8x4"]
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
@@ -150,6 +153,52 @@ def _pack_codegen(kind, B):
         return ctx.get_dummy_value()
 
     return codegen
+
+
+def _pack_q4_k_codegen(ctx, b, sig, args):
+    """pack for q4_k rows (super-blocks of 256, block argument dropped): each 32-value
+    sub-block j becomes a panel block with q4_1's meaning, value dw q + mw: dw = d sc_j,
+    mw = -dmin m_j (codegen_kquant._scales_k4), the codes its 4-bit q (ggml's layout:
+    sub-blocks 2c and 2c + 1 are the low and high nibbles of bytes 32c..32c+31)."""
+    w, panel, scales = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3))
+    i, g = args[1], args[4]  # (w, i, panel, scales, g): block dropped
+    wrow = [w.row(b.add(i, _i64(r))) for r in range(GROUP)]
+    prow, srow = panel.row(g), scales.row(g)
+    v32 = _v(I32, 8)
+    low16 = _c(_v(I8, 32), [15] * 32)
+    four = _c(_v(I8, 32), [4] * 32)
+
+    def body(sbi, st):
+        ps = [b.gep(row, [b.mul(sbi, _i64(SUPER_BYTES["q4_k"]))], inbounds=True)
+              for row in wrow]
+        dws, mws = [], []
+        for p in ps:
+            sc8, m8 = _scales_k4(b, p)
+            dws.append(b.fmul(sc8, _splat(b, _f16(b, p, 0), 8), flags=FAST))
+            mws.append(b.fmul(m8, _splat(b, b.fneg(_f16(b, p, 2)), 8), flags=FAST))
+        for j in range(8):
+            c, h = divmod(j, 2)
+            raws = [_load(b, p, 16 + 32 * c, _v(I8, 32)) for p in ps]
+            rows = [b.bitcast(b.and_(r, low16) if h == 0 else b.lshr(r, four), v32)
+                    for r in raws]
+            while len(rows) > 1:  # concatenate: 64 lanes, row r's group c at 8r + c
+                rows = [_pick(b, rows[k], range(2 * rows[k].type.count), rows[k + 1])
+                        for k in range(0, len(rows), 2)]
+            sb = b.add(b.mul(sbi, _i64(8)), _i64(j))  # the panel's block
+            pb = b.mul(sb, _i64(PANEL_BLOCK))
+            for q in range(8):
+                chunk = _pick(b, rows[0], [8 * r + q for r in range(GROUP)])
+                _store_vec(b, prow, b.add(pb, _i64(32 * q)), chunk)
+            so = b.mul(sb, _i64(4 * SCALES_BLOCK))
+            for vecs, at in ((dws, so), (mws, b.add(so, _i64(4 * GROUP)))):
+                v = ir.Constant(_v(F32, GROUP), ir.Undefined)
+                for r in range(GROUP):
+                    v = b.insert_element(v, b.extract_element(vecs[r], _c(I32, j)), _c(I32, r))
+                _store_vec(b, srow, at, v)
+        return st
+
+    _for(b, _i64(0), b.sdiv(w.cols, _i64(SUPER_BYTES["q4_k"])), [], body)
+    return ctx.get_dummy_value()
 
 
 def _ptile_codegen(kind, RT, A=I8):
@@ -253,6 +302,8 @@ ptile_q4_1_8x1 = make_ptile("q4_1", 1)
 ptile_q4_1_8x4 = make_ptile("q4_1", 4)
 # q5_0 / q5_1 (GGUF files' fallback where a row is not a multiple of 256: most of Gemma 3
 # 270M Q4_K_M's matrices): prefill on the same panels
+pack_q4_k = _typed("pack_q4_k", _drop_block(_pack_q4_k_codegen),
+                   {0: types.uint8, 3: types.uint8, 4: types.float32}, ints=(1, 2, 5))
 pack_q5_0 = make_pack("q5_0")
 pack_q5_1 = make_pack("q5_1")
 ptile_q5_0_8x1 = make_ptile("q5_0", 1)

@@ -6,7 +6,8 @@ ActQ8's int16 (default) or int8 activation blocks of 32: decode and prefill.
   mm_kq(kind, w, xq, xd, xs, xds, out, T, threads)   prefill: out[:T] = x[:T] @ W.T; a chunk
                                                   of ROWS rows (in L1) meets the tokens four
                                                   at a time, rows split between threads;
-                                                  q4_k, q5_0, q5_1 on panel.py's panels
+                                                  q4_k, q5_k, q5_0, q5_1 on panel.py's
+                                                  panels
 kind is the type's code (quant.TYPES[name].code, KQ_CODES); the tiles are
 codegen_kquant.py's. Callers validate shapes (linear.py, arch/fused.py): these kernels do not
 check bounds. q2_k and q3_k have kquant.py's float-activation kernels only.
@@ -25,6 +26,7 @@ from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     pack_q4_k,
     pack_q5_0,
     pack_q5_1,
+    pack_q5_k,
     ptile_q4_1_8x1,
     ptile_q4_1_8x4,
     ptile_q5_0_8x1,
@@ -146,30 +148,33 @@ def mm_rows_q5(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
 
 
 @kernel
-def mm_rows_q4_k(w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
-    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T for q4_k: groups of 8 rows packed into q4_1's
-    panels (each 32-value sub-block its own scale d sc and minimum -dmin m: pack_q4_k) and
-    met by the tokens four at a time on q4_1's tiles, the last rows through the 1x4 / 1x1
-    tiles."""
+def mm_rows_k4(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
+    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T for q4_k / q5_k: groups of 8 rows packed into
+    q4_1's panels (each 32-value sub-block its own scale d sc and minimum -dmin m:
+    pack_q4_k, pack_q5_k) and met by the tokens four at a time on q4_1's tiles, the last
+    rows through the 1x4 / 1x1 tiles."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
     for i in range(r0, g1, GROUP):
-        pack_q4_k(w, 256, i, panel, scales, 0)
+        if kind == Q4_K:
+            pack_q4_k(w, 256, i, panel, scales, 0)
+        else:
+            pack_q5_k(w, 256, i, panel, scales, 0)
         for t in range(0, T - 3, 4):
             ptile_q4_1_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
         for t in range(T - T % 4, T):
             ptile_q4_1_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-    mm_rows_kq(Q4_K, w, xq, xd, xds, out, g1, r1, T)
+    mm_rows_kq(kind, w, xq, xd, xds, out, g1, r1, T)
 
 
 @kernel(parallel=True)
 def mm_kq(kind, w, xq, xd, xs, xds, out, T, threads):
     n = w.shape[0]
-    if kind == Q4_K:
+    if kind == Q4_K or kind == Q5_K:
         nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
         for p in prange(nth):
             r0, r1 = thread_rows(n, nth, p)
             panel, scales = panel_scratch(xq.shape[1])
-            mm_rows_q4_k(w, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
+            mm_rows_k4(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
         return
     if kind == Q5_0 or kind == Q5_1:
         nth = max(1, min(threads, (n + GROUP - 1) // GROUP))

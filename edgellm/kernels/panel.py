@@ -69,7 +69,7 @@ __all__ = ["PANEL_BLOCK", "SCALES_BLOCK",
            "pack_q8_0", "pack_q4_0", "pack_q4_1",
            "ptile_q8_0_8x1", "ptile_q8_0_8x4", "ptile_q4_0_8x1", "ptile_q4_0_8x4",
            "ptile_q4_1_8x1", "ptile_q4_1_8x4",
-           "pack_q4_k", "pack_q5_0", "pack_q5_1", "ptile_q5_0_8x1", "ptile_q5_0_8x4",
+           "pack_q4_k", "pack_q5_k", "pack_q5_0", "pack_q5_1", "ptile_q5_0_8x1", "ptile_q5_0_8x4",
            "ptile_q5_1_8x1", "ptile_q5_1_8x4"]
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
@@ -155,11 +155,18 @@ def _pack_codegen(kind, B):
     return codegen
 
 
-def _pack_q4_k_codegen(ctx, b, sig, args):
-    """pack for q4_k rows (super-blocks of 256, block argument dropped): each 32-value
+def _pack_k_codegen(kind):
+    """pack for q4_k / q5_k rows (super-blocks of 256, block argument dropped): each 32-value
     sub-block j becomes a panel block with q4_1's meaning, value dw q + mw: dw = d sc_j,
     mw = -dmin m_j (codegen_kquant._scales_k4), the codes its 4-bit q (ggml's layout:
-    sub-blocks 2c and 2c + 1 are the low and high nibbles of bytes 32c..32c+31)."""
+    sub-blocks 2c and 2c + 1 are the low and high nibbles of bytes 32c..32c+31 of qs), for
+    q5_k with bit j of each qh byte as the fifth bit (codes 0..31)."""
+    SB = SUPER_BYTES[kind]
+    qs = 16 if kind == "q4_k" else 48
+    return lambda ctx, b, sig, args: _pack_k(ctx, b, sig, args, SB, qs, kind == "q5_k")
+
+
+def _pack_k(ctx, b, sig, args, SB, qs, five):
     w, panel, scales = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3))
     i, g = args[1], args[4]  # (w, i, panel, scales, g): block dropped
     wrow = [w.row(b.add(i, _i64(r))) for r in range(GROUP)]
@@ -168,9 +175,10 @@ def _pack_q4_k_codegen(ctx, b, sig, args):
     low16 = _c(_v(I8, 32), [15] * 32)
     four = _c(_v(I8, 32), [4] * 32)
 
+    one = _c(_v(I8, 32), [1] * 32)
+
     def body(sbi, st):
-        ps = [b.gep(row, [b.mul(sbi, _i64(SUPER_BYTES["q4_k"]))], inbounds=True)
-              for row in wrow]
+        ps = [b.gep(row, [b.mul(sbi, _i64(SB))], inbounds=True) for row in wrow]
         dws, mws = [], []
         for p in ps:
             sc8, m8 = _scales_k4(b, p)
@@ -178,9 +186,15 @@ def _pack_q4_k_codegen(ctx, b, sig, args):
             mws.append(b.fmul(m8, _splat(b, b.fneg(_f16(b, p, 2)), 8), flags=FAST))
         for j in range(8):
             c, h = divmod(j, 2)
-            raws = [_load(b, p, 16 + 32 * c, _v(I8, 32)) for p in ps]
-            rows = [b.bitcast(b.and_(r, low16) if h == 0 else b.lshr(r, four), v32)
-                    for r in raws]
+            rows = []
+            for p in ps:
+                raw = _load(b, p, qs + 32 * c, _v(I8, 32))
+                code = b.and_(raw, low16) if h == 0 else b.lshr(raw, four)
+                if five:  # q5_k: qh (bytes 16..47) bit j of byte e is element e's fifth bit
+                    hb = b.and_(b.lshr(_load(b, p, 16, _v(I8, 32)), _c(_v(I8, 32), [j] * 32)),
+                                one)
+                    code = b.or_(code, b.shl(hb, four))
+                rows.append(b.bitcast(code, v32))
             while len(rows) > 1:  # concatenate: 64 lanes, row r's group c at 8r + c
                 rows = [_pick(b, rows[k], range(2 * rows[k].type.count), rows[k + 1])
                         for k in range(0, len(rows), 2)]
@@ -197,7 +211,7 @@ def _pack_q4_k_codegen(ctx, b, sig, args):
                 _store_vec(b, srow, at, v)
         return st
 
-    _for(b, _i64(0), b.sdiv(w.cols, _i64(SUPER_BYTES["q4_k"])), [], body)
+    _for(b, _i64(0), b.sdiv(w.cols, _i64(SB)), [], body)
     return ctx.get_dummy_value()
 
 
@@ -302,7 +316,9 @@ ptile_q4_1_8x1 = make_ptile("q4_1", 1)
 ptile_q4_1_8x4 = make_ptile("q4_1", 4)
 # q5_0 / q5_1 (GGUF files' fallback where a row is not a multiple of 256: most of Gemma 3
 # 270M Q4_K_M's matrices): prefill on the same panels
-pack_q4_k = _typed("pack_q4_k", _drop_block(_pack_q4_k_codegen),
+pack_q4_k = _typed("pack_q4_k", _drop_block(_pack_k_codegen("q4_k")),
+                   {0: types.uint8, 3: types.uint8, 4: types.float32}, ints=(1, 2, 5))
+pack_q5_k = _typed("pack_q5_k", _drop_block(_pack_k_codegen("q5_k")),
                    {0: types.uint8, 3: types.uint8, 4: types.float32}, ints=(1, 2, 5))
 pack_q5_0 = make_pack("q5_0")
 pack_q5_1 = make_pack("q5_1")

@@ -398,18 +398,17 @@ def group_blocks(b, nblocks, RT, body, out, t, i, order, chains=None):
 
 def scale_block(b, kind, tot, drow, srow, foff, dw, mw, acc):
     """acc + one block's <8 x i32> int8 dot products `tot` (a lane per weight row) as floats:
-    tot dx dw, minus 8 (q4_0) or 16 (q5_0) dw xds, or plus mw xds (q4_1, q5_1); dx and xds at byte offset foff
+    tot dx dw, minus 8 dw xds (q4_0) or plus mw xds (q4_1); dx and xds at byte offset foff
     of the activation rows drow, srow; dw, mw <8 x f32>. The row-group and panel tiles' float
     work per block, in this order in both."""
     v8 = _v(F32, 8)
     dx = _splat(b, _load(b, drow, foff, F32), 8)
     f = b.fmul(b.sitofp(tot, v8), dx, flags=FAST)
-    if kind in ("q4_0", "q5_0"):  # values d (q - 8) / d (q - 16)
+    if kind == "q4_0":
         ds = _load(b, srow, foff, F32)
-        off = -8.0 if kind == "q4_0" else -16.0
-        f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, off), flags=FAST), 8), flags=FAST)
+        f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -8.0), flags=FAST), 8), flags=FAST)
     acc = b.fadd(acc, b.fmul(f, dw, flags=FAST), flags=FAST)
-    if kind in ("q4_1", "q5_1"):
+    if kind == "q4_1":
         ds = _splat(b, _load(b, srow, foff, F32), 8)
         acc = b.fadd(acc, b.fmul(mw, ds, flags=FAST), flags=FAST)
     return acc

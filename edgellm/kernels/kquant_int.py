@@ -6,8 +6,8 @@ ActQ8's int16 (default) or int8 activation blocks of 32: decode and prefill.
   mm_kq(kind, w, xq, xd, xs, xds, out, T, threads)   prefill: out[:T] = x[:T] @ W.T; a chunk
                                                   of ROWS rows (in L1) meets the tokens four
                                                   at a time, rows split between threads;
-                                                  q4_k, q5_k, q5_0, q5_1 on panel.py's
-                                                  panels
+                                                  q4_k, q5_k, q5_0, q5_1 on q4_1's
+                                                  panels (panel.py)
 kind is the type's code (quant.TYPES[name].code, KQ_CODES); the tiles are
 codegen_kquant.py's. Callers validate shapes (linear.py, arch/fused.py): these kernels do not
 check bounds. q2_k and q3_k have kquant.py's float-activation kernels only.
@@ -29,10 +29,6 @@ from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     pack_q5_k,
     ptile_q4_1_8x1,
     ptile_q4_1_8x4,
-    ptile_q5_0_8x1,
-    ptile_q5_0_8x4,
-    ptile_q5_1_8x1,
-    ptile_q5_1_8x4,
 )
 
 __all__ = ["KQ_CODES", "has_kq", "mm_kq", "mv_kq", "mv_rows_kq"]
@@ -124,38 +120,18 @@ def mm_rows_kq(kind, w, xq, xd, xds, out, r0, r1, T):
 
 
 @kernel
-def mm_rows_q5(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
-    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T for q5_0 / q5_1: groups of 8 rows packed into a
-    panel once and met by the tokens four at a time (panel.py, as matmul.py's q4 types),
-    the last rows through the 1x4 / 1x1 tiles."""
+def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
+    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T for q5_0, q5_1, q4_k, q5_k: groups of 8 rows
+    packed into q4_1's panels (value d q + m per 32 values: panel.py's pack_<type>) once
+    and met by the tokens four at a time on q4_1's tiles, the last rows through the
+    1x4 / 1x1 tiles."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
     for i in range(r0, g1, GROUP):
         if kind == Q5_0:
             pack_q5_0(w, 32, i, panel, scales, 0)
-        else:
+        elif kind == Q5_1:
             pack_q5_1(w, 32, i, panel, scales, 0)
-        for t in range(0, T - 3, 4):
-            if kind == Q5_0:
-                ptile_q5_0_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-            else:
-                ptile_q5_1_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-        for t in range(T - T % 4, T):
-            if kind == Q5_0:
-                ptile_q5_0_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-            else:
-                ptile_q5_1_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-    mm_rows_kq(kind, w, xq, xd, xds, out, g1, r1, T)
-
-
-@kernel
-def mm_rows_k4(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
-    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T for q4_k / q5_k: groups of 8 rows packed into
-    q4_1's panels (each 32-value sub-block its own scale d sc and minimum -dmin m:
-    pack_q4_k, pack_q5_k) and met by the tokens four at a time on q4_1's tiles, the last
-    rows through the 1x4 / 1x1 tiles."""
-    g1 = r0 + (r1 - r0) // GROUP * GROUP
-    for i in range(r0, g1, GROUP):
-        if kind == Q4_K:
+        elif kind == Q4_K:
             pack_q4_k(w, 256, i, panel, scales, 0)
         else:
             pack_q5_k(w, 256, i, panel, scales, 0)
@@ -169,19 +145,12 @@ def mm_rows_k4(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
 @kernel(parallel=True)
 def mm_kq(kind, w, xq, xd, xs, xds, out, T, threads):
     n = w.shape[0]
-    if kind == Q4_K or kind == Q5_K:
+    if kind != Q6_K:  # q6_k (a scale per 16 values) has no panel: chunks of ROWS rows
         nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
         for p in prange(nth):
             r0, r1 = thread_rows(n, nth, p)
             panel, scales = panel_scratch(xq.shape[1])
-            mm_rows_k4(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
-        return
-    if kind == Q5_0 or kind == Q5_1:
-        nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
-        for p in prange(nth):
-            r0, r1 = thread_rows(n, nth, p)
-            panel, scales = panel_scratch(xq.shape[1])
-            mm_rows_q5(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
+            mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
         return
     nth = max(1, min(threads, (n + ROWS - 1) // ROWS))
     for p in prange(nth):

@@ -69,14 +69,12 @@ __all__ = ["PANEL_BLOCK", "SCALES_BLOCK",
            "pack_q8_0", "pack_q4_0", "pack_q4_1",
            "ptile_q8_0_8x1", "ptile_q8_0_8x4", "ptile_q4_0_8x1", "ptile_q4_0_8x4",
            "ptile_q4_1_8x1", "ptile_q4_1_8x4",
-           "pack_q4_k", "pack_q5_k", "pack_q5_0", "pack_q5_1", "ptile_q5_0_8x1", "ptile_q5_0_8x4",
-           "ptile_q5_1_8x1", "ptile_q5_1_8x4"]
+           "pack_q4_k", "pack_q5_k", "pack_q5_0", "pack_q5_1"]
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
 CHAINS = 2  # independent vpdpbusd chains per token and block (integer sums: exact)
 Q5 = {"q5_0": (22, 2), "q5_1": (24, 4)}  # block bytes, offset of the high bits' word
-MINS = ("q4_1", "q5_1")  # types with a minimum per block (value d q + m)
 
 
 def _store_vec(b, base, off, value):
@@ -89,7 +87,8 @@ def _pack_codegen(kind, B):
 
     The panel is always in 32-column sub-blocks: a weight block of 64 or 128 becomes 2 or
     4 of them, each with the block's scale (and minimum). q5_0 / q5_1 (B = 32): the 5-bit
-    codes 0..31 (codegen_kquant._q5_codes), scale and (q5_1) minimum as q4_0's / q4_1's.
+    codes 0..31 (codegen_kquant._q5_codes) as a q4_1 panel, value d q + m, with q5_1's
+    minimum, or q5_0's d (q - 16) as the minimum -16 d: both run on ptile_q4_1.
     """
     if kind in Q5:
         if B != 32:  # the type has blocks of 32 only: other sizes are never called
@@ -132,7 +131,10 @@ def _pack_codegen(kind, B):
         def body(bi, st):
             ps = [b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True) for row in wrow]
             dw = gather16(ps, 0)
-            mw = gather16(ps, 2) if kind in MINS else None
+            if kind == "q5_0":  # d (q - 16) = d q + (-16 d)
+                mw = b.fmul(dw, _c(_v(F32, GROUP), [-16.0] * GROUP), flags=FAST)
+            else:
+                mw = gather16(ps, 2) if kind in ("q4_1", "q5_1") else None
             for j in range(B // 32):
                 rows = [b.bitcast(sub_block(b, p, j), v32) for p in ps]  # 8 four-byte groups
                 while len(rows) > 1:  # concatenate: 64 lanes, row r's group c at 8r + c
@@ -145,7 +147,7 @@ def _pack_codegen(kind, B):
                     _store_vec(b, prow, b.add(pb, _i64(32 * c)), chunk)
                 so = b.mul(sb, _i64(4 * SCALES_BLOCK))
                 _store_vec(b, srow, so, dw)
-                if kind in MINS:
+                if mw is not None:
                     _store_vec(b, srow, b.add(so, _i64(4 * GROUP)), mw)
             return st
 
@@ -245,7 +247,7 @@ def _ptile_codegen(kind, RT, A=I8):
             chunks = [_load(b, prow, b.add(pb, _i64(32 * c)), _v(I8, 32)) for c in range(8)]
             sb = b.mul(bi, _i64(4 * SCALES_BLOCK))
             dw = _load(b, srow, sb, v8)
-            mw = _load(b, srow, b.add(sb, _i64(4 * GROUP)), v8) if kind in MINS else None
+            mw = _load(b, srow, b.add(sb, _i64(4 * GROUP)), v8) if kind == "q4_1" else None
             xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             new = []
@@ -285,9 +287,12 @@ def _ptile_codegen(kind, RT, A=I8):
 
 
 def make_pack(kind):
-    """The intrinsic pack_<kind>(w, block, i, panel, scales, g)."""
+    """The intrinsic pack_<kind>(w, block, i, panel, scales, g) (K-quants: block ignored)."""
     name = f"pack_{kind}"
-    codegen = _by_block(lambda B: _pack_codegen(kind, B))
+    if kind in SUPER_BYTES:
+        codegen = _drop_block(_pack_k_codegen(kind))
+    else:
+        codegen = _by_block(lambda B: _pack_codegen(kind, B))
     return _typed(name, codegen, {0: types.uint8, 3: types.uint8, 4: types.float32},
                   ints=(1, 2, 5))
 
@@ -315,14 +320,8 @@ ptile_q4_0_8x4 = make_ptile("q4_0", 4)
 ptile_q4_1_8x1 = make_ptile("q4_1", 1)
 ptile_q4_1_8x4 = make_ptile("q4_1", 4)
 # q5_0 / q5_1 (GGUF files' fallback where a row is not a multiple of 256: most of Gemma 3
-# 270M Q4_K_M's matrices): prefill on the same panels
-pack_q4_k = _typed("pack_q4_k", _drop_block(_pack_k_codegen("q4_k")),
-                   {0: types.uint8, 3: types.uint8, 4: types.float32}, ints=(1, 2, 5))
-pack_q5_k = _typed("pack_q5_k", _drop_block(_pack_k_codegen("q5_k")),
-                   {0: types.uint8, 3: types.uint8, 4: types.float32}, ints=(1, 2, 5))
+# 270M Q4_K_M's matrices), q4_k and q5_k: packed as q4_1 panels, run on ptile_q4_1
+pack_q4_k = make_pack("q4_k")
+pack_q5_k = make_pack("q5_k")
 pack_q5_0 = make_pack("q5_0")
 pack_q5_1 = make_pack("q5_1")
-ptile_q5_0_8x1 = make_ptile("q5_0", 1)
-ptile_q5_0_8x4 = make_ptile("q5_0", 4)
-ptile_q5_1_8x1 = make_ptile("q5_1", 1)
-ptile_q5_1_8x4 = make_ptile("q5_1", 4)

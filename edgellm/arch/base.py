@@ -324,7 +324,7 @@ class Transformer(CachedTokens):
                 return out[0]
         return np.concatenate(outs) if every else None
 
-    def warmup(self, between=None, variants: bool = True) -> None:
+    def warmup(self, between=None, variants: bool = True, decode: bool = True) -> None:
         """Run the decode and prefill paths once (each kernel they call loads from the
         cache, or compiles). Where that compiled anything (the first run on a machine), the
         other variants are compiled now too, while the compiler's work is in memory: the
@@ -337,17 +337,20 @@ class Transformer(CachedTokens):
         a kernel touches, so that they and the weights are not resident at once.
         variants=False leaves the variants to warm_variants() (variants_due says whether
         they are due): the CLI's generate compiles them after its answer, so that the first
-        run's first token does not wait for them."""
+        run's first token does not wait for them. decode=False leaves the fused step alone
+        (the prefill only): the CLI has another process compile it (commands/first_run.py)."""
         from ..kernels.warmup import compiled
 
         before = compiled()
-        if self.fused is not None:
-            self.fused.load()
+        fused = self.fused if decode else None
+        if fused is not None:
+            fused.load()
             self.reset()
             if between is not None:
                 between()
         self.forward([0, 0], want="last")
-        self.forward([0], want="last")
+        if fused is not None or self.fused is None:
+            self.forward([0], want="last")
         self.variants_due = compiled() > before
         if self.variants_due and variants:
             self.warm_variants()
@@ -361,6 +364,11 @@ class Transformer(CachedTokens):
         if self.fused is not None:
             self.reset()
             self.fused.warm_variants()
+        self.warm_other_precision()
+
+    def warm_other_precision(self) -> None:
+        """Run (compiling or loading) the prefill of the other precision (--precise or
+        not); empties the cache."""
         precise, int8_acts = self.precise, self.int8_acts
         self.precise = not precise
         self.int8_acts = not self.precise and self.args.hidden_size % 32 == 0

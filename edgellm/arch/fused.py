@@ -24,6 +24,7 @@ import numba
 import numpy as np
 
 from ..kernels import decode_step as ds
+from ..kernels.jit import is_cached
 from ..kernels.linear import embedding
 from ..kernels.schedule import StepScheduler
 from ..kv_types import kv_row_bytes
@@ -468,6 +469,9 @@ class FusedDecoder:
                              self.blob, self.lora)
         self.bufs = (self.mem, self.shared, self.private, self.xq, self.xd, self.xs, self.xds,
                      self.kq, self.scores, self.state)
+        # called once before the step first runs: the CLI waits there for the step's kernel
+        # when another process compiles it (commands/first_run.py)
+        self.ready = None
 
     @property
     def nbytes(self) -> int:
@@ -501,11 +505,36 @@ class FusedDecoder:
         finally:
             self.scheduler = scheduler
 
+    def cached(self) -> bool:
+        """Whether the form load() calls is compiled or in the kernel cache already (so that
+        loading it compiles nothing)."""
+        args = self._args(False)
+        if self.nt > 1:
+            return is_cached(ds.decode_parallel, (self.nt, *args))
+        return is_cached(ds.decode_serial, args)
+
     def step(self, token: int, precise: bool) -> np.ndarray:
         """Run one token at the cache's next position; logits [vocab] (an internal buffer)."""
+        if self.ready is not None:  # once, before the kernel is first needed
+            ready, self.ready = self.ready, None
+            ready()
         m, cache = self.model, self.model.cache
-        p = cache.next_pos
         embedding(m.embed, np.array([token], np.int64), self.x)
+        self.scheduler.run(ds.decode_parallel, ds.decode_serial, self._args(precise))
+        for layer in cache.layers:
+            layer.written += 1
+        cache.next_pos += 1
+        cache.n_tokens += 1
+        for off, nbytes in self.program.routes:  # MoE: the experts this token read
+            for e in self.ints[off:off + m.top_k]:
+                m.expert_bytes_read += nbytes[e]
+        return self.logits[0]
+
+    def _args(self, precise: bool) -> tuple:
+        """The step kernel's arguments (after nt) for the cache's next position: the tables,
+        the buffers, the cache with its layer table and this position's RoPE rows."""
+        cache = self.model.cache
+        p = cache.next_pos
         ang = float(p) * self.inv_freq
         cos = (np.cos(ang) * self.rope_scale).astype(np.float32)
         sin = (np.sin(ang) * self.rope_scale).astype(np.float32)
@@ -516,16 +545,7 @@ class FusedDecoder:
         # the cache's bytes: one compiled step for every kv_type (decode_step._attend)
         kv = (cache.k_all.view(np.uint8), cache.v_all.view(np.uint8), cache.pos_all, layers,
               cos, sin)
-        self.scheduler.run(ds.decode_parallel, ds.decode_serial,
-                           (self.model_tables, self.bufs, kv, p, precise, self.feats))
-        for layer in cache.layers:
-            layer.written += 1
-        cache.next_pos += 1
-        cache.n_tokens += 1
-        for off, nbytes in self.program.routes:  # MoE: the experts this token read
-            for e in self.ints[off:off + m.top_k]:
-                m.expert_bytes_read += nbytes[e]
-        return self.logits[0]
+        return (self.model_tables, self.bufs, kv, p, precise, self.feats)
 
 
 class _Forced:

@@ -181,11 +181,35 @@ def open_model(args, defer_variants: bool = False) -> LLM:
         if llm.packed.has_tokenizer:  # built before the kernels load: its build's transient
             llm.tokenizer  # (~10-20 MiB, freed) is then not on top of them in the peak
         model = llm.model  # release: LLVM's pages, which decoding does not run
-        if defer_variants and hasattr(model, "warm_variants"):
+        background = _background(args, llm) if defer_variants else None
+        if background is not None:  # the first run: a second process compiles the step
+            background.start(["decode", "variants"])
+            say("edgellm: compiling the decode step in a second process (first run only)")
+            model.warmup(release_compiler_pages, variants=False, decode=False)
+            background.start(["precision"])
+            model.variants_due = False  # the children compile them
+            model.fused.ready = background.decode_ready
+        elif defer_variants and hasattr(model, "warm_variants"):
             model.warmup(release_compiler_pages, variants=False)
         else:
             model.warmup(release_compiler_pages)
+    llm.background = background
     return llm
+
+
+def _background(args, llm: LLM):
+    """first_run.Background for this model where its decode step is not in the kernel
+    cache and the machine can compile it beside this process; else None."""
+    from . import first_run
+
+    fused = getattr(llm.model, "fused", None)
+    if fused is None or fused.cached() or not first_run.worth_it():
+        return None
+    spec = dict(path=str(llm.packed.path), threads=llm.threads, context=args.ctx,
+                precise=bool(args.precise), kv_type=getattr(args, "kv_type", "f32"),
+                lora=[list(x) for x in args.lora] if getattr(args, "lora", None) else None,
+                fused_env=os.environ.get("EDGELLM_FUSED"))
+    return first_run.Background(spec, say)
 
 
 def finish_first_run(llm: LLM) -> None:
@@ -194,6 +218,10 @@ def finish_first_run(llm: LLM) -> None:
     compiles nothing. Empties the model's cache."""
     from ..kernels.warmup import compile_notice, release_compiler_pages
 
+    background = getattr(llm, "background", None)
+    if background is not None:
+        background.finish()
+        llm.background = None
     if getattr(llm.model, "variants_due", False):
         with compile_notice(say):
             llm.model.warm_variants()

@@ -26,7 +26,7 @@ from numba.core import config
 
 from .simd import NATIVE_F16, SIMD_PATH
 
-__all__ = ["CACHE_TAG", "KERNEL_VERSION", "OPTIONS", "kernel"]
+__all__ = ["CACHE_TAG", "KERNEL_VERSION", "OPTIONS", "is_cached", "kernel"]
 
 KERNEL_VERSION = 2
 OPTIONS = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
@@ -82,3 +82,24 @@ def kernel(fn=None, *, parallel: bool = False, exact: bool = False):
         with _cache_scope():
             return numba.njit(parallel=parallel, **opts)(f)
     return wrap if fn is None else wrap(fn)
+
+
+def is_cached(dispatcher, args: tuple) -> bool:
+    """Whether calling `dispatcher(*args)` would load its code (in memory already, or in
+    numba's on-disk cache) rather than compile it: the index numba keeps beside the cached
+    code is read, the code is not. True when the cache cannot be read this way (numba's
+    cache internals changed, say): the caller then does what it did without asking."""
+    try:
+        from numba import typeof
+        from numba.core.typing.typeof import Purpose
+
+        sig = tuple(typeof(a, Purpose.argument) for a in args)
+        if any(tuple(s) == sig for s in dispatcher.signatures):
+            return True
+        cache = dispatcher._cache
+        if not hasattr(cache, "_cache_file"):  # not cached on disk: it compiles
+            return False
+        key = cache._index_key(sig, dispatcher.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except Exception:  # noqa: BLE001 - any failure: assume cached, as before this check
+        return True

@@ -110,3 +110,22 @@ def test_open_model_uses_no_child_when_the_step_is_cached(converted, monkeypatch
         llm.model.fused.load()  # compiled by now in this suite
     with common.open_model(args, defer_variants=True) as llm:
         assert llm.background is None and llm.model.fused.ready is None
+
+
+def test_a_one_token_prompt_does_not_wait_for_the_step(converted):
+    """While the step's kernel is still being compiled elsewhere (ready pending), a
+    one-token prompt runs as a prefill, with the step's own logits; the next token waits."""
+    import edgellm
+
+    with edgellm.load(converted("llama", "q4_1"), threads=2) as llm:
+        m = llm.model
+        m.reset()
+        stepped = m.forward([7], want="last").copy()
+        following = m.forward([9], want="last").copy()
+        calls = []
+        m.reset()
+        m.fused.ready = lambda: calls.append("ready")
+        np.testing.assert_array_equal(m.forward([7], want="last"), stepped)
+        assert calls == []
+        np.testing.assert_array_equal(m.forward([9], want="last"), following)
+        assert calls == ["ready"] and m.fused.ready is None

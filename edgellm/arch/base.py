@@ -305,7 +305,10 @@ class Transformer(CachedTokens):
         if bad.any():
             raise ContextError(f"token id {int(tokens[bad][0])} is outside the vocabulary "
                                f"(0..{self.args.vocab_size - 1})")
-        if tokens.size == 1 and not every and self.fused is not None:
+        # a one-token prompt while another process still compiles the step (the first run:
+        # commands/first_run.py) runs as a prefill: the same logits, and no wait for it
+        waiting = self.fused is not None and self.fused.ready is not None and not self.tokens
+        if tokens.size == 1 and not every and self.fused is not None and not waiting:
             self.make_room(1, shift)
             logits = self.fused.step(int(tokens[0]), self.precise)
             self.tokens.append(int(tokens[0]))

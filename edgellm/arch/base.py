@@ -307,8 +307,8 @@ class Transformer(CachedTokens):
                                f"(0..{self.args.vocab_size - 1})")
         # a one-token prompt while another process still compiles the step (the first run:
         # commands/first_run.py) runs as a prefill: the same logits, and no wait for it
-        waiting = self.fused is not None and self.fused.ready is not None and not self.tokens
-        if tokens.size == 1 and not every and self.fused is not None and not waiting:
+        if (tokens.size == 1 and not every and self.fused is not None
+                and not (self.fused.ready is not None and not self.tokens)):
             self.make_room(1, shift)
             logits = self.fused.step(int(tokens[0]), self.precise)
             self.tokens.append(int(tokens[0]))

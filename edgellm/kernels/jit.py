@@ -24,7 +24,10 @@ import os
 import numba
 from numba.core import config
 
+from .. import numba_loading
 from .simd import NATIVE_F16, SIMD_PATH
+
+numba_loading.install()  # cache hits load lighter (numba_loading.py)
 
 __all__ = ["CACHE_TAG", "KERNEL_VERSION", "OPTIONS", "is_cached", "kernel"]
 

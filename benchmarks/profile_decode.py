@@ -31,13 +31,14 @@ from edgellm.kernels.act_quant import quantize_rows  # noqa: E402
 
 
 @njit(cache=False, fastmath=True)
-def _mv_list(blob, mats, idx, h, xq, xd, xds, out):
-    """Matrices mats[idx[i]] in order, each times h (weights stream as in a step)."""
+def _mv_list(blob, mats, idx, h, xq, xd, xds, out, on):
+    """Matrices mats[idx[i]] in order, each times h (weights stream as in a step); on: any
+    array (every matrix type's kernel compiled in)."""
     for i in range(idx.shape[0]):
         m = mats[idx[i]]
         rows = m[1]
         ds._mv(blob, m, 0, rows, h[i:i + 1], xq[i:i + 1], xd[i:i + 1], xds[i:i + 1], out,
-               0, rows, False)
+               0, rows, False, on, on, on, on, on)
 
 
 def group_name(tensor: str) -> str:
@@ -87,6 +88,7 @@ def main() -> None:
     groups: dict[str, list[int]] = {}
     for i in order:
         groups.setdefault(group_name(names[i]), []).append(i)
+    on = np.zeros(1, np.int8)
     big = np.zeros((1, int(f.mats[:, ds.MAT_ROWS].max())), np.float32)
 
     def run(idx: list[int]):
@@ -98,7 +100,7 @@ def main() -> None:
             parts = [[j for j in idx if m.packed.tensors[names[j]].shape[1] == c]
                      for c in sorted(set(cols))]
             return sum(run(p) for p in parts)
-        return timed(lambda: _mv_list(f.blob, f.mats, table, h, xq, xd, xds, big), a.reps)
+        return timed(lambda: _mv_list(f.blob, f.mats, table, h, xq, xd, xds, big, on), a.reps)
 
     rows = {name: run(idx) for name, idx in groups.items()}
     total = sum(rows.values())

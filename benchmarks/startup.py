@@ -129,6 +129,10 @@ def main() -> None:
     ap.add_argument("--skip-cold", action="store_true")
     a = ap.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # as on a user's machine: Python writes (and the next start reads) edgellm's bytecode;
+    # with PYTHONDONTWRITEBYTECODE set, every start compiles ~80 modules' source (~0.1 s)
+    if env.pop("PYTHONDONTWRITEBYTECODE", None):
+        print("(PYTHONDONTWRITEBYTECODE unset for the runs, as Python's default)")
     if not a.skip_cold:
         cold(a, env)
     warm(a, env)

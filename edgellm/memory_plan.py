@@ -31,12 +31,14 @@ cap without an OOM kill. scripts/memory-cap.py reports both.
 Measured on x86-64 (Python 3.11, numpy 2.4, numba 0.68 / llvmlite 0.50, tokenizers 0.23),
 kernels already cached:
   - the imports: Python 10 MiB, numpy +15, numba +65 (36 of them libllvmlite.so's pages,
-    touched by LLVM's start-up), edgellm +12; loading the kernels +~40 MiB of heap and
-    ~35 more of LLVM's pages. SmolLM2-135M (q4_1, fused step, 2 threads) generating 64
-    tokens after 119 at --ctx 512 peaks at 246 MiB (VmHWM; load average 7): the weights
-    92.6, the KV cache's 183 tokens 8.1, buffers 14.7 (planned), tokenizer 12.0, and
-    118.7 of runtime; BASELINE (128 MiB) keeps ~10 MiB of slack over that. Before the
-    release and the tokenizer-first order: 314 MiB (a baseline of 187; it was 178).
+    touched by LLVM's start-up), edgellm +12; loading the kernels from the cache +~13 MiB
+    of heap (numba_loading.py: without numba's registries and the libraries' parsed
+    linking modules; +~28 MiB before) and ~35 more of LLVM's pages. SmolLM2-135M (q4_1,
+    fused step, 2 threads) generating 64 tokens after 119 at --ctx 512 peaks at 204 MiB
+    (VmHWM; load average 0.3): the weights 92.6, the KV cache's 183 tokens 8.1, buffers
+    (planned 14.7, ~6 touched), tokenizer 12.0, and ~76-85 of runtime; BASELINE (88 MiB)
+    keeps a few MiB of slack over that. Before numba_loading.py: 219 MiB; before the
+    release and the tokenizer-first order: 314 MiB.
   - the tokenizer (benchmarks/tokenizer_memory.py), built from its stored tables
     (tokenizer_store.py: tokenizers.models.BPE, then malloc_trim): SmolLM2-135M's (49k
     tokens, 49k merges) 11-12 MiB, Gemma 3's (262k tokens, 514k merges) 72 MiB, of which
@@ -63,7 +65,7 @@ from .format import PackedModel
 from .kv_types import kv_row_bytes
 
 MIB = 2**20
-BASELINE = 128 * MIB  # Python + numpy + numba + tokenizers imported, kernels loaded (CLI)
+BASELINE = 88 * MIB  # Python + numpy + numba + tokenizers imported, kernels loaded (CLI)
 TOKENIZER_PER_TOKEN = 224  # tables built from stored "bpe" tables
 TOKENIZER_PER_MERGE = 32
 TOKENIZER_PER_JSON_BYTE = 8  # built from a stored tokenizer.json

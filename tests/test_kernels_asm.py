@@ -25,6 +25,7 @@ import pytest
 
 from edgellm import quant
 from edgellm.kernels import act_quant, kquant, kquant_int, matmul, matvec, simd
+from edgellm.kernels import panel as panel_mod
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +100,28 @@ def test_vnni_int16_prefill_panels_emit_vpdpwssd(kind):
     asm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, xs, f, f, 0, 4, 1,
                     panel, scales)
     assert int16_dots(asm) >= 8 * 5  # the 8x4 and 8x1 tiles' chunks
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+@pytest.mark.parametrize("rt", (1, 4))
+def test_vnni_int16_q6_k_panel_tiles_emit_vpdpwssd(rt):
+    """q6_k's own prefill panel tiles (panel.py: signed codes, a scale per 16 values) on
+    int16 activations: one vpdpwssd per chunk and token (LLVM's scheduler may split some
+    into vpmaddwd + vpaddd, as it does for the 8x4 tile on Sapphire Rapids), on zmm."""
+    tile = getattr(panel_mod, f"ptile_q6_k_8x{rt}")
+
+    def probe(panel, scales, xq, xd, xs, xds, out):
+        tile(panel, scales, 0, xq, xd, xs, xds, 0, out, 0)
+
+    panel, scales = matmul.panel_scratch(256)
+    xq, xs = np.zeros((4, 256), np.int16), np.zeros((4, 8), np.int32)
+    f, out = np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32)
+    fn = numba.njit(probe)
+    sig = tuple(numba.typeof(a) for a in (panel, scales, xq, f, xs, f, out))
+    fn.compile(sig)
+    asm = fn.inspect_asm(sig)
+    assert int16_dots(asm) >= 8 * rt
+    assert re.search(r"vp(dpwssd|maddwd)\s[^\n]*%zmm", asm)
 
 
 PORTABLE_PROBE = """

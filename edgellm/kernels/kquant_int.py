@@ -7,7 +7,7 @@ ActQ8's int16 (default) or int8 activation blocks of 32: decode and prefill.
                                                   of ROWS rows (in L1) meets the tokens four
                                                   at a time, rows split between threads;
                                                   q4_k, q5_k, q5_0, q5_1 on q4_1's
-                                                  panels (panel.py)
+                                                  panels, q6_k on its own (panel.py)
 kind is the type's code (quant.TYPES[name].code, KQ_CODES); the tiles are
 codegen_kquant.py's. Callers validate shapes (linear.py, arch/fused.py): these kernels do not
 check bounds. q2_k and q3_k have kquant.py's float-activation kernels only.
@@ -27,8 +27,11 @@ from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     pack_q5_0,
     pack_q5_1,
     pack_q5_k,
+    pack_q6_k,
     ptile_q4_1_8x1,
     ptile_q4_1_8x4,
+    ptile_q6_k_8x1,
+    ptile_q6_k_8x4,
 )
 
 __all__ = ["KQ_CODES", "has_kq", "mm_kq", "mv_kq", "mv_rows_kq"]
@@ -36,7 +39,7 @@ __all__ = ["KQ_CODES", "has_kq", "mm_kq", "mv_kq", "mv_rows_kq"]
 KQ_CODES = tuple(quant.TYPES[n].code for n in KQ_TYPES)
 Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = KQ_CODES
 CHUNK = 16  # decode: rows per parallel work item
-ROWS = 16  # prefill: weight rows per chunk (16 rows of 640 q6_k columns: 8.4 KB, in L1)
+ROWS = 16  # prefill's last rows (fewer than a panel's 8): weight rows per chunk
 
 ktile_q5_0_1x1, ktile_q5_0_1x4 = make_ktile("q5_0", 1), make_ktile("q5_0", 4)
 ktile_q5_1_1x1, ktile_q5_1_1x4 = make_ktile("q5_1", 1), make_ktile("q5_1", 4)
@@ -121,12 +124,20 @@ def mm_rows_kq(kind, w, xq, xd, xds, out, r0, r1, T):
 
 @kernel
 def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
-    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T for q5_0, q5_1, q4_k, q5_k: groups of 8 rows
-    packed into q4_1's panels (value d q + m per 32 values: panel.py's pack_<type>) once
-    and met by the tokens four at a time on q4_1's tiles, the last rows through the
-    1x4 / 1x1 tiles."""
+    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T: groups of 8 rows packed into a panel once
+    (panel.py's pack_<type>) and met by the tokens four at a time, the last rows through
+    the 1x4 / 1x1 tiles. q5_0, q5_1, q4_k, q5_k pack into q4_1's panels (value d q + m
+    per 32 values) and run on q4_1's tiles; q6_k (d sc (q - 32), a scale per 16 values)
+    on its own."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
     for i in range(r0, g1, GROUP):
+        if kind == Q6_K:
+            pack_q6_k(w, 256, i, panel, scales, 0)
+            for t in range(0, T - 3, 4):
+                ptile_q6_k_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+            for t in range(T - T % 4, T):
+                ptile_q6_k_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+            continue
         if kind == Q5_0:
             pack_q5_0(w, 32, i, panel, scales, 0)
         elif kind == Q5_1:
@@ -145,15 +156,8 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
 @kernel(parallel=True)
 def mm_kq(kind, w, xq, xd, xs, xds, out, T, threads):
     n = w.shape[0]
-    if kind != Q6_K:  # q6_k (a scale per 16 values) has no panel: chunks of ROWS rows
-        nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
-        for p in prange(nth):
-            r0, r1 = thread_rows(n, nth, p)
-            panel, scales = panel_scratch(xq.shape[1])
-            mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
-        return
-    nth = max(1, min(threads, (n + ROWS - 1) // ROWS))
+    nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
     for p in prange(nth):
-        chunks = (n + ROWS - 1) // ROWS
-        r0, r1 = min(n, p * chunks // nth * ROWS), min(n, (p + 1) * chunks // nth * ROWS)
-        mm_rows_kq(kind, w, xq, xd, xds, out, r0, r1, T)
+        r0, r1 = thread_rows(n, nth, p)
+        panel, scales = panel_scratch(xq.shape[1])
+        mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales)

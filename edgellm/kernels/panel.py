@@ -27,6 +27,14 @@ differently there), the same error against the float64 product.
 int16 activations (xq int16, the default path's): the same panels, each chunk's 4
 activations loaded as 8 bytes; the dot is vpdpwssd on AVX-512 VNNI, elsewhere the generic IR
 (vpmaddwd on x86). The integer sums are exact either way, so the results are the same.
+
+q6_k (a scale per 16 values, codes q - 32 in -32..31) has panels of its own meaning: the
+chunks hold the signed codes (q - 32 as int8), and a block's scales are the 8 rows'
+d sc of values 0-15, then of values 16-31 (where q4_1 keeps its minima). Its tile sums
+chunks 0-3 and 4-7 apart (each half's sum of 16 products is exact in a float: < 2^24) and
+adds (lo dw_lo + hi dw_hi) dx: on int16 activations the same vpdpwssd per chunk and
+token (the codes sign-extended once for the RT tokens); int8 activations take the
+generic IR.
 Callers validate shapes (linear.py, matmul.py): these do not check bounds. Each intrinsic
 is defined by name at the end of this file; a new type with int8 kernels adds its lines.
 """
@@ -37,8 +45,7 @@ from llvmlite import ir
 from numba import types
 
 from .codegen_int8 import GROUP, group_blocks, scale_block
-from .codegen_kquant import SUPER_BYTES, _q5_codes, _scales_k4
-from .simd import VNNI
+from .codegen_kquant import SUPER_BYTES, _codes, _q5_codes, _scales_k4
 from .ir import (
     BLOCK_BYTES,
     F32,
@@ -58,18 +65,21 @@ from .ir import (
     _llvm_fn,
     _load,
     _nibbles,
+    _pairsum,
     _pick,
     _Rows,
     _splat,
     _typed,
     _v,
 )
+from .simd import VNNI
 
 __all__ = ["PANEL_BLOCK", "SCALES_BLOCK",
            "pack_q8_0", "pack_q4_0", "pack_q4_1",
            "ptile_q8_0_8x1", "ptile_q8_0_8x4", "ptile_q4_0_8x1", "ptile_q4_0_8x4",
            "ptile_q4_1_8x1", "ptile_q4_1_8x4",
-           "pack_q4_k", "pack_q5_k", "pack_q5_0", "pack_q5_1"]
+           "pack_q4_k", "pack_q5_k", "pack_q5_0", "pack_q5_1",
+           "pack_q6_k", "ptile_q6_k_8x1", "ptile_q6_k_8x4"]
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
@@ -80,6 +90,26 @@ Q5 = {"q5_0": (22, 2), "q5_1": (24, 4)}  # block bytes, offset of the high bits'
 def _store_vec(b, base, off, value):
     p = b.gep(base, [off], inbounds=True)
     b.store(value, b.bitcast(p, value.type.as_pointer()), align=1)
+
+
+def _interleave(b, prow, pb, codes):
+    """Store 8 rows' <32 x i8> codes as one panel block at byte pb of prow: chunk c holds
+    bytes 4c..4c+3 of rows 0..7 side by side."""
+    rows = [b.bitcast(code, _v(I32, 8)) for code in codes]  # 8 four-byte groups a row
+    while len(rows) > 1:  # concatenate: 64 lanes, row r's group c at 8r + c
+        rows = [_pick(b, rows[k], range(2 * rows[k].type.count), rows[k + 1])
+                for k in range(0, len(rows), 2)]
+    for c in range(8):
+        _store_vec(b, prow, b.add(pb, _i64(32 * c)), _pick(b, rows[0], [8 * r + c
+                                                                      for r in range(GROUP)]))
+
+
+def _lanes(b, vecs, j):
+    """<GROUP x f32> of lane j of each row's vector in vecs."""
+    v = ir.Constant(_v(F32, GROUP), ir.Undefined)
+    for r in range(GROUP):
+        v = b.insert_element(v, b.extract_element(vecs[r], _c(I32, j)), _c(I32, r))
+    return v
 
 
 def _pack_codegen(kind, B):
@@ -98,7 +128,6 @@ def _pack_codegen(kind, B):
     else:
         hdr, per_byte = BLOCK_BYTES[kind]
         BB = hdr + B // per_byte
-    v32 = _v(I32, 8)
     low16 = _c(_v(I8, 32), [15] * 32)
     four = _c(_v(I8, 32), [4] * 32)
     flip = _c(_v(I8, 32), [-128] * 32)
@@ -136,15 +165,9 @@ def _pack_codegen(kind, B):
             else:
                 mw = gather16(ps, 2) if kind in ("q4_1", "q5_1") else None
             for j in range(B // 32):
-                rows = [b.bitcast(sub_block(b, p, j), v32) for p in ps]  # 8 four-byte groups
-                while len(rows) > 1:  # concatenate: 64 lanes, row r's group c at 8r + c
-                    rows = [_pick(b, rows[k], range(2 * rows[k].type.count), rows[k + 1])
-                            for k in range(0, len(rows), 2)]
                 sb = b.add(b.mul(bi, _i64(B // 32)), _i64(j))  # the panel's block
-                pb = b.mul(sb, _i64(PANEL_BLOCK))
-                for c in range(8):
-                    chunk = _pick(b, rows[0], [8 * r + c for r in range(GROUP)])
-                    _store_vec(b, prow, b.add(pb, _i64(32 * c)), chunk)
+                _interleave(b, prow, b.mul(sb, _i64(PANEL_BLOCK)),
+                            [sub_block(b, p, j) for p in ps])
                 so = b.mul(sb, _i64(4 * SCALES_BLOCK))
                 _store_vec(b, srow, so, dw)
                 if mw is not None:
@@ -173,7 +196,6 @@ def _pack_k(ctx, b, sig, args, SB, qs, five):
     i, g = args[1], args[4]  # (w, i, panel, scales, g): block dropped
     wrow = [w.row(b.add(i, _i64(r))) for r in range(GROUP)]
     prow, srow = panel.row(g), scales.row(g)
-    v32 = _v(I32, 8)
     low16 = _c(_v(I8, 32), [15] * 32)
     four = _c(_v(I8, 32), [4] * 32)
 
@@ -188,7 +210,7 @@ def _pack_k(ctx, b, sig, args, SB, qs, five):
             mws.append(b.fmul(m8, _splat(b, b.fneg(_f16(b, p, 2)), 8), flags=FAST))
         for j in range(8):
             c, h = divmod(j, 2)
-            rows = []
+            codes = []
             for p in ps:
                 raw = _load(b, p, qs + 32 * c, _v(I8, 32))
                 code = b.and_(raw, low16) if h == 0 else b.lshr(raw, four)
@@ -196,25 +218,72 @@ def _pack_k(ctx, b, sig, args, SB, qs, five):
                     hb = b.and_(b.lshr(_load(b, p, 16, _v(I8, 32)), _c(_v(I8, 32), [j] * 32)),
                                 one)
                     code = b.or_(code, b.shl(hb, four))
-                rows.append(b.bitcast(code, v32))
-            while len(rows) > 1:  # concatenate: 64 lanes, row r's group c at 8r + c
-                rows = [_pick(b, rows[k], range(2 * rows[k].type.count), rows[k + 1])
-                        for k in range(0, len(rows), 2)]
+                codes.append(code)
             sb = b.add(b.mul(sbi, _i64(8)), _i64(j))  # the panel's block
-            pb = b.mul(sb, _i64(PANEL_BLOCK))
-            for q in range(8):
-                chunk = _pick(b, rows[0], [8 * r + q for r in range(GROUP)])
-                _store_vec(b, prow, b.add(pb, _i64(32 * q)), chunk)
+            _interleave(b, prow, b.mul(sb, _i64(PANEL_BLOCK)), codes)
             so = b.mul(sb, _i64(4 * SCALES_BLOCK))
-            for vecs, at in ((dws, so), (mws, b.add(so, _i64(4 * GROUP)))):
-                v = ir.Constant(_v(F32, GROUP), ir.Undefined)
-                for r in range(GROUP):
-                    v = b.insert_element(v, b.extract_element(vecs[r], _c(I32, j)), _c(I32, r))
-                _store_vec(b, srow, at, v)
+            _store_vec(b, srow, so, _lanes(b, dws, j))
+            _store_vec(b, srow, b.add(so, _i64(4 * GROUP)), _lanes(b, mws, j))
         return st
 
     _for(b, _i64(0), b.sdiv(w.cols, _i64(SB)), [], body)
     return ctx.get_dummy_value()
+
+
+def _pack_q6_k(ctx, b, sig, args):
+    """pack for q6_k rows (super-blocks of 210 bytes: ql[128], qh[64], int8 sc[16], f16 d;
+    block argument dropped): sub-block j (values 32j..32j+31) becomes a panel block of the
+    signed codes q - 32 (codegen_kquant._codes), its scales d sc[2j] (values 0-15) and
+    d sc[2j + 1] (values 16-31) in the places of q4_1's scales and minima."""
+    w, panel, scales = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3))
+    i, g = args[1], args[4]  # (w, i, panel, scales, g): block dropped
+    wrow = [w.row(b.add(i, _i64(r))) for r in range(GROUP)]
+    prow, srow = panel.row(g), scales.row(g)
+    SB = SUPER_BYTES["q6_k"]
+
+    def body(sbi, st):
+        ps = [b.gep(row, [b.mul(sbi, _i64(SB))], inbounds=True) for row in wrow]
+        codes = [_codes(b, "q6_k", p) for p in ps]
+        dws = [b.fmul(b.sitofp(_load(b, p, 192, _v(I8, 16)), _v(F32, 16)),
+                      _splat(b, _f16(b, p, 208), 16), flags=FAST) for p in ps]
+        for j in range(8):
+            sb = b.add(b.mul(sbi, _i64(8)), _i64(j))  # the panel's block
+            _interleave(b, prow, b.mul(sb, _i64(PANEL_BLOCK)), [c[j] for c in codes])
+            so = b.mul(sb, _i64(4 * SCALES_BLOCK))
+            _store_vec(b, srow, so, _lanes(b, dws, 2 * j))
+            _store_vec(b, srow, b.add(so, _i64(4 * GROUP)), _lanes(b, dws, 2 * j + 1))
+        return st
+
+    _for(b, _i64(0), b.sdiv(w.cols, _i64(SB)), [], body)
+    return ctx.get_dummy_value()
+
+
+def _q6_k_block(b, wide, xrow, xoff, AB, dpw, dw_lo, dw_hi, dx, acc):
+    """acc + one q6_k panel block for one token (8 rows): chunks 0-3 (values 0-15) and 4-7
+    (values 16-31) summed apart, (lo dw_lo + hi dw_hi) dx. wide: the 8 chunks' codes
+    sign-extended (<16 x i32> of i16 pairs for vpdpwssd, else <32 x i32>)."""
+    v8 = _v(F32, 8)
+    halves = []
+    for h in range(2):
+        if dpw is not None:  # lanes 2r, 2r + 1 of the i32 sums are row r's
+            part = _c(_v(I32, 16), [0] * 16)
+            for c in range(4 * h, 4 * h + 4):
+                x4 = b.bitcast(_splat(b, _load(b, xrow, b.add(xoff, _i64(8 * c)), I64), 8),
+                               _v(I32, 16))
+                part = b.call(dpw, [part, wide[c], x4])
+            tot = b.add(_pick(b, part, range(0, 16, 2)), _pick(b, part, range(1, 16, 2)))
+        else:
+            tot = _c(_v(I32, 8), [0] * 8)
+            A = ir.IntType(8 * AB)
+            for c in range(4 * h, 4 * h + 4):
+                x4 = _splat(b, _load(b, xrow, b.add(xoff, _i64(4 * AB * c)),
+                                     ir.IntType(32 * AB)), 8)
+                x = b.sext(b.bitcast(x4, _v(A, 32)), _v(I32, 32))
+                tot = b.add(tot, _pairsum(b, b.mul(wide[c], x)))
+        halves.append(b.sitofp(tot, v8))
+    f = b.fadd(b.fmul(halves[0], dw_lo, flags=FAST), b.fmul(halves[1], dw_hi, flags=FAST),
+               flags=FAST)
+    return b.fadd(acc, b.fmul(f, dx, flags=FAST), flags=FAST)
 
 
 def _ptile_codegen(kind, RT, A=I8):
@@ -247,10 +316,17 @@ def _ptile_codegen(kind, RT, A=I8):
             chunks = [_load(b, prow, b.add(pb, _i64(32 * c)), _v(I8, 32)) for c in range(8)]
             sb = b.mul(bi, _i64(4 * SCALES_BLOCK))
             dw = _load(b, srow, sb, v8)
-            mw = _load(b, srow, b.add(sb, _i64(4 * GROUP)), v8) if kind == "q4_1" else None
+            mw = (_load(b, srow, b.add(sb, _i64(4 * GROUP)), v8)  # q6_k: values 16-31's dw
+                  if kind in ("q4_1", "q6_k") else None)
             xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             new = []
+            if kind == "q6_k":  # signed codes, two scales a block (module docstring)
+                wide = [b.bitcast(b.sext(ch, _v(I16, 32)), v16i) if wssd
+                        else b.sext(ch, _v(I32, 32)) for ch in chunks]
+                return [_q6_k_block(b, wide, xrow[s], xoff, AB, dpw, dw, mw,
+                                    _splat(b, _load(b, drow[s], foff, F32), 8), st[s])
+                        for s in range(RT)]
             if wssd:  # the chunks as 32 x i16 (row r's 4 weights in lanes 4r..4r+3), shared
                 wide = [b.bitcast(b.zext(ch, _v(I16, 32)), v16i) for ch in chunks]
             for s in range(RT):
@@ -289,7 +365,9 @@ def _ptile_codegen(kind, RT, A=I8):
 def make_pack(kind):
     """The intrinsic pack_<kind>(w, block, i, panel, scales, g) (K-quants: block ignored)."""
     name = f"pack_{kind}"
-    if kind in SUPER_BYTES:
+    if kind == "q6_k":
+        codegen = _drop_block(_pack_q6_k)
+    elif kind in SUPER_BYTES:
         codegen = _drop_block(_pack_k_codegen(kind))
     else:
         codegen = _by_block(lambda B: _pack_codegen(kind, B))
@@ -325,3 +403,7 @@ pack_q4_k = make_pack("q4_k")
 pack_q5_k = make_pack("q5_k")
 pack_q5_0 = make_pack("q5_0")
 pack_q5_1 = make_pack("q5_1")
+# q6_k: signed codes and a scale per 16 values, on its own tile
+pack_q6_k = make_pack("q6_k")
+ptile_q6_k_8x1 = make_ptile("q6_k", 1)
+ptile_q6_k_8x4 = make_ptile("q6_k", 4)

@@ -225,8 +225,8 @@ def test_kquant_paths_are_vectorized(kind):
 def test_kquant_int_tiles_are_vectorized(kind):
     """kquant_int.py's tiles (decode's 1x1, prefill's 1x4), int16 activations: the block dots
     are vpmaddwd on 256- or 512-bit registers, the per-block sums reduced with vphaddd,
-    scaled as packed floats; on AVX-512 VNNI the super-block types' dots are vpdpwssd
-    instead (codegen_kquant._block_dot_wssd), reduced with permutes."""
+    scaled as packed floats; on AVX-512 VNNI their dots are vpdpwssd instead
+    (codegen_kquant._block_dot_wssd), reduced with permutes."""
     t = quant.TYPES[kind]
     B = t.blocks[0]
     w = np.zeros((4, t.block_bytes(B) * 256 // B), np.uint8)
@@ -234,7 +234,7 @@ def test_kquant_int_tiles_are_vectorized(kind):
     xq = np.zeros((4, 256), np.int16)
     f = np.zeros((4, 8), np.float32)
     out = np.zeros((4, 4), np.float32)
-    wssd = simd.SIMD_PATH == "vnni" and B == 256
+    wssd = simd.SIMD_PATH == "vnni"
     dot = "vpdpwssd" if wssd else "vpmaddwd"
     for rt in (1, 4):
         tile = getattr(kquant_int, f"ktile_{kind}_1x{rt}")

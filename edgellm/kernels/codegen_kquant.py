@@ -52,7 +52,6 @@ from .ir import (
     _typed,
     _v,
 )
-
 from .simd import VNNI
 
 __all__ = ["KQ_TYPES", "SUPER_BYTES", "make_ktile"]
@@ -223,26 +222,32 @@ def _q5_codes(b, p, h0):
     fifth bit) as <32 x i8>; p the block, h0 the offset of its qh word."""
     qs = _load(b, p, h0 + 4, _v(I8, 16))
     codes = _pick(b, b.and_(qs, _splat8(b, 15, 16)), range(32), b.lshr(qs, _splat8(b, 4, 16)))
-    qh = _pick(b, _load(b, p, h0, _v(I8, 4)), [j // 8 for j in range(32)])
-    bits = b.and_(qh, _c(_v(I8, 32), [1 << (j % 8) for j in range(32)]))
-    five = b.select(b.icmp_unsigned("!=", bits, _splat8(b, 0, 32)), _splat8(b, 16, 32),
-                    _splat8(b, 0, 32))
-    return b.or_(codes, five)
+    # bit j of the little-endian qh word, as a <32 x i1> mask (one kmovd on AVX-512)
+    bits = b.bitcast(_load(b, p, h0, I32), ir.VectorType(ir.IntType(1), 32))
+    return b.or_(codes, b.select(bits, _splat8(b, 16, 32), _splat8(b, 0, 32)))
 
 
 def _q5_codegen(kind, RT):
-    """q5_0 (value d (q - 16)) or q5_1 (d q + m) blocks of 32, four blocks per step:
+    """q5_0 (value d (q - 16)) or q5_1 (d q + m) blocks of 32, G blocks per step:
     sum d (q - 16) dx x = d dx (q . x) - 16 d xds;  sum (d q + m) dx x = d dx (q . x) + m xds.
-    Blocks past the last four (K % 128) one at a time."""
+    On AVX-512 VNNI with int16 activations G = 8: one vpdpwssd per block, reduced as the
+    super-block types' (_block_sums16) to a lane per block; elsewhere G = 4 (vpmaddwd,
+    vphaddd). Blocks past the last G (K % 32 G) one at a time, their dots summed as
+    vectors (one horizontal sum at the end)."""
     one = kind == "q5_1"
     BB, h0 = (24, 4) if one else (22, 2)
-    v8, v4 = _v(F32, 8), _v(F32, 4)
+    v8 = _v(F32, 8)
 
     def codegen(ctx, b, sig, args):
         w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
         i, t = args[1], args[5]
         A = I16 if sig.args[2].dtype == types.int16 else I8
         AB = A.width // 8
+        wssd = VNNI and A == I16
+        G = 8 if wssd else 4
+        vG = _v(F32, G)
+        dpw = (_llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", _v(I32, 16), [_v(I32, 16)] * 3)
+               if wssd else None)
         wrow = w.row(i)
         xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
         drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
@@ -250,33 +255,38 @@ def _q5_codegen(kind, RT):
         nb = b.sdiv(xq.cols, _i64(32))
 
         def gather(ps, off):
-            v = ir.Constant(_v(I16, 4), ir.Undefined)
+            v = ir.Constant(_v(I16, G), ir.Undefined)
             for g, p in enumerate(ps):
                 v = b.insert_element(v, _load(b, p, off, I16), _c(I32, g))
             return _h2f(b, v)
 
         def body(k, st):
-            ps = [b.gep(wrow, [b.mul(b.add(b.mul(k, _i64(4)), _i64(g)), _i64(BB))],
-                        inbounds=True) for g in range(4)]
+            ps = [b.gep(wrow, [b.mul(b.add(b.mul(k, _i64(G)), _i64(g)), _i64(BB))],
+                        inbounds=True) for g in range(G)]
             codes = [_q5_codes(b, p, h0) for p in ps]
-            d4 = gather(ps, 0)
-            fm = gather(ps, 2) if one else d4
+            dG = gather(ps, 0)
+            fm = gather(ps, 2) if one else dG
             new = list(st)
             for s in range(RT):
-                x0 = b.mul(k, _i64(128 * AB))
-                dots = [_block_dot(b, codes[g], _load(b, xrow[s], b.add(x0, _i64(32 * AB * g)),
-                                                      _v(A, 32))) for g in range(4)]
-                q = _hadd(b, _hadd(b, dots[0], dots[1]), _hadd(b, dots[2], dots[3]))
-                foff = b.mul(k, _i64(16))
-                f = _pick(b, b.fmul(d4, _load(b, drow[s], foff, v4), flags=FAST),
-                          (0, 1, 2, 3, 0, 1, 2, 3))
+                x0 = b.mul(k, _i64(32 * G * AB))
+                xs = [_load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
+                      for g in range(G)]
+                foff = b.mul(k, _i64(4 * G))
+                f = b.fmul(dG, _load(b, drow[s], foff, vG), flags=FAST)
+                if wssd:  # lane g: block g
+                    q = _block_sums16(b, [_block_dot_wssd(b, dpw, codes[g], xs[g])
+                                          for g in range(G)])
+                else:  # lanes g and 4 + g: block g's halves
+                    dots = [_block_dot(b, codes[g], xs[g]) for g in range(G)]
+                    q = _hadd(b, _hadd(b, dots[0], dots[1]), _hadd(b, dots[2], dots[3]))
+                    f = _pick(b, f, (0, 1, 2, 3, 0, 1, 2, 3))
                 new[s] = b.fadd(new[s], b.fmul(b.sitofp(q, v8), f, flags=FAST), flags=FAST)
-                new[RT + s] = b.fadd(new[RT + s], b.fmul(fm, _load(b, srow[s], foff, v4),
+                new[RT + s] = b.fadd(new[RT + s], b.fmul(fm, _load(b, srow[s], foff, vG),
                                                          flags=FAST), flags=FAST)
             return new
 
-        init = [_c(v8, [0.0] * 8)] * RT + [_c(v4, [0.0] * 4)] * RT
-        st = _loop(b, b.sdiv(nb, _i64(4)), init, body)[0]
+        init = [_c(v8, [0.0] * 8)] * RT + [_c(vG, [0.0] * G)] * RT
+        st = _loop(b, b.sdiv(nb, _i64(G)), init, body)[0]
         res = []
         for s in range(RT):
             fix = _hsum(b, st[RT + s])
@@ -284,23 +294,27 @@ def _q5_codegen(kind, RT):
                 fix = b.fmul(fix, _c(F32, -16.0), flags=FAST)
             res.append(b.fadd(_hsum(b, st[s]), fix, flags=FAST))
 
-        def tail(bi, st):
+        vt = _v(F32, 16 if wssd else 8)
+
+        def tail(bi, st):  # st: RT float sums of the minima, then RT vectors of the dots
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
             codes = _q5_codes(b, p, h0)
             d = _f16(b, p, 0)
             fm = _f16(b, p, 2) if one else b.fmul(d, _c(F32, -16.0), flags=FAST)
-            new = []
+            new = list(st)
             for s in range(RT):
                 x = _load(b, xrow[s], b.mul(bi, _i64(32 * AB)), _v(A, 32))
-                dot = _hsum(b, b.sitofp(_block_dot(b, codes, x), v8))
+                dot = _block_dot_wssd(b, dpw, codes, x) if wssd else _block_dot(b, codes, x)
                 dx = _load(b, drow[s], b.mul(bi, _i64(4)), F32)
                 ds = _load(b, srow[s], b.mul(bi, _i64(4)), F32)
-                v = b.fadd(b.fmul(dot, b.fmul(d, dx, flags=FAST), flags=FAST),
-                           b.fmul(fm, ds, flags=FAST), flags=FAST)
-                new.append(b.fadd(st[s], v, flags=FAST))
+                new[s] = b.fadd(st[s], b.fmul(fm, ds, flags=FAST), flags=FAST)
+                new[RT + s] = b.fadd(st[RT + s], b.fmul(b.sitofp(dot, vt), _splat(
+                    b, b.fmul(d, dx, flags=FAST), vt.count), flags=FAST), flags=FAST)
             return new
 
-        res = _for(b, b.mul(b.sdiv(nb, _i64(4)), _i64(4)), nb, res, tail)
+        res = _for(b, b.mul(b.sdiv(nb, _i64(G)), _i64(G)), nb,
+                   res + [_c(vt, [0.0] * vt.count)] * RT, tail)
+        res = [b.fadd(res[s], _hsum(b, res[RT + s]), flags=FAST) for s in range(RT)]
         for s in range(RT):
             _store(b, out, b.add(t, _i64(s)), i, res[s])
         return ctx.get_dummy_value()

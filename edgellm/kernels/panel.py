@@ -100,8 +100,8 @@ def _interleave(b, prow, pb, codes):
         rows = [_pick(b, rows[k], range(2 * rows[k].type.count), rows[k + 1])
                 for k in range(0, len(rows), 2)]
     for c in range(8):
-        _store_vec(b, prow, b.add(pb, _i64(32 * c)), _pick(b, rows[0], [8 * r + c
-                                                                      for r in range(GROUP)]))
+        chunk = _pick(b, rows[0], [8 * r + c for r in range(GROUP)])
+        _store_vec(b, prow, b.add(pb, _i64(32 * c)), chunk)
 
 
 def _lanes(b, vecs, j):

@@ -131,25 +131,26 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     on its own."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
     for i in range(r0, g1, GROUP):
-        if kind == Q6_K:
-            pack_q6_k(w, 256, i, panel, scales, 0)
-            for t in range(0, T - 3, 4):
-                ptile_q6_k_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-            for t in range(T - T % 4, T):
-                ptile_q6_k_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-            continue
         if kind == Q5_0:
             pack_q5_0(w, 32, i, panel, scales, 0)
         elif kind == Q5_1:
             pack_q5_1(w, 32, i, panel, scales, 0)
         elif kind == Q4_K:
             pack_q4_k(w, 256, i, panel, scales, 0)
-        else:
+        elif kind == Q5_K:
             pack_q5_k(w, 256, i, panel, scales, 0)
+        else:
+            pack_q6_k(w, 256, i, panel, scales, 0)
         for t in range(0, T - 3, 4):
-            ptile_q4_1_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+            if kind == Q6_K:
+                ptile_q6_k_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+            else:
+                ptile_q4_1_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
         for t in range(T - T % 4, T):
-            ptile_q4_1_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+            if kind == Q6_K:
+                ptile_q6_k_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+            else:
+                ptile_q4_1_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
     mm_rows_kq(kind, w, xq, xd, xds, out, g1, r1, T)
 
 

@@ -8,6 +8,7 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
+from .dots import LANES, dots16, wsum_rows
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
 from .tiles import row_f16, row_q8_0
@@ -61,6 +62,37 @@ def _softmax_row(row, n, kpos, p, window, scale, softcap):
         row[s] *= inv
 
 
+@kernel
+def _scores(keys, n, qs, G, sc, o0, buf):
+    """sc[g, o0 + s] = keys[s] . qs[g] for s < n, g < G, 16 keys at a time for every head
+    (dots16: the rows stay in L1 for the G heads, no horizontal sum per key); the last
+    n % 16 copied into buf [16, Dh] first (a strided row's scalar loop does not
+    vectorize), whose other rows' scores land in sc[g, o0 + n ..] (room the caller
+    leaves; never read). Dh not a multiple of 16: one key at a time, through buf.
+    keys [>= n, Dh] (rows may be strided), qs [G, Dh]."""
+    if qs.shape[1] % LANES:  # dots16 takes whole vectors: one key at a time
+        for j in range(n):
+            kr = buf[0]
+            kr[:] = keys[j]
+            for g in range(G):
+                qh = qs[g]
+                acc = np.float32(0.0)
+                for i in range(kr.shape[0]):
+                    acc += qh[i] * kr[i]
+                sc[g, o0 + j] = acc
+        return
+    s = 0
+    while s + LANES <= n:
+        for g in range(G):
+            dots16(keys, s, qs, g, sc, o0 + s, np.float32(1.0))
+        s += LANES
+    if s < n:
+        for j in range(n - s):
+            buf[j] = keys[s + j]
+        for g in range(G):
+            dots16(buf, 0, qs, g, sc, o0 + s, np.float32(1.0))
+
+
 @kernel(parallel=True)
 def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale, softcap,
               out):
@@ -71,26 +103,17 @@ def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale
     positions q_pos [T] (increasing). A query at position p sees keys at positions kp <= p
     with p - kp < window (window 0: no limit). softcap > 0 applies tanh soft-capping.
 
-    The cache and chunk keys are first laid out together per KV head, keys transposed
-    (kt [Hkv, Dh, cap + T]) and values as rows (vals [Hkv, cap + T, Dh]), so that a
-    query row's scores and weighted sum are long vector loops.
+    Work items are (query row t, KV head): the G query heads of the group score the
+    cache's keys and the chunk's first t + 1 with decode attention's row kernels (dots16,
+    read in place: a KV head's rows are strided views), then sum the value rows weighted
+    (wsum_rows: 64 columns of the output in registers over all rows).
     """
     T, Hq, Dh = q.shape
     Hkv = k_new.shape[1]
     G = Hq // Hkv
     cap = k_cache.shape[0]
-    n_all = cap + T
-    kt = np.empty((Hkv, Dh, n_all), dtype=np.float32)
-    vals = np.empty((Hkv, n_all, Dh), dtype=np.float32)
-    kpos = np.empty(n_all, dtype=np.int64)
-    for h in prange(Hkv):
-        for s in range(n_all):
-            kr = k_cache[s, h] if s < cap else k_new[s - cap, h]
-            vr = v_cache[s, h] if s < cap else v_new[s - cap, h]
-            for i in range(Dh):
-                kt[h, i, s] = kr[i]
-                vals[h, s, i] = vr[i]
-    for s in range(n_all):
+    kpos = np.empty(cap + T, dtype=np.int64)
+    for s in range(cap + T):
         kpos[s] = cache_pos[s] if s < cap else q_pos[s - cap]
     sc32, cap32 = np.float32(scale), np.float32(softcap)
     for tk in prange(T * Hkv):
@@ -100,12 +123,19 @@ def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale
         t = u // 2 if u % 2 == 0 else T - 1 - u // 2
         kvh = tk % Hkv
         n = cap + t + 1  # the chunk's keys after row t are never seen
-        row = np.empty(n, dtype=np.float32)
+        buf = np.zeros((LANES, Dh), dtype=np.float32)
+        sc = np.empty((G, n + LANES), dtype=np.float32)  # (_scores' room)
+        qs = q[t, kvh * G:(kvh + 1) * G]
+        _scores(k_cache[:, kvh], cap, qs, G, sc, 0, buf)
+        _scores(k_new[:, kvh], t + 1, qs, G, sc, cap, buf)
+        ot = out[t]
         for g in range(G):
+            _softmax_row(sc[g], n, kpos, q_pos[t], window, sc32, cap32)
             h = kvh * G + g
-            combine(q[t, h], Dh, kt[kvh], row)  # scores against keys 0..n-1
-            _softmax_row(row, n, kpos, q_pos[t], window, sc32, cap32)
-            combine(row, n, vals[kvh], out[t, h])
+            for i in range(Dh):
+                ot[h, i] = 0.0
+            wsum_rows(v_cache[:, kvh], 0, cap, sc, g, 0, ot, h)
+            wsum_rows(v_new[:, kvh], 0, t + 1, sc, g, cap, ot, h)
 
 
 def _stored_row(rows, r, out):

@@ -90,6 +90,18 @@ def test_vnni_int16_row_groups_emit_vpdpwssd(kind):
 
 
 @pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+def test_vnni_int16_q8_0_rows_emit_vpdpwssd():
+    """The default decode path's q8_0 rows (the 4x1 tile: output heads, q8_0 files) on int16
+    activations: one vpdpwssd per row and block, kept in 16 float lanes
+    (codegen_int8._q8act_row_codegen's `wide`)."""
+    w = np.zeros((4, 34), np.uint8)
+    w.flags.writeable = False
+    xq, f = np.zeros((1, 32), np.int16), np.zeros((1, 4), np.float32)
+    asm = fresh_asm(matvec.mv_rows_q8_0, w, 32, xq, f, f, f, 0, 4)
+    assert int16_dots(asm) >= 4
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
 @pytest.mark.parametrize("kind", QTYPES)
 def test_vnni_int16_prefill_panels_emit_vpdpwssd(kind):
     """Prefill's panel tiles on int16 activations (the default path's): one vpdpwssd per

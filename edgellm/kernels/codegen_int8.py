@@ -32,6 +32,7 @@ from numba import types
 
 from .ir import (
     BLOCK_BYTES,
+    BYTES,
     F32,
     FAST,
     I8,
@@ -548,14 +549,23 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
         zero = _c(v16i, [0] * 16)
         dpw = _llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", v16i, [v16i] * 3)
 
-        def gather16(ps, off):
-            v = ir.Constant(_v(I16, R), ir.Undefined)
-            for lane, r in enumerate(order):
-                v = b.insert_element(v, _load(b, ps[r], off, I16), _c(I32, lane))
-            return _h2f(b, v)
-
         def pairs(u, v):
             return b.add(_pick(b, u, even, v), _pick(b, u, odd, v))
+
+        # the 8 rows' first block dwords (d | m << 16) by one vpgatherdd, row r at r strides
+        v8i = _v(I32, 8)
+        gdd = _llvm_fn(b, "llvm.x86.avx2.gather.d.d.256", v8i, [v8i, BYTES, v8i, v8i, I8])
+        sidx = b.trunc(w.stride, I32)
+        idx = ir.Constant(v8i, ir.Undefined)
+        for r in range(R):
+            idx = b.insert_element(idx, b.mul(sidx, _c(I32, r)), _c(I32, r))
+
+        def scales(ps):
+            words = b.call(gdd, [_c(v8i, [0] * 8), ps[0], idx, _c(v8i, [-1] * 8), _c(I8, 1)])
+            dw = _h2f(b, b.trunc(words, _v(I16, R)))
+            mw = (_h2f(b, b.trunc(b.lshr(words, _c(v8i, [16] * 8)), _v(I16, R)))
+                  if kind == "q4_1" else None)
+            return dw, mw
 
         nxt = w.row(b.add(i, _i64(PF_GROUPS * R)))  # the rows PF_GROUPS groups ahead
 
@@ -569,8 +579,7 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
                             _load(b, ps[r + 1], hdr, _v(I8, 16)))
                 z = b.zext(raw, v32w)
                 ws.append((b.bitcast(b.and_(z, low), v16i), b.bitcast(b.lshr(z, four), v16i)))
-            dw = gather16(ps, 0)
-            mw = gather16(ps, 2) if kind == "q4_1" else None
+            dw, mw = scales(ps)
             new = []
             for s in range(RT):
                 halves = []

@@ -1,12 +1,14 @@
 """Prefill attention (kernels/attention.attention, float32 cache) against numpy: causal
 grouped-query attention over the cache plus the chunk, with empty slots, sliding windows,
 soft-capping, head sizes that are and are not whole vectors, and key counts around the
-16-key blocks the scores are computed in."""
+blocks the scores are computed in; and the tiles (attn_tiles.py) on their own."""
 
 import numpy as np
 import pytest
+from numba import njit
 
 from edgellm.kernels.attention import attention
+from edgellm.kernels.attn_tiles import KW, QT, W, pv_tile, qk_tile, row_max
 
 
 def _reference(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale, softcap):
@@ -56,3 +58,38 @@ def test_attention_is_numpys(T, cap, Hq, Hkv, Dh, window, softcap):
     want = _reference(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale,
                       softcap)
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-4)
+
+
+@njit(cache=False)
+def _tiles(kt, qm, sc, v, om, n):
+    for s0 in range(0, sc.shape[1], KW):
+        for m0 in range(0, qm.shape[0], QT):
+            qk_tile(kt, s0, qm, m0, sc)
+    for m0 in range(0, om.shape[0], QT):
+        pv_tile(v, n, sc, m0, om)
+
+
+@njit(cache=False)
+def _row_maxes(a, n):
+    return np.array([row_max(a, r, n) for r in range(a.shape[0])])
+
+
+@pytest.mark.parametrize("Dh", [W, 64, 256])
+def test_tiles_are_numpys(Dh):
+    """qk_tile and pv_tile on their own: scores of 4-row query blocks against transposed
+    keys, weighted sums over value rows read through a strided view; row_max with a tail
+    and all-negative rows (the softmax's shift: a wrong one would cancel out there)."""
+    rng = np.random.default_rng(Dh)
+    n, M = 3 * KW, 8
+    kt = rng.standard_normal((Dh, n), dtype=np.float32)
+    qm = rng.standard_normal((M, Dh), dtype=np.float32)
+    v3 = rng.standard_normal((n, 3, Dh), dtype=np.float32)  # strided rows, as the cache's
+    sc, om = np.zeros((M, n), np.float32), np.ones((M, Dh), np.float32)
+    m = n - 5
+    _tiles(kt, qm, sc, v3[:, 1], om, m)
+    np.testing.assert_allclose(sc, qm @ kt, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(om, 1.0 + sc[:, :m] @ v3[:m, 1], rtol=1e-4, atol=1e-3)
+    a = -np.abs(rng.standard_normal((3, 2 * W + 3), dtype=np.float32)) - 1.0
+    a[1, -1] = -0.5  # the largest in the tail
+    for k in (1, W, 2 * W + 3):
+        np.testing.assert_array_equal(_row_maxes(a, k), a[:, :k].max(axis=1))

@@ -8,6 +8,7 @@ import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
+from .attn_tiles import KW, QT, W, pv_tile, qk_tile, row_max
 from .dots import LANES, dots16, wsum_rows
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
@@ -93,10 +94,116 @@ def _scores(keys, n, qs, G, sc, o0, buf):
             dots16(buf, 0, qs, g, sc, o0 + s, np.float32(1.0))
 
 
-@kernel(parallel=True)
+@kernel
+def _exp_row(sc, r, n, kpos, p, window, scale, softcap):
+    """Row r of sc (raw scores) -> exp(score - max) over its first n keys for the keys the
+    query at position p sees, 0 for the others (as _softmax_row's), not yet divided by
+    their sum, which it returns: the caller scales the weighted sum of the values instead
+    (Dh multiplies, not n). Each pass is a loop that vectorizes."""
+    row = sc[r]
+    lo = max(p - window, np.int64(-1)) if window > 0 else np.int64(-1)
+    for s in range(n):  # seen: lo < kp <= p (kp >= 0 as lo >= -1)
+        kp = kpos[s]
+        row[s] = row[s] * scale if (kp > lo) & (kp <= p) else NEG
+    if softcap > 0:
+        for s in range(n):
+            v = row[s]
+            row[s] = softcap * np.tanh(v / softcap) if v > NEG else NEG
+    exp_shift(row, n, row_max(sc, r, n))
+    total = np.float32(0.0)
+    for s in range(n):
+        total += row[s]
+    return total
+
+
 def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale, softcap,
               out):
     """out[T,Hq,Dh] = causal attention of q[T,Hq,Dh].
+
+    Keys/values: the cache (k_cache/v_cache [cap,Hkv,Dh], slot positions cache_pos [cap],
+    -1 = empty), all older than the chunk, plus the chunk's own k_new/v_new [T,Hkv,Dh] at
+    positions q_pos [T] (increasing). A query at position p sees keys at positions kp <= p
+    with p - kp < window (window 0: no limit). softcap > 0 applies tanh soft-capping.
+    attention_tiled where the head size is whole vectors, else attention_by_rows.
+    """
+    kernel = attention_tiled if q.shape[2] % W == 0 else attention_by_rows
+    kernel(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale, softcap, out)
+
+
+@kernel(parallel=True)
+def attention_tiled(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale,
+                    softcap, out):
+    """`attention` in tiles (attn_tiles.py): the keys laid out transposed per KV head
+    (kt [Hkv, Dh, n] zero-padded to whole KW-key tiles), the value rows read in place; work items
+    are (QT query rows, KV head), whose QT * G query vectors (each row's G heads) score
+    every key the last row sees, four vectors per qk_tile, then take the softmax's
+    numerators (each row's own keys; its weights past them 0) and the weighted values,
+    four per pv_tile, divided by the row's sum at the end. Dh % W == 0."""
+    T, Hq, Dh = q.shape
+    Hkv = k_new.shape[1]
+    G = Hq // Hkv
+    cap = k_cache.shape[0]
+    n_all = cap + T
+    n_pad = (n_all + KW - 1) // KW * KW
+    kt = np.empty((Hkv, Dh, n_pad), dtype=np.float32)
+    for h in prange(Hkv):
+        for s in range(n_all):
+            kr = k_cache[s, h] if s < cap else k_new[s - cap, h]
+            for i in range(Dh):
+                kt[h, i, s] = kr[i]
+        for i in range(Dh):
+            for s in range(n_all, n_pad):
+                kt[h, i, s] = 0.0
+    kpos = np.empty(n_all, dtype=np.int64)
+    for s in range(n_all):
+        kpos[s] = cache_pos[s] if s < cap else q_pos[s - cap]
+    sc32, cap32 = np.float32(scale), np.float32(softcap)
+    tiles = (T + QT - 1) // QT
+    for item in prange(tiles * Hkv):
+        # tiles in the order 0, last, 1, last - 1, ..: a tile's work grows with its rows, and
+        # prange hands each thread one contiguous run of items
+        u = item // Hkv
+        ti = u // 2 if u % 2 == 0 else tiles - 1 - u // 2
+        kvh = item % Hkv
+        t0 = ti * QT
+        t1 = min(T, t0 + QT)
+        M = (t1 - t0) * G
+        Mp = (M + QT - 1) // QT * QT
+        n_max = cap + t1  # the keys the tile's last row sees
+        n_tile = (n_max + KW - 1) // KW * KW
+        qm = np.zeros((Mp, Dh), dtype=np.float32)
+        for r in range(M):
+            qm[r] = q[t0 + r // G, kvh * G + r % G]
+        sc = np.empty((Mp, n_tile), dtype=np.float32)
+        for s0 in range(0, n_tile, KW):
+            for m0 in range(0, Mp, QT):
+                qk_tile(kt[kvh], s0, qm, m0, sc)
+        inv = np.zeros(Mp, dtype=np.float32)
+        for r in range(Mp):
+            row = sc[r]
+            nt = 0
+            if r < M:
+                t = t0 + r // G
+                nt = cap + t + 1
+                inv[r] = np.float32(1.0) / _exp_row(sc, r, nt, kpos, q_pos[t], window, sc32,
+                                                    cap32)
+            for s in range(nt, n_max):
+                row[s] = 0.0
+        om = np.zeros((Mp, Dh), dtype=np.float32)
+        for m0 in range(0, Mp, QT):  # the cache's value rows, then the chunk's
+            pv_tile(v_cache[:, kvh], cap, sc, m0, om)
+            pv_tile(v_new[:, kvh], t1, sc[:, cap:], m0, om)
+        for r in range(M):
+            o = out[t0 + r // G, kvh * G + r % G]
+            for i in range(Dh):
+                o[i] = om[r, i] * inv[r]
+
+
+@kernel(parallel=True)
+def attention_by_rows(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale,
+                      softcap, out):
+    """`attention` one query row at a time (any head size: the tiled kernel's heads are
+    whole vectors).
 
     Keys/values: the cache (k_cache/v_cache [cap,Hkv,Dh], slot positions cache_pos [cap],
     -1 = empty), all older than the chunk, plus the chunk's own k_new/v_new [T,Hkv,Dh] at

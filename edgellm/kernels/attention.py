@@ -95,6 +95,17 @@ def _scores(keys, n, qs, G, sc, o0, buf):
 
 
 @kernel
+def _key_positions(cache_pos, q_pos):
+    """The positions of the cache's slots (-1: empty) and then of the chunk's rows, [cap + T]:
+    the keys a query row is scored against, in that order."""
+    cap, T = cache_pos.shape[0], q_pos.shape[0]
+    kpos = np.empty(cap + T, dtype=np.int64)
+    for s in range(cap + T):
+        kpos[s] = cache_pos[s] if s < cap else q_pos[s - cap]
+    return kpos
+
+
+@kernel
 def _exp_row(sc, r, n, kpos, p, window, scale, softcap):
     """Row r of sc (raw scores) -> exp(score - max) over its first n keys for the keys the
     query at position p sees, 0 for the others (as _softmax_row's), not yet divided by
@@ -154,9 +165,7 @@ def attention_tiled(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window,
         for i in range(Dh):
             for s in range(n_all, n_pad):
                 kt[h, i, s] = 0.0
-    kpos = np.empty(n_all, dtype=np.int64)
-    for s in range(n_all):
-        kpos[s] = cache_pos[s] if s < cap else q_pos[s - cap]
+    kpos = _key_positions(cache_pos, q_pos)
     sc32, cap32 = np.float32(scale), np.float32(softcap)
     tiles = (T + QT - 1) // QT
     for item in prange(tiles * Hkv):
@@ -219,9 +228,7 @@ def attention_by_rows(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, windo
     Hkv = k_new.shape[1]
     G = Hq // Hkv
     cap = k_cache.shape[0]
-    kpos = np.empty(cap + T, dtype=np.int64)
-    for s in range(cap + T):
-        kpos[s] = cache_pos[s] if s < cap else q_pos[s - cap]
+    kpos = _key_positions(cache_pos, q_pos)
     sc32, cap32 = np.float32(scale), np.float32(softcap)
     for tk in prange(T * Hkv):
         # rows in the order 0, T-1, 1, T-2, ..: a row's work grows with t, and prange hands
@@ -272,9 +279,7 @@ def attention_rows(q, k_new, v_new, q_pos, k_rows, v_rows, cache_pos, window, sc
     Hkv = k_new.shape[1]
     G = Hq // Hkv
     cap = cache_pos.shape[0]
-    kpos = np.empty(cap + T, dtype=np.int64)
-    for s in range(cap + T):
-        kpos[s] = cache_pos[s] if s < cap else q_pos[s - cap]
+    kpos = _key_positions(cache_pos, q_pos)
     sc32, cap32 = np.float32(scale), np.float32(softcap)
     tiles = (T + TILE - 1) // TILE
     for item in prange(tiles * Hkv):

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from edgellm.kernels.activations import geglu_tanh
+from edgellm.kernels.activations import geglu_tanh, geglu_tanh_row
 from edgellm.kernels.dots import dots16, wsum_rows
 
 
@@ -53,3 +53,7 @@ def test_geglu_tanh_matches_torchs_formula():
     x = g.astype(np.float64)  # torch: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))
     want = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))) * u
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    for r in range(3):  # the prefill's rows in parallel are the decode step's row kernel
+        row = np.zeros(200, np.float32)
+        geglu_tanh_row(g[r], u[r], row)
+        np.testing.assert_array_equal(row, out[r])

@@ -31,7 +31,7 @@ the calling worker's private part (mem[shared + tid * private + a]). Weights are
 place from the mapped file (`blob`) at offsets from `mats` (MAT_* columns); LoRA's A [R, K]
 and B [N, R] as float16 bits from `lora` (half the bytes of f32: at rank 16 on every
 projection they are a fifth of a 4-bit model's bytes per token). The kernels are
-the per-operation path's own: rmsnorm, rmsnorm_heads, apply_rope, swiglu_row, geglu_tanh,
+the per-operation path's own: rmsnorm, rmsnorm_heads, apply_rope, swiglu_row, geglu_tanh_row,
 add_inplace, quantize_rows, the mv_rows_* / mvp_rows_* matrix-vector rows, route and
 scatter_add; only attention has its decode form here (_attend_group: it reads and writes
 an f32, f16 or q8_0 cache through kv_store.kv_rows / store_kv_row, a few rows at a time).
@@ -56,7 +56,7 @@ from numba import prange
 
 from .. import quant
 from .act_quant import quantize_rows
-from .activations import geglu_tanh, swiglu_row
+from .activations import geglu_tanh_row, swiglu_row
 from .dots import LANES, dots16, wsum_rows
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
@@ -213,7 +213,7 @@ def _act_rows(kind, gate, up, out):
     if kind == SILU:
         swiglu_row(gate[0], up[0], out[0])
     else:
-        geglu_tanh(gate, up, out)
+        geglu_tanh_row(gate[0], up[0], out[0])
 
 
 @kernel

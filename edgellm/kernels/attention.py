@@ -1,6 +1,8 @@
 """Causal grouped-query attention over a KV cache plus the current chunk.
 
-`attention` reads a float32 cache; `attention_rows` a cache stored as f16 or q8_0 rows
+`attention` reads a float32 cache: in register tiles of four query vectors (attention_tiled,
+attn_tiles.py), or a query row at a time where a head is not whole vectors
+(attention_by_rows). `attention_rows` reads a cache stored as f16 or q8_0 rows
 (kv_cache.py), dequantizing one key or value row at a time, never the whole cache.
 """
 
@@ -137,16 +139,16 @@ def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale
     with p - kp < window (window 0: no limit). softcap > 0 applies tanh soft-capping.
     attention_tiled where the head size is whole vectors, else attention_by_rows.
     """
-    kernel = attention_tiled if q.shape[2] % W == 0 else attention_by_rows
-    kernel(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale, softcap, out)
+    run = attention_tiled if q.shape[2] % W == 0 else attention_by_rows
+    run(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale, softcap, out)
 
 
 @kernel(parallel=True)
 def attention_tiled(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale,
                     softcap, out):
-    """`attention` in tiles (attn_tiles.py): the keys laid out transposed per KV head
-    (kt [Hkv, Dh, n] zero-padded to whole KW-key tiles), the value rows read in place; work items
-    are (QT query rows, KV head), whose QT * G query vectors (each row's G heads) score
+    """`attention` in tiles (attn_tiles.py): the keys laid out transposed per KV head (kt
+    [Hkv, Dh, n] zero-padded to whole KW-key tiles), the value rows read in place; work
+    items are (QT query rows, KV head), whose QT * G query vectors (each row's G heads) score
     every key the last row sees, four vectors per qk_tile, then take the softmax's
     numerators (each row's own keys; its weights past them 0) and the weighted values,
     four per pv_tile, divided by the row's sum at the end. Dh % W == 0."""

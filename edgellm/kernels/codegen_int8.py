@@ -533,7 +533,9 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
     against the activation's halves broadcast to both 256-bit halves: two vpdpwssd per row
     pair and token, rows r and r + 1 in lanes 0-7 and 8-15. Three levels of pair sums
     (even | odd lanes of two vectors) leave row r's sum in lane r. Sums fit in i32: 32
-    products of at most 15 x 32767 per row and block.
+    products of at most 15 x 32767 per row and block. The 8 rows' scales (and q4_1's
+    minima) come from one vpgatherdd of each row's first block dword, not 8 loads and
+    inserts each.
     """
     hdr, per_byte = BLOCK_BYTES[kind]
     BB = hdr + 32 // per_byte

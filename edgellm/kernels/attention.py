@@ -11,7 +11,7 @@ from numba import prange, types
 from numba.extending import overload
 
 from .attn_tiles import KW, QT, W, pv_tile, qk_tile, row_max
-from .dots import LANES, dots16, wsum_rows
+from .dots import wsum_rows
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
 from .tiles import row_f16, row_q8_0
@@ -43,57 +43,20 @@ def combine(coef, nc, rows, out):
 
 
 @kernel
-def _softmax_row(row, n, kpos, p, window, scale, softcap):
-    """row[:n] (raw scores) -> softmax weights of the keys the query at position p sees:
-    kpos[s] >= 0 (a filled slot), kpos[s] <= p, and within the window (0: no limit)."""
-    best = NEG
-    for s in range(n):
-        kp = kpos[s]
-        v = row[s] * scale
-        if softcap > 0:
-            v = softcap * np.tanh(v / softcap)
-        seen = kp >= 0 and kp <= p and (window == 0 or p - kp < window)
-        v = v if seen else NEG
-        row[s] = v
-        best = max(best, v)
-    exp_shift(row, n, best)
-    total = np.float32(0.0)
-    for s in range(n):
-        total += row[s]
-    inv = np.float32(1.0) / total
-    for s in range(n):
-        row[s] *= inv
-
-
-@kernel
 def _scores(keys, n, qs, G, sc, o0, buf):
-    """sc[g, o0 + s] = keys[s] . qs[g] for s < n, g < G, 16 keys at a time for every head
-    (dots16: the rows stay in L1 for the G heads, no horizontal sum per key); the last
-    n % 16 copied into buf [16, Dh] first (a strided row's scalar loop does not
-    vectorize), whose other rows' scores land in sc[g, o0 + n ..] (room the caller
-    leaves; never read). Dh not a multiple of 16: one key at a time, through buf.
-    keys [>= n, Dh] (rows may be strided), qs [G, Dh]."""
-    if qs.shape[1] % LANES:  # dots16 takes whole vectors: one key at a time
-        for j in range(n):
-            kr = buf[0]
-            kr[:] = keys[j]
-            for g in range(G):
-                qh = qs[g]
-                acc = np.float32(0.0)
-                for i in range(kr.shape[0]):
-                    acc += qh[i] * kr[i]
-                sc[g, o0 + j] = acc
-        return
-    s = 0
-    while s + LANES <= n:
+    """sc[g, o0 + s] = keys[s] . qs[g] for s < n, g < G, one key at a time through buf
+    [1, Dh] (a strided row's loop does not vectorize; a contiguous copy's does). For head
+    sizes that are not whole vectors (attention_by_rows); keys [>= n, Dh] (rows may be
+    strided), qs [G, Dh]."""
+    kr = buf[0]
+    for j in range(n):
+        kr[:] = keys[j]
         for g in range(G):
-            dots16(keys, s, qs, g, sc, o0 + s, np.float32(1.0))
-        s += LANES
-    if s < n:
-        for j in range(n - s):
-            buf[j] = keys[s + j]
-        for g in range(G):
-            dots16(buf, 0, qs, g, sc, o0 + s, np.float32(1.0))
+            qh = qs[g]
+            acc = np.float32(0.0)
+            for i in range(kr.shape[0]):
+                acc += qh[i] * kr[i]
+            sc[g, o0 + j] = acc
 
 
 @kernel
@@ -110,8 +73,8 @@ def _key_positions(cache_pos, q_pos):
 @kernel
 def _exp_row(sc, r, n, kpos, p, window, scale, softcap):
     """Row r of sc (raw scores) -> exp(score - max) over its first n keys for the keys the
-    query at position p sees, 0 for the others (as _softmax_row's), not yet divided by
-    their sum, which it returns: the caller scales the weighted sum of the values instead
+    query at position p sees, 0 for the others: _softmax_row's numerators, not yet divided
+    by their sum, which it returns: the caller scales the weighted sum of the values instead
     (Dh multiplies, not n). Each pass is a loop that vectorizes."""
     row = sc[r]
     lo = max(p - window, np.int64(-1)) if window > 0 else np.int64(-1)
@@ -127,6 +90,17 @@ def _exp_row(sc, r, n, kpos, p, window, scale, softcap):
     for s in range(n):
         total += row[s]
     return total
+
+
+@kernel
+def _softmax_row(sc, r, n, kpos, p, window, scale, softcap):
+    """Row r of sc (raw scores) -> softmax weights over its first n keys of the keys the
+    query at position p sees: kpos[s] >= 0 (a filled slot), kpos[s] <= p, and within the
+    window (0: no limit); 0 for the others."""
+    inv = np.float32(1.0) / _exp_row(sc, r, n, kpos, p, window, scale, softcap)
+    row = sc[r]
+    for s in range(n):
+        row[s] *= inv
 
 
 def attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale, softcap,
@@ -213,19 +187,11 @@ def attention_tiled(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window,
 @kernel(parallel=True)
 def attention_by_rows(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale,
                       softcap, out):
-    """`attention` one query row at a time (any head size: the tiled kernel's heads are
-    whole vectors).
-
-    Keys/values: the cache (k_cache/v_cache [cap,Hkv,Dh], slot positions cache_pos [cap],
-    -1 = empty), all older than the chunk, plus the chunk's own k_new/v_new [T,Hkv,Dh] at
-    positions q_pos [T] (increasing). A query at position p sees keys at positions kp <= p
-    with p - kp < window (window 0: no limit). softcap > 0 applies tanh soft-capping.
-
-    Work items are (query row t, KV head): the G query heads of the group score the
-    cache's keys and the chunk's first t + 1 with decode attention's row kernels (dots16,
-    read in place: a KV head's rows are strided views), then sum the value rows weighted
-    (wsum_rows: 64 columns of the output in registers over all rows).
-    """
+    """`attention` one query row at a time, for head sizes that are not whole vectors
+    (attention_tiled takes the others). Work items are (query row t, KV head): the G query
+    heads of the group score the cache's keys and the chunk's first t + 1 one key at a
+    time (_scores), then sum the value rows weighted (wsum_rows, read in place: a KV
+    head's rows are strided views)."""
     T, Hq, Dh = q.shape
     Hkv = k_new.shape[1]
     G = Hq // Hkv
@@ -239,14 +205,14 @@ def attention_by_rows(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, windo
         t = u // 2 if u % 2 == 0 else T - 1 - u // 2
         kvh = tk % Hkv
         n = cap + t + 1  # the chunk's keys after row t are never seen
-        buf = np.zeros((LANES, Dh), dtype=np.float32)
-        sc = np.empty((G, n + LANES), dtype=np.float32)  # (_scores' room)
+        buf = np.empty((1, Dh), dtype=np.float32)
+        sc = np.empty((G, n), dtype=np.float32)
         qs = q[t, kvh * G:(kvh + 1) * G]
         _scores(k_cache[:, kvh], cap, qs, G, sc, 0, buf)
         _scores(k_new[:, kvh], t + 1, qs, G, sc, cap, buf)
         ot = out[t]
         for g in range(G):
-            _softmax_row(sc[g], n, kpos, q_pos[t], window, sc32, cap32)
+            _softmax_row(sc, g, n, kpos, q_pos[t], window, sc32, cap32)
             h = kvh * G + g
             for i in range(Dh):
                 ot[h, i] = 0.0
@@ -306,8 +272,8 @@ def attention_rows(q, k_new, v_new, q_pos, k_rows, v_rows, cache_pos, window, sc
                     scores[(t - t0) * G + g, s] = acc
         for t in range(t0, t1):
             for g in range(G):
-                row = scores[(t - t0) * G + g]
-                _softmax_row(row, cap + t + 1, kpos, q_pos[t], window, sc32, cap32)
+                _softmax_row(scores, (t - t0) * G + g, cap + t + 1, kpos, q_pos[t], window,
+                             sc32, cap32)
                 o = out[t, kvh * G + g]
                 for i in range(Dh):
                     o[i] = 0.0

@@ -24,18 +24,13 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from .ir import F32, FAST, _c, _for, _i64, _llvm_fn, _load, _Rows, _splat, _v
+from .ir import F32, FAST, _c, _for, _i64, _llvm_fn, _load, _Rows, _splat, _store_vec, _v
 from .simd import VNNI
 
 W = 16 if VNNI else 8  # float lanes per vector (AVX-512 / AVX2 and the portable path)
 KW = 2 * W  # keys per qk tile
 QT = 4  # query rows per tile
 PV_VECS = 4 if VNNI else 2  # output vectors per query row per pass of pv_tile
-
-
-def _store_vec(b, row, off, v):
-    p = b.gep(row, [off], inbounds=True)
-    b.store(v, b.bitcast(p, v.type.as_pointer()), align=4)
 
 
 def _qk_codegen(ctx, b, sig, args):

@@ -268,6 +268,12 @@ def _store(b, out, t, i, value):
     b.store(value, b.bitcast(p, F32.as_pointer()), align=4)
 
 
+def _store_vec(b, base, off, value):
+    """Unaligned store of the vector `value` at byte offset `off` (i64 value) of i8* base."""
+    p = b.gep(base, [off], inbounds=True)
+    b.store(value, b.bitcast(p, value.type.as_pointer()), align=1)
+
+
 def _prefetch_ahead(b, nxt, bi, nbytes):
     """Hint the nbytes at nxt + bi * nbytes into the cache: rows read side by side are as
     many streams, which the hardware prefetcher follows badly, so a tile fetches the rows

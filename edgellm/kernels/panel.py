@@ -69,6 +69,7 @@ from .ir import (
     _pick,
     _Rows,
     _splat,
+    _store_vec,
     _typed,
     _v,
 )
@@ -85,11 +86,6 @@ PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 r
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
 CHAINS = 2  # independent vpdpbusd chains per token and block (integer sums: exact)
 Q5 = {"q5_0": (22, 2), "q5_1": (24, 4)}  # block bytes, offset of the high bits' word
-
-
-def _store_vec(b, base, off, value):
-    p = b.gep(base, [off], inbounds=True)
-    b.store(value, b.bitcast(p, value.type.as_pointer()), align=1)
 
 
 def _interleave(b, prow, pb, codes):

@@ -226,15 +226,15 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
     # float lanes (no halves add: 8 operations a row and block instead of 10)
     wide = halves and VNNI and A == I16
     AB = A.width // 8
-    v8 = _v(F32, 16 if wide else 8)
-    L = v8.count
+    L = 16 if wide else 8  # float lanes of the sums
+    vf = _v(F32, L)
     v16i = _v(I32, 16)
 
     def codegen(ctx, b, sig, args):
         w, xq, out, i, t, wrows, xrows, drows, srows = _tile_rows(ctx, b, sig, args, RW, RT)
         toks = [b.add(t, _i64(s)) for s in range(RT)]
         n = RW * RT
-        init = [_c(v8, [0.0] * L)] * n + ([_c(F32, 0.0)] if q4 else [])
+        init = [_c(vf, [0.0] * L)] * n + ([_c(F32, 0.0)] if q4 else [])
         dpw = _llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", v16i, [v16i] * 3) if wide else None
         zero_i = _c(_v(I32, 8), [0] * 8)
         flip = _c(_v(I8, 32), [-128] * 32)
@@ -248,19 +248,19 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
             if flip_trick:
                 biases = [b.sub(zero_i, _dot_acc(b, zero_i, flip, x)) for x in xs]
             if halves:
-                dx8s = [_splat(b, dx, L) for dx in dxs]  # shared by the rows
+                dxvs = [_splat(b, dx, L) for dx in dxs]  # shared by the rows
             out = [None] * n
             for r in range(RW):
                 p = b.gep(wrows[r], [b.mul(bi, _i64(BB))], inbounds=True)
                 if wide:
                     w16 = b.bitcast(b.sext(_load(b, p, 2, _v(I8, 32)), _v(I16, 32)), v16i)
-                    dw8 = _splat_f16(b, p, 0, L)
+                    dwv = _splat_f16(b, p, 0, L)
 
                     def dotw(x, w16=w16):
                         return b.call(dpw, [_c(v16i, [0] * 16), w16, b.bitcast(x, v16i)])
                 elif halves:  # the same dw dx, dw broadcast from its f16 bits
                     dotw = _signed_dot_halves(b, _load(b, p, 2, _v(I8, 32)))
-                    dw8 = _splat_f16(b, p, 0, 8)
+                    dwv = _splat_f16(b, p, 0, 8)
                 else:
                     dw = _f16(b, p, 0)
                     if flip_trick:
@@ -272,13 +272,13 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
                 for s in range(RT):
                     if halves:
                         dot = dotw(xs[s])
-                        scale = b.fmul(dw8, dx8s[s], flags=ORDERED)
+                        scale = b.fmul(dwv, dxvs[s], flags=ORDERED)
                     else:
                         dot = (_dot_acc(b, biases[s], wu, xs[s]) if flip_trick
                                else dotw(xs[s]))
                         scale = _splat(b, b.fmul(dw, dxs[s], flags=ORDERED), 8)
                     j = r * RT + s
-                    out[j] = b.fadd(st[j], b.fmul(b.sitofp(dot, v8), scale, flags=ORDERED),
+                    out[j] = b.fadd(st[j], b.fmul(b.sitofp(dot, vf), scale, flags=ORDERED),
                                     flags=ORDERED)
             if q4:  # RW == RT == 1: p and dw are the row's
                 fm = dw if kind == "q4_0" else _f16(b, p, 2)

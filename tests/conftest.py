@@ -62,3 +62,19 @@ def smollm2(tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2") / "smollm2.edgellm"
     convert(open_gguf(smollm2_gguf_path()), out, "keep", progress=False)
     return out
+
+
+def attention_inputs(seed: int, T: int, cap: int, Hq: int, Hkv: int, Dh: int):
+    """Random attention arguments: q [T, Hq, Dh], the chunk's k/v [T, Hkv, Dh] at positions
+    cap.., a cache's k/v [cap, Hkv, Dh] at positions 0.. with slot 2 empty (cap > 3).
+    Returns (q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((T, Hq, Dh), dtype=np.float32)
+    k_new, v_new = (rng.standard_normal((T, Hkv, Dh), dtype=np.float32) for _ in range(2))
+    k_cache, v_cache = (rng.standard_normal((cap, Hkv, Dh), dtype=np.float32)
+                        for _ in range(2))
+    cache_pos = np.arange(cap, dtype=np.int64)
+    if cap > 3:
+        cache_pos[2] = -1  # an empty slot
+    q_pos = np.arange(cap, cap + T, dtype=np.int64)
+    return q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos

@@ -5,6 +5,7 @@ blocks the scores are computed in; and the tiles (attn_tiles.py) on their own.""
 
 import numpy as np
 import pytest
+from conftest import attention_inputs
 from numba import njit
 
 from edgellm.kernels.attention import attention
@@ -43,15 +44,8 @@ def _reference(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scal
     (64, 64, 8, 2, 128, 0, 0.0),    # whole blocks only
 ])
 def test_attention_is_numpys(T, cap, Hq, Hkv, Dh, window, softcap):
-    rng = np.random.default_rng(T * 100 + cap)
-    q = rng.standard_normal((T, Hq, Dh), dtype=np.float32)
-    k_new, v_new = (rng.standard_normal((T, Hkv, Dh), dtype=np.float32) for _ in range(2))
-    k_cache, v_cache = (rng.standard_normal((cap, Hkv, Dh), dtype=np.float32)
-                        for _ in range(2))
-    cache_pos = np.arange(cap, dtype=np.int64)
-    if cap > 3:
-        cache_pos[2] = -1  # an empty slot
-    q_pos = np.arange(cap, cap + T, dtype=np.int64)
+    q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos = attention_inputs(
+        T * 100 + cap, T, cap, Hq, Hkv, Dh)
     scale = 1.0 / np.sqrt(Dh)
     got = np.full((T, Hq, Dh), np.nan, np.float32)
     attention(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window, scale, softcap, got)

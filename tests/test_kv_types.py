@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import reference
+from conftest import attention_inputs, reference
 
 import edgellm
 from edgellm import memory_plan, quant
@@ -21,16 +21,9 @@ from edgellm.validate import check_model
                                                    (20, 50, 16, 0.0), (33, 9, 0, 30.0)])
 def test_attention_rows_is_attention_over_the_dequantized_cache(kv_type, T, cap, window,
                                                                 softcap):
-    rng = np.random.default_rng(T + cap)
     Hq, Hkv, Dh = 6, 2, 64
-    q = rng.standard_normal((T, Hq, Dh), dtype=np.float32)
-    k_new, v_new = (rng.standard_normal((T, Hkv, Dh), dtype=np.float32) for _ in range(2))
-    k_cache, v_cache = (rng.standard_normal((cap, Hkv, Dh), dtype=np.float32)
-                        for _ in range(2))
-    pos = np.arange(cap, dtype=np.int64)
-    if cap > 3:
-        pos[2] = -1  # an empty slot
-    q_pos = np.arange(cap, cap + T, dtype=np.int64)
+    q, k_new, v_new, q_pos, k_cache, v_cache, pos = attention_inputs(T + cap, T, cap, Hq, Hkv,
+                                                                     Dh)
     ks, vs = encode_rows(k_cache, kv_type), encode_rows(v_cache, kv_type)
     want = np.zeros((T, Hq, Dh), np.float32)
     attention(q, k_new, v_new, q_pos, decode_rows(ks, kv_type, Dh),

@@ -83,7 +83,7 @@ def chosen(tools: list[dict], tool_choice: Any) -> tuple[str, list[dict]]:
     """(mode, tools the output may call): mode "none", "auto" or "required"."""
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
-    if tool_choice in ("none", "auto", "required"):
+    if isinstance(tool_choice, str) and tool_choice in ("none", "auto", "required"):
         if tool_choice != "none" and not tools:
             raise ConstraintError(f"tool_choice {tool_choice!r} needs tools")
         return tool_choice, tools

@@ -207,3 +207,25 @@ def test_api_sweep(name, models, model_path):
 
 def test_the_sweep_covers_about_1000_examples():
     assert sum(e.examples for e in sweep_table("").values()) >= 1000
+
+
+# Values that a keyword's strategy reaches only sometimes, whichever hypothesis version
+# draws the examples (a numpy array as tool_choice once ended in numpy's ValueError).
+AWKWARD = [True, -1, float("nan"), float("inf"), b"ab", [1, 2], {"a": 1}, object(),
+           np.float32(1.5), np.int64(3), np.array([1, 2]), np.array([]), (1,)]
+VALID = {"generate": {"prompt": "hi", "max_tokens": 1},
+         "create_chat_completion": {"messages": [{"role": "user", "content": "hi"}],
+                                    "max_tokens": 1},
+         "embed": {"texts": "hi"}}
+
+
+@pytest.mark.parametrize("name", list(VALID))
+def test_every_keyword_takes_each_awkward_value(name, models, model_path):
+    entry = sweep_table(model_path)[name]
+    llm = models[entry.model]
+    for key in {**entry.required, **entry.optional}:
+        for value in AWKWARD:
+            try:
+                entry.call(llm, **{**VALID[name], key: value})
+            except EdgeLLMError as e:
+                assert "\n" not in str(e), (key, value, e)

@@ -38,8 +38,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--kv-type", default="f32")
     args = ap.parse_args()
-    llm = edgellm.load(args.model, threads=args.threads, context=1024)
+    llm = edgellm.load(args.model, threads=args.threads, context=1024, kv_type=args.kv_type)
     m = llm.model
     if m.fused is None:
         raise SystemExit(f"{args.model}: no fused step, so no batched step")
@@ -76,7 +77,7 @@ def main() -> None:
             best[k] = min(best[k], run(k))
     rows = {"fused": 1, "per-op x4": 4}
     tok = {k: rows.get(k, k) * args.steps / t for k, t in best.items()}
-    print(f"{args.threads} threads, context {args.context}, best of {args.rounds} rounds of "
+    print(f"{args.threads} threads, context {args.context}, kv {args.kv_type}, best of {args.rounds} rounds of "
           f"{args.steps} steps; load average {load0} -> "
           "%.2f %.2f %.2f" % os.getloadavg())
     for k in kinds:

@@ -57,6 +57,7 @@ from numba import prange
 from .. import quant
 from .act_quant import quantize_rows
 from .activations import geglu_tanh_row, swiglu_row
+from .attn_tiles import row_max
 from .dots import LANES, dots16, wsum_rows
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
@@ -280,9 +281,7 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
                 scores[g, t] = NEG
     for g in range(ng):
         row = scores[g]
-        best = self_s[g]
-        for t in range(n):
-            best = max(best, row[t])
+        best = max(self_s[g], row_max(scores, g, n))  # a vector max: the loop's is scalar
         e_self = np.exp(self_s[g] - best)  # one per head: libm
         exp_shift(row, n, best)
         total = e_self

@@ -57,7 +57,7 @@ def test_rows_match_the_int16_product(kind, block):
     assert np.abs(out - exact).max() < 1e-4 * scale.max()
 
 
-@pytest.mark.parametrize("T", [1, 6, 21])  # decode; prefill's 8x4 and 8x1 panel tiles
+@pytest.mark.parametrize("T", [1, 6, 11, 21])  # decode; prefill's 8x6, 8x4 and 8x1 panel tiles
 @pytest.mark.parametrize("kind", SIZED_INT8)
 def test_linear_int16_is_close_to_float_activations(kind, T):
     N, K = 44, 256

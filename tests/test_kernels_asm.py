@@ -111,15 +111,15 @@ def test_vnni_int16_prefill_panels_emit_vpdpwssd(kind):
     panel, scales = matmul.panel_scratch(32)
     asm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, xs, f, f, 0, 4, 1,
                     panel, scales)
-    assert int16_dots(asm) >= 8 * 5  # the 8x4 and 8x1 tiles' chunks
+    assert int16_dots(asm) >= 8 * 11  # the 8x6, 8x4 and 8x1 tiles' chunks
 
 
 @pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
-@pytest.mark.parametrize("rt", (1, 4))
+@pytest.mark.parametrize("rt", (1, 2))
 def test_vnni_int16_q6_k_panel_tiles_emit_vpdpwssd(rt):
     """q6_k's own prefill panel tiles (panel.py: signed codes, a scale per 16 values) on
     int16 activations: one vpdpwssd per chunk and token (LLVM's scheduler may split some
-    into vpmaddwd + vpaddd, as it does for the 8x4 tile on Sapphire Rapids), on zmm."""
+    into vpmaddwd + vpaddd, as it did for a 4-token tile on Sapphire Rapids), on zmm."""
     tile = getattr(panel_mod, f"ptile_q6_k_8x{rt}")
 
     def probe(panel, scales, xq, xd, xs, xds, out):

@@ -96,10 +96,10 @@ def test_float_weights_match_oracle(kind, K, T, threads):
     check(run(w, x, precise=True), *ref)
 
 
-@pytest.mark.parametrize("T", [1, 2, 3, 5, 130])
+@pytest.mark.parametrize("T", [1, 2, 3, 5, 11, 130])
 @pytest.mark.parametrize("kind", QTYPES + FTYPES)
 def test_token_counts(kind, T, threads):
-    """Tails of the 4-token groups, and T == 1 vs T > 1 paths giving the same rows."""
+    """Tails of the 6- and 4-token groups, and T == 1 vs T > 1 paths giving the same rows."""
     w = make_weight(kind, 45, 96)
     x = make_x(T, 96)
     for precise in (False, True):

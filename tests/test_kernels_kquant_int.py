@@ -34,7 +34,7 @@ def test_the_int_types_are_the_expected_ones():
 def test_rows_and_tiles_match_the_quantized_product(kind, adversarial, dtype):
     B = quant.TYPES[kind].blocks[0]
     # 21 rows, K: two super-blocks, or 15 blocks of 32 (three steps of four and three alone)
-    # T: tiles of 6 tokens (q6_k: 2), then 4, then 1
+    # T: tiles of 6 tokens (q6_k: 4), then 4, then 1
     N, K, T = 21, 512 if B == 256 else 480, 11
     rng = np.random.default_rng(5)
     raw = raw_blocks(kind, N * K // B, rng, adversarial).reshape(N, -1)

@@ -32,7 +32,7 @@ from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     ptile_q4_1_8x4,
     ptile_q4_1_8x6,
     ptile_q6_k_8x1,
-    ptile_q6_k_8x2,
+    ptile_q6_k_8x4,
 )
 
 __all__ = ["KQ_CODES", "has_kq", "mm_kq", "mv_kq", "mv_rows_kq"]
@@ -126,8 +126,8 @@ def mm_rows_kq(kind, w, xq, xd, xds, out, r0, r1, T):
 @kernel
 def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T: groups of 8 rows packed into a panel once
-    (panel.py's pack_<type>) and met by the tokens six at a time (q6_k: two), the last rows through
-    the 1x4 / 1x1 tiles. q5_0, q5_1, q4_k, q5_k pack into q4_1's panels (value d q + m
+    (panel.py's pack_<type>) and met by the tokens six at a time (q6_k: four), the last
+    rows through the 1x4 / 1x1 tiles. q5_0, q5_1, q4_k, q5_k pack into q4_1's panels (value d q + m
     per 32 values) and run on q4_1's tiles; q6_k (d sc (q - 32), a scale per 16 values)
     on its own."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
@@ -143,10 +143,10 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
         else:
             pack_q6_k(w, 256, i, panel, scales, 0)
         if kind == Q6_K:
-            for t in range(0, T - 1, 2):
-                ptile_q6_k_8x2(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-            if T % 2:
-                ptile_q6_k_8x1(panel, scales, 0, xq, xd, xs, xds, T - 1, out, i)
+            for t in range(0, T - 3, 4):
+                ptile_q6_k_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+            for t in range(T - T % 4, T):
+                ptile_q6_k_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
             continue
         for t in range(0, T - 5, 6):
             ptile_q4_1_8x6(panel, scales, 0, xq, xd, xs, xds, t, out, i)

@@ -81,7 +81,7 @@ __all__ = ["PANEL_BLOCK", "SCALES_BLOCK",
            "ptile_q4_0_8x1", "ptile_q4_0_8x4", "ptile_q4_0_8x6",
            "ptile_q4_1_8x1", "ptile_q4_1_8x4", "ptile_q4_1_8x6",
            "pack_q4_k", "pack_q5_k", "pack_q5_0", "pack_q5_1",
-           "pack_q6_k", "ptile_q6_k_8x1", "ptile_q6_k_8x2"]
+           "pack_q6_k", "ptile_q6_k_8x1", "ptile_q6_k_8x4"]
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
@@ -283,6 +283,34 @@ def _q6_k_block(b, wide, xrow, xoff, AB, dpw, dw_lo, dw_hi, dx, acc):
     return b.fadd(acc, b.fmul(f, dx, flags=FAST), flags=FAST)
 
 
+def _q6_k_blocks_wssd(b, chunks, xrow, xoff, dpw, dw2, drow, foff, accs):
+    """accs + one q6_k panel block for each of the RT tokens (8 rows) on vpdpwssd: chunk by
+    chunk, each chunk's codes sign-extended once and met by every token (few registers
+    live: four tokens fit); per token the two halves' sums (chunks 0-3: values 0-15, 4-7:
+    16-31) merged into one <16 x i32> (lanes 0-7 the first half's rows, 8-15 the
+    second's), times dw2 [16] (the halves' scales side by side) at once, the halves
+    added, times dx. The same integers as _q6_k_block; its float sum of the two halves
+    may round differently (no fused multiply-add across them here)."""
+    v16i, v16f = _v(I32, 16), _v(F32, 16)
+    RT = len(accs)
+    parts = [[_c(v16i, [0] * 16)] * 2 for _ in range(RT)]
+    for c in range(8):
+        w = b.bitcast(b.sext(chunks[c], _v(I16, 32)), v16i)
+        for s in range(RT):
+            x4 = b.bitcast(_splat(b, _load(b, xrow[s], b.add(xoff, _i64(8 * c)), I64), 8), v16i)
+            parts[s][c // 4] = b.call(dpw, [parts[s][c // 4], w, x4])
+    evens, odds = list(range(0, 32, 2)), list(range(1, 32, 2))
+    out = []
+    for s in range(RT):
+        lo, hi = parts[s]
+        tot = b.add(_pick(b, lo, evens, hi), _pick(b, lo, odds, hi))
+        f = b.fmul(b.sitofp(tot, v16f), dw2, flags=FAST)
+        f = b.fadd(_pick(b, f, range(8)), _pick(b, f, range(8, 16)), flags=FAST)
+        dx = _splat(b, _load(b, drow[s], foff, F32), 8)
+        out.append(b.fadd(accs[s], b.fmul(f, dx, flags=FAST), flags=FAST))
+    return out
+
+
 def _ptile_codegen(kind, RT, A=I8):
     """8 packed rows x RT tokens, all blocks (module docstring); activations int8 (A = I8)
     or int16 (I16: each chunk's 4 activations are 8 bytes; on AVX-512 VNNI the chunk
@@ -318,6 +346,9 @@ def _ptile_codegen(kind, RT, A=I8):
             xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             new = []
+            if kind == "q6_k" and wssd:
+                return _q6_k_blocks_wssd(b, chunks, xrow, xoff, dpw,
+                                         _load(b, srow, sb, _v(F32, 16)), drow, foff, st)
             if kind == "q6_k":  # signed codes, two scales a block (module docstring)
                 wide = [b.bitcast(b.sext(ch, _v(I16, 32)), v16i) if wssd
                         else b.sext(ch, _v(I32, 32)) for ch in chunks]
@@ -405,8 +436,9 @@ pack_q4_k = make_pack("q4_k")
 pack_q5_k = make_pack("q5_k")
 pack_q5_0 = make_pack("q5_0")
 pack_q5_1 = make_pack("q5_1")
-# q6_k: signed codes and a scale per 16 values, on its own tile, two tokens at a time
-# (576x1536: 1.2x the rate of four at a time, whose sums and codes do not fit the registers)
+# q6_k: signed codes and a scale per 16 values, on its own tile, four tokens at a time
+# (_q6_k_blocks_wssd; 576x1536, 120 tokens: 1.3x the rate of the 8x4 tile that sign-extended
+# all eight chunks first and reduced each half apart, whose values did not fit the registers)
 pack_q6_k = make_pack("q6_k")
 ptile_q6_k_8x1 = make_ptile("q6_k", 1)
-ptile_q6_k_8x2 = make_ptile("q6_k", 2)
+ptile_q6_k_8x4 = make_ptile("q6_k", 4)

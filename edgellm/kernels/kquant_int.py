@@ -21,16 +21,13 @@ from .. import quant
 from .codegen_int8 import GROUP
 from .codegen_kquant import KQ_TYPES, make_ktile
 from .jit import kernel
-from .matmul import panel_scratch, thread_rows
+from .matmul import PANEL_Q4_1, panel_scratch, panel_tokens, thread_rows
 from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     pack_q4_k,
     pack_q5_0,
     pack_q5_1,
     pack_q5_k,
     pack_q6_k,
-    ptile_q4_1_8x1,
-    ptile_q4_1_8x4,
-    ptile_q4_1_8x6,
     ptile_q6_k_8x1,
     ptile_q6_k_8x4,
 )
@@ -148,12 +145,7 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
             for t in range(T - T % 4, T):
                 ptile_q6_k_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
             continue
-        for t in range(0, T - 5, 6):
-            ptile_q4_1_8x6(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-        for t in range(T - T % 6, T - 3, 4):
-            ptile_q4_1_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-        for t in range(T - T % 6 + T % 6 // 4 * 4, T):
-            ptile_q4_1_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        panel_tokens(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, T)
     mm_rows_kq(kind, w, xq, xd, xds, out, g1, r1, T)
 
 

@@ -77,18 +77,43 @@ def thread_rows(n, nth, p):
     return min(n, p * groups // nth * GROUP), min(n, (p + 1) * groups // nth * GROUP)
 
 
+PANEL_Q8_0, PANEL_Q4_0, PANEL_Q4_1 = 0, 1, 2  # panel_tokens' tile types
+
+
+@kernel
+def panel_tokens(kind, panel, scales, xq, xd, xs, xds, out, i, T):
+    """out[:T, i:i+8] from the group packed in panel row 0 (a PANEL_<type> panel): the tokens
+    six at a time, the last T % 6 four and one at a time."""
+    for t in range(0, T - 5, 6):
+        if kind == PANEL_Q8_0:
+            ptile_q8_0_8x6(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        elif kind == PANEL_Q4_0:
+            ptile_q4_0_8x6(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        else:
+            ptile_q4_1_8x6(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+    for t in range(T - T % 6, T - 3, 4):
+        if kind == PANEL_Q8_0:
+            ptile_q8_0_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        elif kind == PANEL_Q4_0:
+            ptile_q4_0_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        else:
+            ptile_q4_1_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+    for t in range(T - T % 6 + T % 6 // 4 * 4, T):
+        if kind == PANEL_Q8_0:
+            ptile_q8_0_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        elif kind == PANEL_Q4_0:
+            ptile_q4_0_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        else:
+            ptile_q4_1_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+
+
 @kernel
 def mm_rows_q8_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q8_0 weights."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
     for i in range(r0, g1, GROUP):
         pack_q8_0(w, block, i, panel, scales, 0)
-        for t in range(0, T - 5, 6):
-            ptile_q8_0_8x6(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-        for t in range(T - T % 6, T - 3, 4):
-            ptile_q8_0_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-        for t in range(T - T % 6 + T % 6 // 4 * 4, T):
-            ptile_q8_0_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        panel_tokens(PANEL_Q8_0, panel, scales, xq, xd, xs, xds, out, i, T)
     for t in range(0, T - 3, 4):
         for i in range(g1, r1):
             tile_q8_0_1x4(w, block, i, xq, xd, xds, t, out)
@@ -103,12 +128,7 @@ def mm_rows_q4_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     g1 = r0 + (r1 - r0) // GROUP * GROUP
     for i in range(r0, g1, GROUP):
         pack_q4_0(w, block, i, panel, scales, 0)
-        for t in range(0, T - 5, 6):
-            ptile_q4_0_8x6(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-        for t in range(T - T % 6, T - 3, 4):
-            ptile_q4_0_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-        for t in range(T - T % 6 + T % 6 // 4 * 4, T):
-            ptile_q4_0_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        panel_tokens(PANEL_Q4_0, panel, scales, xq, xd, xs, xds, out, i, T)
     for t in range(0, T - 3, 4):
         for i in range(g1, r1):
             tile_q4_0_1x4(w, block, i, xq, xd, xds, t, out)
@@ -123,12 +143,7 @@ def mm_rows_q4_1(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     g1 = r0 + (r1 - r0) // GROUP * GROUP
     for i in range(r0, g1, GROUP):
         pack_q4_1(w, block, i, panel, scales, 0)
-        for t in range(0, T - 5, 6):
-            ptile_q4_1_8x6(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-        for t in range(T - T % 6, T - 3, 4):
-            ptile_q4_1_8x4(panel, scales, 0, xq, xd, xs, xds, t, out, i)
-        for t in range(T - T % 6 + T % 6 // 4 * 4, T):
-            ptile_q4_1_8x1(panel, scales, 0, xq, xd, xs, xds, t, out, i)
+        panel_tokens(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, T)
     for t in range(0, T - 3, 4):
         for i in range(g1, r1):
             tile_q4_1_1x4(w, block, i, xq, xd, xds, t, out)

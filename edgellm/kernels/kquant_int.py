@@ -124,9 +124,9 @@ def mm_rows_kq(kind, w, xq, xd, xds, out, r0, r1, T):
 def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T: groups of 8 rows packed into a panel once
     (panel.py's pack_<type>) and met by the tokens six at a time (q6_k: four), the last
-    rows through the 1x4 / 1x1 tiles. q5_0, q5_1, q4_k, q5_k pack into q4_1's panels (value d q + m
-    per 32 values) and run on q4_1's tiles; q6_k (d sc (q - 32), a scale per 16 values)
-    on its own."""
+    rows through the 1x4 / 1x1 tiles. q5_0, q5_1, q4_k, q5_k pack into q4_1's panels
+    (value d q + m per 32 values) and run on q4_1's tiles (matmul.panel_tokens); q6_k
+    (d sc (q - 32), a scale per 16 values) on its own."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
     for i in range(r0, g1, GROUP):
         if kind == Q5_0:

@@ -255,28 +255,21 @@ def _pack_q6_k(ctx, b, sig, args):
     return ctx.get_dummy_value()
 
 
-def _q6_k_block(b, wide, xrow, xoff, AB, dpw, dw_lo, dw_hi, dx, acc):
-    """acc + one q6_k panel block for one token (8 rows): chunks 0-3 (values 0-15) and 4-7
-    (values 16-31) summed apart, (lo dw_lo + hi dw_hi) dx. wide: the 8 chunks' codes
-    sign-extended (<16 x i32> of i16 pairs for vpdpwssd, else <32 x i32>)."""
+def _q6_k_block(b, wide, xrow, xoff, AB, dw_lo, dw_hi, dx, acc):
+    """acc + one q6_k panel block for one token (8 rows) in the generic IR (int8
+    activations, or no VNNI; _q6_k_blocks_wssd takes int16 on VNNI): chunks 0-3 (values
+    0-15) and 4-7 (values 16-31) summed apart, (lo dw_lo + hi dw_hi) dx. wide: the 8
+    chunks' codes sign-extended to <32 x i32>."""
     v8 = _v(F32, 8)
     halves = []
+    A = ir.IntType(8 * AB)
     for h in range(2):
-        if dpw is not None:  # lanes 2r, 2r + 1 of the i32 sums are row r's
-            part = _c(_v(I32, 16), [0] * 16)
-            for c in range(4 * h, 4 * h + 4):
-                x4 = b.bitcast(_splat(b, _load(b, xrow, b.add(xoff, _i64(8 * c)), I64), 8),
-                               _v(I32, 16))
-                part = b.call(dpw, [part, wide[c], x4])
-            tot = b.add(_pick(b, part, range(0, 16, 2)), _pick(b, part, range(1, 16, 2)))
-        else:
-            tot = _c(_v(I32, 8), [0] * 8)
-            A = ir.IntType(8 * AB)
-            for c in range(4 * h, 4 * h + 4):
-                x4 = _splat(b, _load(b, xrow, b.add(xoff, _i64(4 * AB * c)),
-                                     ir.IntType(32 * AB)), 8)
-                x = b.sext(b.bitcast(x4, _v(A, 32)), _v(I32, 32))
-                tot = b.add(tot, _pairsum(b, b.mul(wide[c], x)))
+        tot = _c(_v(I32, 8), [0] * 8)
+        for c in range(4 * h, 4 * h + 4):
+            x4 = _splat(b, _load(b, xrow, b.add(xoff, _i64(4 * AB * c)),
+                                 ir.IntType(32 * AB)), 8)
+            x = b.sext(b.bitcast(x4, _v(A, 32)), _v(I32, 32))
+            tot = b.add(tot, _pairsum(b, b.mul(wide[c], x)))
         halves.append(b.sitofp(tot, v8))
     f = b.fadd(b.fmul(halves[0], dw_lo, flags=FAST), b.fmul(halves[1], dw_hi, flags=FAST),
                flags=FAST)
@@ -350,9 +343,8 @@ def _ptile_codegen(kind, RT, A=I8):
                 return _q6_k_blocks_wssd(b, chunks, xrow, xoff, dpw,
                                          _load(b, srow, sb, _v(F32, 16)), drow, foff, st)
             if kind == "q6_k":  # signed codes, two scales a block (module docstring)
-                wide = [b.bitcast(b.sext(ch, _v(I16, 32)), v16i) if wssd
-                        else b.sext(ch, _v(I32, 32)) for ch in chunks]
-                return [_q6_k_block(b, wide, xrow[s], xoff, AB, dpw, dw, mw,
+                wide = [b.sext(ch, _v(I32, 32)) for ch in chunks]
+                return [_q6_k_block(b, wide, xrow[s], xoff, AB, dw, mw,
                                     _splat(b, _load(b, drow[s], foff, F32), 8), st[s])
                         for s in range(RT)]
             if wssd:  # the chunks as 32 x i16 (row r's 4 weights in lanes 4r..4r+3), shared

@@ -264,3 +264,31 @@ def test_kquant_int_tiles_are_vectorized(kind):
         assert re.search(r"vcvtdq2ps\s[^\n]*%ymm", asm), (kind, rt)
         dots = int16_dots(asm) if wssd else asm.count(dot)
         assert dots >= rt * (8 if B == 256 else 4), (kind, rt)
+
+
+@pytest.mark.skipif(not X86, reason="checks x86 vector registers")
+@pytest.mark.parametrize("kind", ["q5_0", "q5_1"])
+def test_q5_row_group_tiles(kind):
+    """Decode's q5_0 / q5_1 row-group tile (kquant_int.tile_<kind>_8x1): on AVX-512 VNNI the
+    q4 row group's vpdpwssd dots (two per row pair and block) with each code's fifth bit
+    added under a mask register; elsewhere the 1x1 tile's vpmaddwd, row by row."""
+    t = quant.TYPES[kind]
+    w = np.zeros((8, t.block_bytes(32) * 8), np.uint8)
+    w.flags.writeable = False
+    xq = np.zeros((1, 256), np.int16)
+    f = np.zeros((1, 8), np.float32)
+    out = np.zeros((1, 8), np.float32)
+    tile = getattr(kquant_int, f"tile_{kind}_8x1")
+
+    def probe(w, xq, xd, xds, out):
+        tile(w, 32, 0, xq, xd, xds, 0, out)
+
+    f_ = numba.njit(probe)
+    sig = tuple(numba.typeof(a) for a in (w, xq, f, f, out))
+    f_.compile(sig)
+    asm = f_.inspect_asm(sig)
+    if simd.SIMD_PATH == "vnni":
+        assert int16_dots(asm) >= 8, kind
+        assert re.search(r"%zmm\d+ \{%k\d\}", asm), kind
+    else:
+        assert re.search(r"vpmaddwd\s[^\n]*%[yz]mm", asm), kind

@@ -58,3 +58,8 @@ def test_rows_and_tiles_match_the_quantized_product(kind, adversarial, dtype):
         assert np.isfinite(got).all()
         assert (np.abs(got - want) <= 2e-6 * s + 1e-30).all()
     np.testing.assert_array_equal(rows, par)
+    # a worker's range that starts off the row groups (q5's tiles of 8 rows, then one by one)
+    part = np.full((1, N), np.nan, np.float32)
+    kquant_int.mv_rows_kq(code, raw, xq, xd, xds, part, 3, N)
+    assert np.isnan(part[0, :3]).all()
+    assert (np.abs(part[0, 3:] - ref[0, 3:]) <= 2e-6 * scale[0, 3:] + 1e-30).all()

@@ -74,6 +74,10 @@ PF_ROWS = 2  # prefetch distance of the q8_0 multi-row tile, in tiles
 PF_GROUPS = 2  # prefetch distance of the row-group tiles, in groups (1: 4-7% slower from DRAM)
 # the output lane of each row after _group_reduce: pairs of rows share a vector
 _PAIR_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# the int16 VNNI row group's block layouts: bytes a block, offset of the 16 nibble bytes,
+# offset of q5's u32 fifth bits (None: q4)
+_GROUP_LAYOUT = {"q4_0": (18, 2, None), "q4_1": (20, 4, None), "q5_0": (22, 6, 2),
+                 "q5_1": (24, 8, 4)}
 
 
 def _q8act_codegen(kind, B, RW, RT, A=I8):
@@ -533,12 +537,17 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
     against the activation's halves broadcast to both 256-bit halves: two vpdpwssd per row
     pair and token, rows r and r + 1 in lanes 0-7 and 8-15. Three levels of pair sums
     (even | odd lanes of two vectors) leave row r's sum in lane r. Sums fit in i32: 32
-    products of at most 15 x 32767 per row and block. The 8 rows' scales (and q4_1's
+    products of at most 31 x 32767 per row and block. The 8 rows' scales (and q4_1's
     minima) come from one vpgatherdd of each row's first block dword, not 8 loads and
     inserts each.
+
+    q5_0 / q5_1 (ggml's [f16 d][f16 m (q5_1)][u32 fifth bits][16 nibble bytes]) are the
+    same tile plus each code's fifth bit (_fifth_bits: two masked adds per row pair), with
+    q5_1's d q + m as q4_1's and q5_0's d (q - 16) as a minimum of -16 d: the kquant
+    decode's 8-row tile (codegen_kquant.make_q5_group_tile).
     """
-    hdr, per_byte = BLOCK_BYTES[kind]
-    BB = hdr + 32 // per_byte
+    BB, qs, qh = _GROUP_LAYOUT[kind]
+    scale_kind = "q4_1" if qh is not None else kind  # q5: d q + m (q5_0's m = -16 d)
     R = GROUP
     order = tuple(range(R))
     v16i, v32w = _v(I32, 16), _v(I16, 32)
@@ -565,8 +574,10 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
         def scales(ps):
             words = b.call(gdd, [_c(v8i, [0] * 8), ps[0], idx, _c(v8i, [-1] * 8), _c(I8, 1)])
             dw = _h2f(b, b.trunc(words, _v(I16, R)))
+            if kind == "q5_0":
+                return dw, b.fmul(dw, _c(_v(F32, R), [-16.0] * R), flags=FAST)
             mw = (_h2f(b, b.trunc(b.lshr(words, _c(v8i, [16] * 8)), _v(I16, R)))
-                  if kind == "q4_1" else None)
+                  if kind in ("q4_1", "q5_1") else None)
             return dw, mw
 
         nxt = w.row(b.add(i, _i64(PF_GROUPS * R)))  # the rows PF_GROUPS groups ahead
@@ -577,10 +588,14 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
             xoff, foff = b.mul(bi, _i64(64)), b.mul(bi, _i64(4))
             ws = []
             for r in range(0, R, 2):
-                raw = _pick(b, _load(b, ps[r], hdr, _v(I8, 16)), range(32),
-                            _load(b, ps[r + 1], hdr, _v(I8, 16)))
+                raw = _pick(b, _load(b, ps[r], qs, _v(I8, 16)), range(32),
+                            _load(b, ps[r + 1], qs, _v(I8, 16)))
                 z = b.zext(raw, v32w)
-                ws.append((b.bitcast(b.and_(z, low), v16i), b.bitcast(b.lshr(z, four), v16i)))
+                lo, hi = b.and_(z, low), b.lshr(z, four)
+                if qh is not None:
+                    lo, hi = _fifth_bits(b, lo, hi, _load(b, ps[r], qh, I32),
+                                         _load(b, ps[r + 1], qh, I32))
+                ws.append((b.bitcast(lo, v16i), b.bitcast(hi, v16i)))
             dw, mw = scales(ps)
             new = []
             for s in range(RT):
@@ -592,13 +607,25 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
                        for lo, hi in ws]
                 quad = pairs(pairs(acc[0], acc[1]), pairs(acc[2], acc[3]))  # 2 lanes a row
                 tot = b.add(_pick(b, quad, range(0, 16, 2)), _pick(b, quad, range(1, 16, 2)))
-                new.append(scale_block(b, kind, tot, drow[s], srow[s], foff, dw, mw, st[s]))
+                new.append(scale_block(b, scale_kind, tot, drow[s], srow[s], foff, dw, mw,
+                                       st[s]))
             return new
 
         group_blocks(b, b.sdiv(xq.cols, _i64(32)), RT, body, out, t, i, order, chains)
         return ctx.get_dummy_value()
 
     return codegen
+
+
+def _fifth_bits(b, lo, hi, qa, qb):
+    """q5 codes of a row pair: lo (<32 x i16>: elements 0..15 of rows a, b) and hi
+    (elements 16..31) plus 16 where the element's bit of qa / qb (the rows' u32 fifth bits,
+    bit j element j) is set, as masked adds (the masks built in scalar registers)."""
+    mlo = b.or_(b.and_(qa, _c(I32, 0xFFFF)), b.shl(qb, _c(I32, 16)))
+    mhi = b.or_(b.lshr(qa, _c(I32, 16)), b.and_(qb, _c(I32, -65536)))
+    sixteen = _c(_v(I16, 32), [16] * 32)
+    return [b.select(b.bitcast(m, ir.VectorType(ir.IntType(1), 32)), b.add(v, sixteen), v)
+            for v, m in ((lo, mlo), (hi, mhi))]
 
 
 def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT, A=I8):

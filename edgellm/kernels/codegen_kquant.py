@@ -28,6 +28,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import types
 
+from .codegen_int8 import GROUP, _q4_i16_vnni_group_codegen
 from .ir import (
     F32,
     FAST,
@@ -54,7 +55,7 @@ from .ir import (
 )
 from .simd import VNNI
 
-__all__ = ["KQ_TYPES", "SUPER_BYTES", "make_ktile"]
+__all__ = ["KQ_TYPES", "SUPER_BYTES", "make_ktile", "make_q5_group_tile"]
 
 SUPER_BYTES = {"q4_k": 144, "q5_k": 176, "q6_k": 210}
 KQ_TYPES = ("q5_0", "q5_1", *SUPER_BYTES)
@@ -330,3 +331,24 @@ def make_ktile(kind, RT):
     gen = _q5_codegen if kind in ("q5_0", "q5_1") else _kq_codegen
     return _typed(f"ktile_{kind}_1x{RT}", _drop_block(gen(kind, RT)), arrays,
                   ints=(1, 2, 6))
+
+
+def make_q5_group_tile(kind):
+    """The intrinsic tile_<kind>_8x1(W, block, i, xq, xd, xds, t, out) for q5_0 / q5_1:
+    out[t, i + r] = W[i + r] . x[t] for r < 8 (block is ignored). On AVX-512 VNNI with int16
+    activations the q4 row group's tile with the fifth bits (codegen_int8: per block one
+    vector of float work for the 8 rows; 1536x576 from L2 68 -> 3x us a matrix); elsewhere
+    the 1x1 tile row by row."""
+    group = _drop_block(_q4_i16_vnni_group_codegen(kind, 1))
+    one = _drop_block(_q5_codegen(kind, 1))
+
+    def codegen(ctx, b, sig, args):
+        if VNNI and sig.args[3].dtype == types.int16:
+            return group(ctx, b, sig, args)
+        for r in range(GROUP):
+            one(ctx, b, sig, [*args[:2], b.add(args[2], _i64(r)), *args[3:]])
+        return ctx.get_dummy_value()
+
+    arrays = {0: types.uint8, 3: (types.int8, types.int16), 4: types.float32, 5: types.float32,
+              7: types.float32}
+    return _typed(f"tile_{kind}_8x1", codegen, arrays, ints=(1, 2, 6))

@@ -19,7 +19,7 @@ from numba import prange
 
 from .. import quant
 from .codegen_int8 import GROUP
-from .codegen_kquant import KQ_TYPES, make_ktile
+from .codegen_kquant import KQ_TYPES, make_ktile, make_q5_group_tile
 from .jit import kernel
 from .matmul import PANEL_Q4_1, panel_scratch, panel_tokens, thread_rows
 from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
@@ -44,6 +44,7 @@ ktile_q5_1_1x1, ktile_q5_1_1x4 = make_ktile("q5_1", 1), make_ktile("q5_1", 4)
 ktile_q4_k_1x1, ktile_q4_k_1x4 = make_ktile("q4_k", 1), make_ktile("q4_k", 4)
 ktile_q5_k_1x1, ktile_q5_k_1x4 = make_ktile("q5_k", 1), make_ktile("q5_k", 4)
 ktile_q6_k_1x1, ktile_q6_k_1x4 = make_ktile("q6_k", 1), make_ktile("q6_k", 4)
+tile_q5_0_8x1, tile_q5_1_8x1 = make_q5_group_tile("q5_0"), make_q5_group_tile("q5_1")
 
 
 @kernel
@@ -82,12 +83,18 @@ def _tile4(kind, w, i, xq, xd, xds, t, out):
 
 @kernel
 def mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1):
-    """out[0, r0:r1] = W[r0:r1] @ x[0], one row at a time (rows are one stream)."""
+    """out[0, r0:r1] = W[r0:r1] @ x[0]: q5_0 / q5_1 in row groups of 8 (then row by row),
+    the super-block types one row at a time (rows are one stream)."""
+    g1 = r0 + (r1 - r0) // GROUP * GROUP
     if kind == Q5_0:
-        for i in range(r0, r1):
+        for i in range(r0, g1, GROUP):
+            tile_q5_0_8x1(w, 32, i, xq, xd, xds, 0, out)
+        for i in range(g1, r1):
             ktile_q5_0_1x1(w, 32, i, xq, xd, xds, 0, out)
     elif kind == Q5_1:
-        for i in range(r0, r1):
+        for i in range(r0, g1, GROUP):
+            tile_q5_1_8x1(w, 32, i, xq, xd, xds, 0, out)
+        for i in range(g1, r1):
             ktile_q5_1_1x1(w, 32, i, xq, xd, xds, 0, out)
     elif kind == Q4_K:
         for i in range(r0, r1):

@@ -30,6 +30,7 @@ from .format import PackedModel
 from .generate import Chunk, stream
 from .guard import native
 from .lifetime import Lifetime, Stream, Turn
+from .memory_plan import CHUNK
 from .prompt_cache import PromptCache
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
@@ -46,7 +47,7 @@ class LLM:
     """A packed model opened for inference (weights memory-mapped, used in place)."""
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
-                 context: int | None = None, precise: bool = False, chunk: int = 64,
+                 context: int | None = None, precise: bool = False, chunk: int = CHUNK,
                  kv_type: str = "f32", prompt_cache_bytes: int = 0, fused: bool = True,
                  lora=None):
         import numba

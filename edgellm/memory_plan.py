@@ -70,7 +70,8 @@ TOKENIZER_PER_TOKEN = 224  # tables built from stored "bpe" tables
 TOKENIZER_PER_MERGE = 32
 TOKENIZER_PER_JSON_BYTE = 8  # built from a stored tokenizer.json
 TOKENIZER_PER_HEADER_JSON_BYTE = 11  # built from the header's text, which stays in memory
-CHUNK = 64  # prefill chunk (arch/base.py's default)
+CHUNK = 128  # prefill chunk, tokens (the default of arch/base.py and LLM)
+LOGIT_ROWS = 64  # rows of arch/base.py's logits scratch (want="all" runs the head in pieces)
 DEFAULT_CONTEXT_CAP = 4096  # the runtime's context without --ctx: min(model's, this)
 PLAN_THREADS = 4  # decode scratch is per thread: planned for a Pi's 4 cores
 
@@ -122,11 +123,11 @@ def buffer_bytes(args: ModelArgs, inner: int, chunk: int = CHUNK, context: int =
 
 def chunk_buffer_bytes(args: ModelArgs, inner: int, chunk: int) -> int:
     """As arch/base.py allocates them: a prefill chunk's f32 rows (x, h, q, k, v, attn,
-    gate, up, ffn), its int16 copy of x, and a chunk of logits."""
+    gate, up, ffn), its int16 copy of x, and the logits scratch (LOGIT_ROWS rows at most)."""
     D, F, V = args.hidden_size, inner, args.vocab_size
     qd = args.num_attention_heads * args.head_dim
     kvd = args.num_key_value_heads * args.head_dim
-    total = 4 * chunk * (2 * D + 2 * qd + 2 * kvd + 3 * F + V)
+    total = 4 * chunk * (2 * D + 2 * qd + 2 * kvd + 3 * F) + 4 * min(chunk, LOGIT_ROWS) * V
     return total + (_act_bytes(chunk, D) if D % 32 == 0 else 0)
 
 

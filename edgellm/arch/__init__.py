@@ -7,12 +7,13 @@ import numpy as np
 from ..config import ModelArgs
 from ..errors import UnsupportedArchitectureError
 from ..format import PackedModel
+from ..memory_plan import CHUNK
 from .base import Transformer
 from .registry import spec_for, supported
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
-          chunk: int = 64, kv_type: str = "f32", fused: bool = True, act_dtype=np.int16):
+          chunk: int = CHUNK, kv_type: str = "f32", fused: bool = True, act_dtype=np.int16):
     """The runnable model of a packed file; fused: decode through the fused step where the
     model's weights allow it (arch/fused.py; it reads every kv_type's cache), else the
     per-operation path. act_dtype: the integer activations of

@@ -14,6 +14,7 @@ from ..kernels.linear import ActQ8, embedding, linear, quantize_act
 from ..kernels.norms import rmsnorm, rmsnorm_heads
 from ..kernels.rope import apply_rope, rope_tables
 from ..kv_cache import KVCache
+from ..memory_plan import CHUNK, LOGIT_ROWS
 from .spec import MAT
 from .steps import Attend, StepRunner
 
@@ -101,7 +102,7 @@ class Transformer(CachedTokens):
     logit_scale = 1.0  # output logits multiplied by this (granite: 1 / logits_scaling)
 
     def __init__(self, packed: PackedModel, args: ModelArgs, precise: bool = False,
-                 context: int | None = None, chunk: int = 64, n_keep: int = 4,
+                 context: int | None = None, chunk: int = CHUNK, n_keep: int = 4,
                  kv_type: str = "f32", act_dtype=np.int16):
         self.packed, self.args, self.precise = packed, args, precise
         # quantized weights' activations (unless precise): int16 blocks keep the float
@@ -126,7 +127,7 @@ class Transformer(CachedTokens):
         self.n_keep, self.kv_type = n_keep, kv_type
         self.cache = self.new_cache()
         self.buffers = Buffers(args, self.chunk, self.ffn_width(), self.act_dtype)
-        self.logit_buf = np.zeros((self.chunk, args.vocab_size), np.float32)
+        self.logit_buf = np.zeros((min(self.chunk, LOGIT_ROWS), args.vocab_size), np.float32)
         self.tokens: list[int] = []  # the ids the cache holds, in order
         self.runner = StepRunner(self)
         self._layer_steps: list | None = None
@@ -269,15 +270,24 @@ class Transformer(CachedTokens):
         if want == "hidden":  # embeddings: the final norm's output of every token
             rmsnorm(b.x[:T], self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:T])
             return b.h[:T]
-        return self.head_logits(b.x[:T] if want == "all" else b.x[T - 1:T])
+        if want == "last":
+            return self.head_logits(b.x[T - 1:T])
+        out = np.empty((T, self.args.vocab_size), np.float32)  # "all": LOGIT_ROWS at a time
+        for s in range(0, T, LOGIT_ROWS):
+            e = min(T, s + LOGIT_ROWS)
+            self.head_logits(b.x[s:e], out[s:e])
+        return out
 
-    def head_logits(self, rows: np.ndarray) -> np.ndarray:
-        """Logits [n, vocab] (a view of an internal buffer) of final hidden rows [n, D]
-        (rows of self.buffers.x): the final norm, the output head and its scale/softcap."""
+    def head_logits(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Logits [n, vocab] of final hidden rows [n, D] (rows of self.buffers.x): the final
+        norm, the output head and its scale/softcap; into `out` [n, vocab] if given, else a
+        view of an internal buffer (n <= LOGIT_ROWS) or a new array."""
         b = self.buffers
         n = rows.shape[0]
         rmsnorm(rows, self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:n])
-        out = self.logit_buf[:n]
+        if out is None:
+            out = (self.logit_buf[:n] if n <= self.logit_buf.shape[0]
+                   else np.empty((n, self.args.vocab_size), np.float32))
         act = quantize_act(b.h[:n], b.act_d) if self.int8_acts else None
         linear(self.head, b.h[:n], out, precise=self.precise, act=act, act_dtype=self.act_dtype)
         if self.logit_scale != 1.0:
@@ -321,8 +331,8 @@ class Transformer(CachedTokens):
             mode = want if every or last else "none"
             out = self._chunk(part, mode)
             self.tokens.extend(part.tolist())
-            if every:
-                outs.append(out.copy())
+            if every:  # "all" is a new array already, "hidden" a view of the buffers
+                outs.append(out if want == "all" else out.copy())
             elif mode == "last":
                 return out[0]
         return np.concatenate(outs) if every else None

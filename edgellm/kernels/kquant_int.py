@@ -44,7 +44,8 @@ ktile_q5_1_1x1, ktile_q5_1_1x4 = make_ktile("q5_1", 1), make_ktile("q5_1", 4)
 ktile_q4_k_1x1, ktile_q4_k_1x4 = make_ktile("q4_k", 1), make_ktile("q4_k", 4)
 ktile_q5_k_1x1, ktile_q5_k_1x4 = make_ktile("q5_k", 1), make_ktile("q5_k", 4)
 ktile_q6_k_1x1, ktile_q6_k_1x4 = make_ktile("q6_k", 1), make_ktile("q6_k", 4)
-tile_q5_0_8x1, tile_q5_1_8x1 = make_q5_group_tile("q5_0"), make_q5_group_tile("q5_1")
+tile_q5_0_8x1 = make_q5_group_tile("q5_0")  # decode's row groups (VNNI, int16 activations)
+tile_q5_1_8x1 = make_q5_group_tile("q5_1")
 
 
 @kernel

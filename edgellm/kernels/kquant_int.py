@@ -28,8 +28,10 @@ from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     pack_q5_1,
     pack_q5_k,
     pack_q6_k,
+    pack_q6_k_wide,
     ptile_q6_k_8x1,
     ptile_q6_k_8x4,
+    q6_k_wide,
 )
 
 __all__ = ["KQ_CODES", "has_kq", "mm_kq", "mv_kq", "mv_rows_kq"]
@@ -145,6 +147,8 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
             pack_q4_k(w, 256, i, panel, scales, 0)
         elif kind == Q5_K:
             pack_q5_k(w, 256, i, panel, scales, 0)
+        elif q6_k_wide(xq):
+            pack_q6_k_wide(w, 256, i, panel, scales, 0)
         else:
             pack_q6_k(w, 256, i, panel, scales, 0)
         if kind == Q6_K:

@@ -22,8 +22,8 @@ import numpy as np
 from numba import prange
 
 from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
-    PANEL_BLOCK,
     SCALES_BLOCK,
+    WIDE_BLOCK,
     pack_q4_0,
     pack_q4_1,
     pack_q8_0,
@@ -66,7 +66,7 @@ ROWS = 16  # float path: weight rows per chunk (16 rows of 1536 q8_0 columns: 26
 @kernel
 def panel_scratch(K):
     """A thread's panel and scales for one group of 8 rows of K columns (panel.py)."""
-    return (np.empty((1, K // 32 * PANEL_BLOCK), np.uint8),
+    return (np.empty((1, K // 32 * WIDE_BLOCK), np.uint8),  # (q6_k's wide panels)
             np.empty((1, K // 32 * SCALES_BLOCK), np.float32))
 
 

@@ -32,9 +32,11 @@ q6_k (a scale per 16 values, codes q - 32 in -32..31) has panels of its own mean
 chunks hold the signed codes (q - 32 as int8), and a block's scales are the 8 rows'
 d sc of values 0-15, then of values 16-31 (where q4_1 keeps its minima). Its tile sums
 chunks 0-3 and 4-7 apart (each half's sum of 16 products is exact in a float: < 2^24) and
-adds (lo dw_lo + hi dw_hi) dx: on int16 activations the same vpdpwssd per chunk and
-token (the codes sign-extended once for the RT tokens); int8 activations take the
-generic IR.
+adds (lo dw_lo + hi dw_hi) dx in the generic IR (int8 activations, or no VNNI). On int16
+activations with AVX-512 VNNI, q6_k's panels are wide instead (pack_q6_k_wide, WIDE_BLOCK
+bytes a block): each code times its scale, sc (q - 32), as int16 (|.| <= 4096), and one
+scale d per row and block, so the tile is q8_0's (one vpdpwssd per chunk and token, one
+float scale): 576x1536 x 128 tokens, 1 thread, 1.77 -> 1.40 ms a matrix.
 Callers validate shapes (linear.py, matmul.py): these do not check bounds. Each intrinsic
 is defined by name at the end of this file; a new type with int8 kernels adds its lines.
 """
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 from numba import types
+from numba.extending import intrinsic
 
 from .codegen_int8 import GROUP, group_blocks, scale_block
 from .codegen_kquant import SUPER_BYTES, _codes, _q5_codes, _scales_k4
@@ -81,24 +84,26 @@ __all__ = ["PANEL_BLOCK", "SCALES_BLOCK",
            "ptile_q4_0_8x1", "ptile_q4_0_8x4", "ptile_q4_0_8x6",
            "ptile_q4_1_8x1", "ptile_q4_1_8x4", "ptile_q4_1_8x6",
            "pack_q4_k", "pack_q5_k", "pack_q5_0", "pack_q5_1",
-           "pack_q6_k", "ptile_q6_k_8x1", "ptile_q6_k_8x4"]
+           "pack_q6_k", "pack_q6_k_wide", "ptile_q6_k_8x1", "ptile_q6_k_8x4",
+           "q6_k_wide", "WIDE_BLOCK"]
 
 PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 rows
+WIDE_BLOCK = 2 * PANEL_BLOCK  # q6_k's int16 panels (int16 activations on VNNI)
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
 CHAINS = 2  # independent vpdpbusd chains per token and block (integer sums: exact)
 Q5 = {"q5_0": (22, 2), "q5_1": (24, 4)}  # block bytes, offset of the high bits' word
 
 
-def _interleave(b, prow, pb, codes):
-    """Store 8 rows' <32 x i8> codes as one panel block at byte pb of prow: chunk c holds
-    bytes 4c..4c+3 of rows 0..7 side by side."""
-    rows = [b.bitcast(code, _v(I32, 8)) for code in codes]  # 8 four-byte groups a row
+def _interleave(b, prow, pb, codes, group=I32):
+    """Store 8 rows' 32 codes (<32 x i8>, or <32 x i16> with group=I64) as one panel block
+    at byte pb of prow: chunk c holds values 4c..4c+3 of rows 0..7 side by side."""
+    rows = [b.bitcast(code, _v(group, 8)) for code in codes]  # 8 four-value groups a row
     while len(rows) > 1:  # concatenate: 64 lanes, row r's group c at 8r + c
         rows = [_pick(b, rows[k], range(2 * rows[k].type.count), rows[k + 1])
                 for k in range(0, len(rows), 2)]
     for c in range(8):
         chunk = _pick(b, rows[0], [8 * r + c for r in range(GROUP)])
-        _store_vec(b, prow, b.add(pb, _i64(32 * c)), chunk)
+        _store_vec(b, prow, b.add(pb, _i64(group.width * c)), chunk)
 
 
 def _lanes(b, vecs, j):
@@ -255,9 +260,42 @@ def _pack_q6_k(ctx, b, sig, args):
     return ctx.get_dummy_value()
 
 
+def _pack_q6_k_wide(ctx, b, sig, args):
+    """pack for q6_k rows on int16 activations with AVX-512 VNNI (ptile_q6_k's wide
+    panels): sub-block j's values as int16 sc (q - 32), each code times its 16 values'
+    int8 scale (|sc (q - 32)| <= 4096), in panel blocks of WIDE_BLOCK bytes (chunk c: values
+    4c..4c+3 of rows 0..7, 64 bytes); its scales the rows' d. One scale per block then,
+    so the tile is q8_0's: no halves summed apart. Sums stay in i32: 16 products of at
+    most 4096 x 32767 a lane and block (< 2^31)."""
+    w, panel, scales = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3))
+    i, g = args[1], args[4]
+    wrow = [w.row(b.add(i, _i64(r))) for r in range(GROUP)]
+    prow, srow = panel.row(g), scales.row(g)
+    SB = SUPER_BYTES["q6_k"]
+    v32w = _v(I16, 32)
+
+    def body(sbi, st):
+        ps = [b.gep(row, [b.mul(sbi, _i64(SB))], inbounds=True) for row in wrow]
+        codes = [_codes(b, "q6_k", p) for p in ps]
+        scs = [b.sext(_load(b, p, 192, _v(I8, 16)), _v(I16, 16)) for p in ps]
+        d = ir.Constant(_v(F32, GROUP), ir.Undefined)
+        for r, p in enumerate(ps):
+            d = b.insert_element(d, _f16(b, p, 208), _c(I32, r))
+        for j in range(8):
+            sb = b.add(b.mul(sbi, _i64(8)), _i64(j))  # the panel's block
+            vals = [b.mul(b.sext(c[j], v32w), _pick(b, sc, [2 * j] * 16 + [2 * j + 1] * 16))
+                    for c, sc in zip(codes, scs, strict=True)]
+            _interleave(b, prow, b.mul(sb, _i64(WIDE_BLOCK)), vals, I64)
+            _store_vec(b, srow, b.mul(sb, _i64(4 * SCALES_BLOCK)), d)
+        return st
+
+    _for(b, _i64(0), b.sdiv(w.cols, _i64(SB)), [], body)
+    return ctx.get_dummy_value()
+
+
 def _q6_k_block(b, wide, xrow, xoff, AB, dw_lo, dw_hi, dx, acc):
     """acc + one q6_k panel block for one token (8 rows) in the generic IR (int8
-    activations, or no VNNI; _q6_k_blocks_wssd takes int16 on VNNI): chunks 0-3 (values
+    activations, or no VNNI; int16 on VNNI has the wide panels): chunks 0-3 (values
     0-15) and 4-7 (values 16-31) summed apart, (lo dw_lo + hi dw_hi) dx. wide: the 8
     chunks' codes sign-extended to <32 x i32>."""
     v8 = _v(F32, 8)
@@ -276,34 +314,6 @@ def _q6_k_block(b, wide, xrow, xoff, AB, dw_lo, dw_hi, dx, acc):
     return b.fadd(acc, b.fmul(f, dx, flags=FAST), flags=FAST)
 
 
-def _q6_k_blocks_wssd(b, chunks, xrow, xoff, dpw, dw2, drow, foff, accs):
-    """accs + one q6_k panel block for each of the RT tokens (8 rows) on vpdpwssd: chunk by
-    chunk, each chunk's codes sign-extended once and met by every token (few registers
-    live: four tokens fit); per token the two halves' sums (chunks 0-3: values 0-15, 4-7:
-    16-31) merged into one <16 x i32> (lanes 0-7 the first half's rows, 8-15 the
-    second's), times dw2 [16] (the halves' scales side by side) at once, the halves
-    added, times dx. The same integers as _q6_k_block; its float sum of the two halves
-    may round differently (no fused multiply-add across them here)."""
-    v16i, v16f = _v(I32, 16), _v(F32, 16)
-    RT = len(accs)
-    parts = [[_c(v16i, [0] * 16)] * 2 for _ in range(RT)]
-    for c in range(8):
-        w = b.bitcast(b.sext(chunks[c], _v(I16, 32)), v16i)
-        for s in range(RT):
-            x4 = b.bitcast(_splat(b, _load(b, xrow[s], b.add(xoff, _i64(8 * c)), I64), 8), v16i)
-            parts[s][c // 4] = b.call(dpw, [parts[s][c // 4], w, x4])
-    evens, odds = list(range(0, 32, 2)), list(range(1, 32, 2))
-    out = []
-    for s in range(RT):
-        lo, hi = parts[s]
-        tot = b.add(_pick(b, lo, evens, hi), _pick(b, lo, odds, hi))
-        f = b.fmul(b.sitofp(tot, v16f), dw2, flags=FAST)
-        f = b.fadd(_pick(b, f, range(8)), _pick(b, f, range(8, 16)), flags=FAST)
-        dx = _splat(b, _load(b, drow[s], foff, F32), 8)
-        out.append(b.fadd(accs[s], b.fmul(f, dx, flags=FAST), flags=FAST))
-    return out
-
-
 def _ptile_codegen(kind, RT, A=I8):
     """8 packed rows x RT tokens, all blocks (module docstring); activations int8 (A = I8)
     or int16 (I16: each chunk's 4 activations are 8 bytes; on AVX-512 VNNI the chunk
@@ -317,6 +327,9 @@ def _ptile_codegen(kind, RT, A=I8):
     # token costs an add each (1536x576, 120 tokens: 1365 -> 1303 us); q4's tiles measured
     # slower with one
     chains = 1 if wssd and kind == "q8_0" and RT >= 6 else CHAINS
+    q6w = wssd and kind == "q6_k"  # q6_k's wide panels: int16 sc (q - 32), one scale d
+    if q6w:  # 576x1536 x 128 tokens, 1 thread: 8x4 on one chain 1.23-1.31 ms, on two 1.71
+        chains = 1  # (8x6 either way ~1.6)
 
     def codegen(ctx, b, sig, args):
         panel, scales, xq, xd, xs, xds, out = (
@@ -334,24 +347,25 @@ def _ptile_codegen(kind, RT, A=I8):
         dpw = _llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", v16i, [v16i] * 3) if wssd else None
 
         def body(bi, st):
-            pb = b.mul(bi, _i64(PANEL_BLOCK))
-            chunks = [_load(b, prow, b.add(pb, _i64(32 * c)), _v(I8, 32)) for c in range(8)]
+            pb = b.mul(bi, _i64(WIDE_BLOCK if q6w else PANEL_BLOCK))
+            chunks = ([_load(b, prow, b.add(pb, _i64(64 * c)), _v(I16, 32)) for c in range(8)]
+                      if q6w else
+                      [_load(b, prow, b.add(pb, _i64(32 * c)), _v(I8, 32)) for c in range(8)])
             sb = b.mul(bi, _i64(4 * SCALES_BLOCK))
             dw = _load(b, srow, sb, v8)
             mw = (_load(b, srow, b.add(sb, _i64(4 * GROUP)), v8)  # q6_k: values 16-31's dw
-                  if kind in ("q4_1", "q6_k") else None)
+                  if kind == "q4_1" or kind == "q6_k" and not q6w else None)
             xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             new = []
-            if kind == "q6_k" and wssd:
-                return _q6_k_blocks_wssd(b, chunks, xrow, xoff, dpw,
-                                         _load(b, srow, sb, _v(F32, 16)), drow, foff, st)
-            if kind == "q6_k":  # signed codes, two scales a block (module docstring)
+            if kind == "q6_k" and not wssd:  # signed codes, two scales a block (docstring)
                 wide = [b.sext(ch, _v(I32, 32)) for ch in chunks]
                 return [_q6_k_block(b, wide, xrow[s], xoff, AB, dw, mw,
                                     _splat(b, _load(b, drow[s], foff, F32), 8), st[s])
                         for s in range(RT)]
-            if wssd:  # the chunks as 32 x i16 (row r's 4 weights in lanes 4r..4r+3), shared
+            if q6w:  # stored as 32 x i16
+                wide = [b.bitcast(ch, v16i) for ch in chunks]
+            elif wssd:  # the chunks as 32 x i16 (row r's 4 weights in lanes 4r..4r+3), shared
                 wide = [b.bitcast(b.zext(ch, _v(I16, 32)), v16i) for ch in chunks]
             for s in range(RT):
                 if kind == "q8_0":  # the +128 of the weights, taken back
@@ -366,6 +380,10 @@ def _ptile_codegen(kind, RT, A=I8):
                         part[c % chains] = b.call(dpw, [part[c % chains], wide[c], x4])
                     acc = b.add(part[0], part[1]) if chains == 2 else part[0]
                     acc = b.add(_pick(b, acc, range(0, 16, 2)), _pick(b, acc, range(1, 16, 2)))
+                    if q6w:  # one scale a block, no offset: q8_0's float work
+                        new.append(scale_block(b, "q8_0", acc, drow[s], srows[s], foff, dw,
+                                               None, st[s]))
+                        continue
                     new.append(scale_block(b, kind, b.add(acc, tot), drow[s], srows[s], foff,
                                            dw, mw, st[s]))
                     continue
@@ -384,6 +402,18 @@ def _ptile_codegen(kind, RT, A=I8):
         return ctx.get_dummy_value()
 
     return codegen
+
+
+@intrinsic
+def q6_k_wide(typingctx, xq):
+    """Whether q6_k's panels for activations xq are the wide ones (pack_q6_k_wide: int16
+    activations on AVX-512 VNNI), as a compile-time constant."""
+    wide = VNNI and isinstance(xq, types.Array) and xq.dtype == types.int16
+
+    def codegen(ctx, b, sig, args):
+        return ir.Constant(ir.IntType(1), int(wide))
+
+    return types.boolean(xq), codegen
 
 
 def make_pack(kind):
@@ -432,9 +462,10 @@ pack_q4_k = make_pack("q4_k")
 pack_q5_k = make_pack("q5_k")
 pack_q5_0 = make_pack("q5_0")
 pack_q5_1 = make_pack("q5_1")
-# q6_k: signed codes and a scale per 16 values, on its own tile, four tokens at a time
-# (_q6_k_blocks_wssd; 576x1536, 120 tokens: 1.3x the rate of the 8x4 tile that sign-extended
-# all eight chunks first and reduced each half apart, whose values did not fit the registers)
+# q6_k: signed codes and a scale per 16 values (int8 activations, no VNNI), or the wide
+# panels of sc (q - 32) (int16 on VNNI; q6_k_wide says which), four tokens a tile
 pack_q6_k = make_pack("q6_k")
+pack_q6_k_wide = _typed("pack_q6_k_wide", _drop_block(_pack_q6_k_wide),
+                        {0: types.uint8, 3: types.uint8, 4: types.float32}, ints=(1, 2, 5))
 ptile_q6_k_8x1 = make_ptile("q6_k", 1)
 ptile_q6_k_8x4 = make_ptile("q6_k", 4)

@@ -101,7 +101,7 @@ def _barrier_rounds(threads: int, rounds: int) -> np.ndarray:
     numba.set_num_threads(threads)
     try:
         out = np.zeros((rounds, threads), np.int64)
-        run(threads, np.zeros(1, np.int64), np.zeros(2, np.int64), out)
+        run(threads, np.zeros(1, np.int64), np.zeros(3, np.int64), out)  # sync.py's [3]
     finally:
         numba.set_num_threads(previous)
     return out

@@ -232,65 +232,57 @@ def _pack_k(ctx, b, sig, args, SB, qs, five):
     return ctx.get_dummy_value()
 
 
-def _pack_q6_k(ctx, b, sig, args):
+def _pack_q6_k_codegen(wide):
     """pack for q6_k rows (super-blocks of 210 bytes: ql[128], qh[64], int8 sc[16], f16 d;
-    block argument dropped): sub-block j (values 32j..32j+31) becomes a panel block of the
-    signed codes q - 32 (codegen_kquant._codes), its scales d sc[2j] (values 0-15) and
-    d sc[2j + 1] (values 16-31) in the places of q4_1's scales and minima."""
-    w, panel, scales = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3))
-    i, g = args[1], args[4]  # (w, i, panel, scales, g): block dropped
-    wrow = [w.row(b.add(i, _i64(r))) for r in range(GROUP)]
-    prow, srow = panel.row(g), scales.row(g)
-    SB = SUPER_BYTES["q6_k"]
-
-    def body(sbi, st):
-        ps = [b.gep(row, [b.mul(sbi, _i64(SB))], inbounds=True) for row in wrow]
-        codes = [_codes(b, "q6_k", p) for p in ps]
-        dws = [b.fmul(b.sitofp(_load(b, p, 192, _v(I8, 16)), _v(F32, 16)),
-                      _splat(b, _f16(b, p, 208), 16), flags=FAST) for p in ps]
-        for j in range(8):
-            sb = b.add(b.mul(sbi, _i64(8)), _i64(j))  # the panel's block
-            _interleave(b, prow, b.mul(sb, _i64(PANEL_BLOCK)), [c[j] for c in codes])
-            so = b.mul(sb, _i64(4 * SCALES_BLOCK))
-            _store_vec(b, srow, so, _lanes(b, dws, 2 * j))
-            _store_vec(b, srow, b.add(so, _i64(4 * GROUP)), _lanes(b, dws, 2 * j + 1))
-        return st
-
-    _for(b, _i64(0), b.sdiv(w.cols, _i64(SB)), [], body)
-    return ctx.get_dummy_value()
-
-
-def _pack_q6_k_wide(ctx, b, sig, args):
-    """pack for q6_k rows on int16 activations with AVX-512 VNNI (ptile_q6_k's wide
-    panels): sub-block j's values as int16 sc (q - 32), each code times its 16 values'
-    int8 scale (|sc (q - 32)| <= 4096), in panel blocks of WIDE_BLOCK bytes (chunk c: values
-    4c..4c+3 of rows 0..7, 64 bytes); its scales the rows' d. One scale per block then,
-    so the tile is q8_0's: no halves summed apart. Sums stay in i32: 16 products of at
-    most 4096 x 32767 a lane and block (< 2^31)."""
-    w, panel, scales = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3))
-    i, g = args[1], args[4]
-    wrow = [w.row(b.add(i, _i64(r))) for r in range(GROUP)]
-    prow, srow = panel.row(g), scales.row(g)
-    SB = SUPER_BYTES["q6_k"]
+    block argument dropped), sub-block j (values 32j..32j+31) per panel block:
+      byte panels  the signed codes q - 32 (codegen_kquant._codes), with the scales d sc[2j]
+                   (values 0-15) and d sc[2j + 1] (values 16-31) in the places of q4_1's
+                   scales and minima
+      wide=True    (int16 activations on AVX-512 VNNI: pack_q6_k_wide) the values as int16
+                   sc (q - 32), each code times its 16 values' int8 scale (|.| <= 4096), in
+                   blocks of WIDE_BLOCK bytes (chunk c: values 4c..4c+3 of rows 0..7, 64
+                   bytes), with the rows' d as the block's one scale: the tile is then
+                   q8_0's, no halves summed apart. Sums stay in i32: 16 products of at most
+                   4096 x 32767 a lane and block (< 2^31)."""
     v32w = _v(I16, 32)
 
-    def body(sbi, st):
-        ps = [b.gep(row, [b.mul(sbi, _i64(SB))], inbounds=True) for row in wrow]
-        codes = [_codes(b, "q6_k", p) for p in ps]
-        scs = [b.sext(_load(b, p, 192, _v(I8, 16)), _v(I16, 16)) for p in ps]
-        d = ir.Constant(_v(F32, GROUP), ir.Undefined)
-        for r, p in enumerate(ps):
-            d = b.insert_element(d, _f16(b, p, 208), _c(I32, r))
-        for j in range(8):
-            sb = b.add(b.mul(sbi, _i64(8)), _i64(j))  # the panel's block
-            vals = [b.mul(b.sext(c[j], v32w), _pick(b, sc, [2 * j] * 16 + [2 * j + 1] * 16))
-                    for c, sc in zip(codes, scs, strict=True)]
-            _interleave(b, prow, b.mul(sb, _i64(WIDE_BLOCK)), vals, I64)
-            _store_vec(b, srow, b.mul(sb, _i64(4 * SCALES_BLOCK)), d)
-        return st
+    def codegen(ctx, b, sig, args):
+        w, panel, scales = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3))
+        i, g = args[1], args[4]  # (w, i, panel, scales, g): block dropped
+        wrow = [w.row(b.add(i, _i64(r))) for r in range(GROUP)]
+        prow, srow = panel.row(g), scales.row(g)
+        SB = SUPER_BYTES["q6_k"]
 
-    _for(b, _i64(0), b.sdiv(w.cols, _i64(SB)), [], body)
-    return ctx.get_dummy_value()
+        def body(sbi, st):
+            ps = [b.gep(row, [b.mul(sbi, _i64(SB))], inbounds=True) for row in wrow]
+            codes = [_codes(b, "q6_k", p) for p in ps]
+            if wide:
+                scs = [b.sext(_load(b, p, 192, _v(I8, 16)), _v(I16, 16)) for p in ps]
+                d = ir.Constant(_v(F32, GROUP), ir.Undefined)
+                for r, p in enumerate(ps):
+                    d = b.insert_element(d, _f16(b, p, 208), _c(I32, r))
+            else:
+                dws = [b.fmul(b.sitofp(_load(b, p, 192, _v(I8, 16)), _v(F32, 16)),
+                              _splat(b, _f16(b, p, 208), 16), flags=FAST) for p in ps]
+            for j in range(8):
+                sb = b.add(b.mul(sbi, _i64(8)), _i64(j))  # the panel's block
+                so = b.mul(sb, _i64(4 * SCALES_BLOCK))
+                if wide:
+                    vals = [b.mul(b.sext(c[j], v32w),
+                                  _pick(b, sc, [2 * j] * 16 + [2 * j + 1] * 16))
+                            for c, sc in zip(codes, scs, strict=True)]
+                    _interleave(b, prow, b.mul(sb, _i64(WIDE_BLOCK)), vals, I64)
+                    _store_vec(b, srow, so, d)
+                    continue
+                _interleave(b, prow, b.mul(sb, _i64(PANEL_BLOCK)), [c[j] for c in codes])
+                _store_vec(b, srow, so, _lanes(b, dws, 2 * j))
+                _store_vec(b, srow, b.add(so, _i64(4 * GROUP)), _lanes(b, dws, 2 * j + 1))
+            return st
+
+        _for(b, _i64(0), b.sdiv(w.cols, _i64(SB)), [], body)
+        return ctx.get_dummy_value()
+
+    return codegen
 
 
 def _q6_k_block(b, wide, xrow, xoff, AB, dw_lo, dw_hi, dx, acc):
@@ -325,11 +317,10 @@ def _ptile_codegen(kind, RT, A=I8):
     wssd = VNNI and A == I16  # int16 activations on AVX-512 VNNI: vpdpwssd
     # q8_0's six tokens are six independent vpdpwssd chains already: a second chain a
     # token costs an add each (1536x576, 120 tokens: 1365 -> 1303 us); q4's tiles measured
-    # slower with one
-    chains = 1 if wssd and kind == "q8_0" and RT >= 6 else CHAINS
+    # slower with one. q6_k's wide panels (8x4, 576x1536 x 128 tokens, 1 thread): one chain
+    # 1.23-1.31 ms, two 1.71 (8x6 either way ~1.6)
     q6w = wssd and kind == "q6_k"  # q6_k's wide panels: int16 sc (q - 32), one scale d
-    if q6w:  # 576x1536 x 128 tokens, 1 thread: 8x4 on one chain 1.23-1.31 ms, on two 1.71
-        chains = 1  # (8x6 either way ~1.6)
+    chains = 1 if wssd and kind == "q8_0" and RT >= 6 or q6w else CHAINS
 
     def codegen(ctx, b, sig, args):
         panel, scales, xq, xd, xs, xds, out = (
@@ -420,7 +411,7 @@ def make_pack(kind):
     """The intrinsic pack_<kind>(w, block, i, panel, scales, g) (K-quants: block ignored)."""
     name = f"pack_{kind}"
     if kind == "q6_k":
-        codegen = _drop_block(_pack_q6_k)
+        codegen = _drop_block(_pack_q6_k_codegen(wide=False))
     elif kind in SUPER_BYTES:
         codegen = _drop_block(_pack_k_codegen(kind))
     else:
@@ -465,7 +456,7 @@ pack_q5_1 = make_pack("q5_1")
 # q6_k: signed codes and a scale per 16 values (int8 activations, no VNNI), or the wide
 # panels of sc (q - 32) (int16 on VNNI; q6_k_wide says which), four tokens a tile
 pack_q6_k = make_pack("q6_k")
-pack_q6_k_wide = _typed("pack_q6_k_wide", _drop_block(_pack_q6_k_wide),
+pack_q6_k_wide = _typed("pack_q6_k_wide", _drop_block(_pack_q6_k_codegen(wide=True)),
                         {0: types.uint8, 3: types.uint8, 4: types.float32}, ints=(1, 2, 5))
 ptile_q6_k_8x1 = make_ptile("q6_k", 1)
 ptile_q6_k_8x4 = make_ptile("q6_k", 4)

@@ -62,7 +62,7 @@ def main() -> None:
         for _ in range(steps):
             st.scheduler.run(bs.batch_parallel, bs.batch_serial,
                              (tables, st.bufs, kv, st.positions, rows, n, m.precise, bs.TILE,
-                              st.fused.feats))
+                              st.ilv, st.fused.feats))
         return (time.perf_counter() - t0) / steps * 1000
 
     for keep in cuts.values():

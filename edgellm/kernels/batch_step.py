@@ -10,7 +10,9 @@ workers run the program once, each op for rows 0..n-1 before the next op, so the
 the compiler placed for one row hold for n:
 
   PROJ    the worker's rows of W (decode_step._split), as the single step's _mv walks
-          them: q4_0/q4_1 (B = 32) row groups of 8 and q8_0's groups of 4 meet 4, 2 or 1
+          them: q4_0/q4_1 matrices with an interleaved copy (interleave.py, on VNNI: no
+          horizontal sums, 1.8x faster for 4 rows) in groups of 16 rows, the others'
+          q4_0/q4_1 (B = 32) row groups of 8 and q8_0's groups of 4 meet 4, 2 or 1
           rows per tile, the weights unpacked once (tiles.py's 8x4c2/8x2c2, 4x4c2/4x2c2:
           each row's sums added in the 8x1 or 4x1 tile's order); other matrices a tile of
           `tile` rows at a time (read from memory once, from L1 for the other rows), each
@@ -58,6 +60,16 @@ from .decode_step import (
     _vec,
     _worker,
 )
+from .interleave import (  # noqa: F401  (intrinsics)
+    ILV_BLOCK,
+    ILV_ROWS,
+    itile_q4_0_16x1,
+    itile_q4_0_16x2,
+    itile_q4_0_16x4,
+    itile_q4_1_16x1,
+    itile_q4_1_16x2,
+    itile_q4_1_16x4,
+)
 from .jit import kernel
 from .kv_store import store_kv_row
 from .sync import barrier
@@ -75,6 +87,7 @@ from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
 
 N_KINDS = len(KIND_FEATURES)  # feats' first entries: the matrix types (decode_step.py)
 KV_F32, KV_F16, KV_Q8_0 = N_KINDS, N_KINDS + 1, N_KINDS + 2  # then the cache types
+ILV_BLOCK_Q4_0, ILV_BLOCK_Q4_1 = ILV_BLOCK["q4_0"], ILV_BLOCK["q4_1"]
 TILE = 32  # weight rows per tile (a multiple of the matvec row groups: the same groups)
 assert TILE % GROUP == 0 and TILE % 4 == 0  # q4 row groups, q8_0's four rows
 
@@ -111,10 +124,36 @@ def _groups(kind, w, g, xq, xd, xds, out, n):
 
 
 @kernel
-def _proj(tid, nt, op, model, bufs, n, precise, tile, q8_0, q4_0, q4_1, f32, kquant):
+def _interleaved(kind, wi, g, xq, xd, xds, out, n):
+    """out[:n, 16g:16g + 16] = W[16g:16g + 16] @ x[:n] from interleaved group g of W
+    (interleave.py): four, two, then one sequence per tile, each row's sums the 8x1 tile's."""
+    t, i = 0, g * ILV_ROWS
+    while t + 4 <= n:
+        if kind == Q4_1:
+            itile_q4_1_16x4(wi, g, xq, xd, xds, t, out, i)
+        else:
+            itile_q4_0_16x4(wi, g, xq, xd, xds, t, out, i)
+        t += 4
+    if t + 2 <= n:
+        if kind == Q4_1:
+            itile_q4_1_16x2(wi, g, xq, xd, xds, t, out, i)
+        else:
+            itile_q4_0_16x2(wi, g, xq, xd, xds, t, out, i)
+        t += 2
+    if t < n:
+        if kind == Q4_1:
+            itile_q4_1_16x1(wi, g, xq, xd, xds, t, out, i)
+        else:
+            itile_q4_0_16x1(wi, g, xq, xd, xds, t, out, i)
+
+
+@kernel
+def _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, q8_0, q4_0, q4_1, f32, kquant):
     """The PROJ op of worker tid for rows 0..n-1: its rows of W as the single step splits
-    them; q4 row groups and q8_0's groups of 4 meet all n rows per tile (_groups),
-    other matrices a tile of `tile` rows at a time, each row through the single step's _mv."""
+    them; a matrix with an interleaved copy (ilv = (byte offset per matrix or -1, bytes))
+    through it (_interleaved), else q4 row groups and q8_0's groups of 4 meet all n rows
+    per tile (_groups), other matrices a tile of `tile` rows at a time, each row through
+    the single step's _mv."""
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     ints = ints_all[0]
@@ -129,14 +168,23 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile, q8_0, q4_0, q4_1, f32, kqu
         kmax = ints[I_KMAX]
         q0, b0, nb = slot * kmax, slot * (kmax // 32), K // 32
         dst = op[7] if op[7] >= 0 else shared + tid * private + (-1 - op[7])
-        off, rb = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]
-        w = blob[off:off + rows * rb].reshape((rows, rb))
         xqv, xdv, xdsv = xq[:n, q0:q0 + K], xd[:n, b0:b0 + nb], xds[:n, b0:b0 + nb]
         outv = mem[:n, dst:dst + rows]
-        R = GROUP if q4 else 4
-        c0 = r0 + (r1 - r0) // R * R  # then the last rows one at a time, as _mv
-        for g in range(r0, c0, R):
-            _groups(kind, w, g, xqv, xdv, xdsv, outv, n)
+        at = ilv[0][op[1]]
+        if q4 and at >= 0 and row0 % ILV_ROWS == 0 and rows % ILV_ROWS == 0:
+            gb = nb * (ILV_BLOCK_Q4_1 if kind == Q4_1 else ILV_BLOCK_Q4_0)  # bytes a group
+            lo = at + row0 // ILV_ROWS * gb
+            wi = ilv[1][lo:lo + rows // ILV_ROWS * gb].reshape((rows // ILV_ROWS, gb))
+            for g in range(r0 // ILV_ROWS, r1 // ILV_ROWS):  # r0, r1 on ALIGN = 16
+                _interleaved(kind, wi, g, xqv, xdv, xdsv, outv, n)
+            c0 = r1
+        else:
+            off, rb = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]
+            w = blob[off:off + rows * rb].reshape((rows, rb))
+            R = GROUP if q4 else 4
+            c0 = r0 + (r1 - r0) // R * R  # then the last rows one at a time, as _mv
+            for g in range(r0, c0, R):
+                _groups(kind, w, g, xqv, xdv, xdsv, outv, n)
     while c0 < r1:
         c1 = min(r1, c0 + tile)
         for r in range(n):
@@ -229,7 +277,7 @@ def _attend_units(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n):
 
 
 @kernel
-def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, feats):
+def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, feats):
     """Worker tid's run of the program over rows 0..n-1 (see the module docstring)."""
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
@@ -237,7 +285,7 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, feats)
     for i in range(prog.shape[0]):
         op = prog[i]
         if op[0] == PROJ:
-            _proj(tid, nt, op, model, bufs, n, precise, tile, *feats[:N_KINDS])
+            _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, *feats[:N_KINDS])
         elif op[0] == BARRIER:  # once for all rows
             barrier(state, nt)
         elif op[0] == ATTEND:
@@ -254,7 +302,7 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, feats)
 
 
 @kernel(parallel=True)
-def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile, feats):
+def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, feats):
     """One step of rows 0..n-1 on nt threads (nt == numba.get_num_threads(), omp layer).
 
     model: the fused step's tables, with ints [R, .] (a copy per row: MoE's routes);
@@ -262,16 +310,17 @@ def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile, feats):
     per-row arenas and act slots, shared attention scratch and barrier; kv = (k, v
     [R, slots, Hkv, row bytes] (bytes, as the fused step passes them: its _worker's
     types), pos [R, slots], layers [R, L, LAYER_WIDTH], cos, sin [R, sets, Dh/2]): caches
-    by slot, the rest by row; pos [R], slots [R]: each row's position and cache; feats:
-    the fused step's (decode_step.py).
+    by slot, the rest by row; pos [R], slots [R]: each row's position and cache; ilv =
+    (int64 [mats] byte offset of each matrix's interleaved copy in uint8 bytes, or -1;
+    bytes), arch/batched.py's; feats: the fused step's (decode_step.py).
     """
     for tid in prange(nt):  # tid as int64: prange's is uint64, which would compile
-        _batch_worker(np.int64(tid), nt, model, bufs, kv, pos, slots, n, precise, tile,
+        _batch_worker(np.int64(tid), nt, model, bufs, kv, pos, slots, n, precise, tile, ilv,
                       feats)  # _batch_worker (and _worker under it) a second time
 
 
 @kernel
-def batch_serial(model, bufs, kv, pos, slots, n, precise, tile, feats):
+def batch_serial(model, bufs, kv, pos, slots, n, precise, tile, ilv, feats):
     """One step of rows 0..n-1 on the calling thread."""
     _batch_worker(np.int64(0), np.int64(1), model, bufs, kv, pos, slots, n, precise, tile,
-                  feats)  # int64s: batch_parallel's _batch_worker, not another compile
+                  ilv, feats)  # int64s: batch_parallel's _batch_worker, not another compile

@@ -399,10 +399,11 @@ def _rows_of(codegen, R, n):
 
 
 def group_blocks(b, nblocks, RT, body, out, t, i, order, chains=None):
-    """Run body(block, acc) over the blocks with RT <8 x f32> accumulators (in `chains`
-    chains; default two when RT == 1, else one), then store lane k of token s's sum to
-    out[t + s, i + order[k]]."""
-    init = [_c(_v(F32, 8), [0.0] * 8)] * RT
+    """Run body(block, acc) over the blocks with RT <len(order) x f32> accumulators (in
+    `chains` chains; default two when RT == 1, else one), then store lane k of token s's
+    sum to out[t + s, i + order[k]]."""
+    L = len(order)
+    init = [_c(_v(F32, L), [0.0] * L)] * RT
     states = _loop(b, nblocks, init, body, unroll=chains or (2 if RT == 1 else 1))
     final = states[0]
     for st in states[1:]:
@@ -417,7 +418,7 @@ def scale_block(b, kind, tot, drow, srow, foff, dw, mw, acc):
     """acc + one block's <8 x i32> int8 dot products `tot` (a lane per weight row) as floats:
     tot dx dw, minus 8 dw xds (q4_0) or plus mw xds (q4_1); dx and xds at byte offset foff
     of the activation rows drow, srow; dw, mw <8 x f32>. The row-group and panel tiles' float
-    work per block, in this order in both."""
+    work per block, in this order in both (interleave.py's tiles: as this compiles)."""
     v8 = _v(F32, 8)
     dx = _splat(b, _load(b, drow, foff, F32), 8)
     f = b.fmul(b.sitofp(tot, v8), dx, flags=FAST)

@@ -1,0 +1,187 @@
+"""The batched decode step's q4 weights, interleaved 16 rows a group so that a token's block
+dot products need no horizontal sums: issue 24's 4-row step on the fast path.
+
+The row-group tile of codegen_int8.py (decode's 8x1, the batched step's 8x4c2) dots each
+weight row with the token in its own lanes and then reduces the lanes to a sum per row:
+per block and token, the pair-sum shuffles cost more than the dot products. Prefill avoids
+that with panels packed per call (panel.py), which four tokens do not pay back. Here the
+batched step keeps a copy of its q4 matrices in a layout whose lanes are rows already
+(`interleave_q4`, made once when the server's step is built):
+
+  wi uint8 [rows / 16, nb * BB]   group g = rows 16g..16g+15; per block of 32 columns BB
+                                  bytes: the 16 rows' f16 d, (q4_1) their 16 f16 m, then
+                                  4 chunks of 32 u16 words: word 2l + p of chunk c holds
+                                  row l's codes at columns 8c + 2s + p, s = 0..3, in its
+                                  nibbles s (bits 4s..4s+3)
+
+So (chunk c >> 4s) & 15 is, as <16 x i32> of i16 pairs, lane l = row l's codes at columns
+2j, 2j + 1 (j = 4c + s), and one vpdpwssd with the token's activation pair (2j, 2j + 1)
+broadcast adds them into lane l: 16 of those make each lane its row's block dot product, the
+same integer the 8x1 tile reduces to. The float work per block is the 8x1 tile's as it is
+compiled (_scale), on 16 lanes, with the blocks in group_blocks' two chains: lane by lane
+the 8x1 tile's operations in its order, so each row's result is the single step's bit for
+bit (tests/test_interleave.py).
+
+  itile_<q4_0|q4_1>_16x<RT>(wi, g, xq, xd, xds, t, out, i)   out[t + s, i + r] = row 16g + r
+                                                             of W . token t + s, r < 16
+xq int16 (the default path's) or int8 (sign-extended to int16 pairs). vpdpwssd on AVX-512
+VNNI; elsewhere the generic multiply-pair-add IR (vpmaddwd on x86). Callers validate
+shapes (arch/batched.py builds wi from a matrix the fused step checked): no bounds checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+
+from .codegen_int8 import group_blocks
+from .ir import (
+    F32,
+    I8,
+    I16,
+    I32,
+    ORDERED,
+    _c,
+    _h2f,
+    _i64,
+    _llvm_fn,
+    _load,
+    _pick,
+    _Rows,
+    _splat,
+    _typed,
+    _v,
+)
+from .simd import VNNI
+
+__all__ = ["ILV_BLOCK", "ILV_ROWS", "interleave_q4"]
+
+ILV_ROWS = 16  # weight rows of a group: one <16 x i32> lane each
+ILV_BLOCK = {"q4_0": 16 * 2 + 256, "q4_1": 16 * 4 + 256}  # bytes of a group's block
+_GGML = {"q4_0": (18, 2), "q4_1": (20, 4)}  # ggml's block bytes, offset of its 16 code bytes
+
+
+def interleave_q4(w: np.ndarray, kind: str) -> np.ndarray:
+    """ggml q4_0 / q4_1 rows (uint8 [rows, nb * 18 | 20], rows a multiple of 16) ->
+    the interleaved groups (uint8 [rows / 16, nb * ILV_BLOCK[kind]], module docstring)."""
+    BB, qs = _GGML[kind]
+    rows, nb = w.shape[0], w.shape[1] // BB
+    if rows % ILV_ROWS or w.shape[1] != nb * BB:
+        raise ValueError(f"interleave_q4: {kind} rows {w.shape} are not groups of 16 blocks")
+    G = rows // ILV_ROWS
+    blk = w.reshape(G, ILV_ROWS, nb, BB)
+    q = blk[..., qs:qs + 16]
+    codes = np.concatenate([q & 15, q >> 4], axis=-1).astype(np.uint16)  # [G, l, nb, 32]
+    cw = codes.reshape(G, ILV_ROWS, nb, 4, 4, 2)  # [G, l, nb, c, s, p]: column 8c + 2s + p
+    words = (cw << (4 * np.arange(4, dtype=np.uint16))[:, None]).sum(axis=4, dtype=np.uint16)
+    words = words.transpose(0, 2, 3, 1, 4)  # [G, nb, c, l, p]
+    parts = [blk[..., 0:2].transpose(0, 2, 1, 3).reshape(G, nb, 32)]  # the 16 rows' d
+    if kind == "q4_1":
+        parts.append(blk[..., 2:4].transpose(0, 2, 1, 3).reshape(G, nb, 32))  # and m
+    parts.append(np.ascontiguousarray(words).view(np.uint8).reshape(G, nb, 256))
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
+
+
+def _scale(b, kind, AB, tot, drow, srow, foff, dw, mw, acc):
+    """acc + one block's <16 x i32> dot products `tot` as floats, in the operations the
+    8x1 tile's scale_block compiles to. scale_block is written with fast-math flags, and
+    LLVM reassociates it differently per codegen: read from the 8x1 tiles' assembly
+    (tests/test_interleave.py holds the results to them), per activation type AB (bytes)
+      q4_0          f = fma(tot, dx, -8 xds); acc = fma(f, dw, acc)   (the order written)
+      q4_1, int8    acc = fma(tot dw, dx, acc); acc = fma(mw, xds, acc)
+      q4_1, int16   acc = fma(mw, xds, acc); acc = fma(tot, dx dw, acc)
+    Written here as explicit fused multiply-adds, so nothing reorders them."""
+    L = tot.type.count
+    vf = _v(F32, L)
+    fma = _llvm_fn(b, f"llvm.fma.v{L}f32", vf, [vf] * 3)
+    ft = b.sitofp(tot, vf)
+    dx = _splat(b, _load(b, drow, foff, F32), L)
+    ds = _splat(b, _load(b, srow, foff, F32), L)
+    if kind == "q4_0":
+        f = b.call(fma, [ft, dx, b.fmul(ds, _c(vf, [-8.0] * L), flags=ORDERED)])
+        return b.call(fma, [f, dw, acc])
+    if AB == 1:
+        acc = b.call(fma, [b.fmul(ft, dw, flags=ORDERED), dx, acc])
+        return b.call(fma, [mw, ds, acc])
+    acc = b.call(fma, [mw, ds, acc])
+    return b.call(fma, [ft, b.fmul(dx, dw, flags=ORDERED), acc])
+
+
+def _itile_codegen(kind, RT):
+    """Codegen of itile_<kind>_16x<RT> (module docstring)."""
+    BB = ILV_BLOCK[kind]
+    q0 = 64 if kind == "q4_1" else 32  # the chunks' offset in a block
+    L = ILV_ROWS
+    v16i, v32w = _v(I32, L), _v(I16, 2 * L)
+    chains = 2 if RT > 1 else 4  # integer chains a token (any split: the same sums)
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        g, t, i = args[1], args[5], args[7]
+        AB = 2 if sig.args[2].dtype == types.int16 else 1
+        wrow = w.row(g)
+        toks = [b.add(t, _i64(s)) for s in range(RT)]
+        xrows, drows, srows = ([a.row(u) for u in toks] for a in (xq, xd, xds))
+        zero = _c(v16i, [0] * L)
+        dpw = _llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", v16i, [v16i] * 3) if VNNI else None
+
+        def dot(acc, wv, xv):
+            if dpw is not None:
+                return b.call(dpw, [acc, wv, xv])
+            v32 = _v(I32, 2 * L)  # vpmaddwd: i16 pairs multiplied and summed into i32
+            prod = b.mul(b.sext(b.bitcast(wv, v32w), v32), b.sext(b.bitcast(xv, v32w), v32))
+            return b.add(acc, b.add(_pick(b, prod, range(0, 2 * L, 2)),
+                                    _pick(b, prod, range(1, 2 * L, 2))))
+
+        def pair(xrow, xoff, j):
+            """The token's activations 2j, 2j + 1 of the block as an i32, in every lane."""
+            if AB == 2:
+                x = _load(b, xrow, b.add(xoff, _i64(4 * j)), I32)
+            else:
+                x = b.bitcast(b.sext(_load(b, xrow, b.add(xoff, _i64(2 * j)), _v(I8, 2)),
+                                     _v(I16, 2)), I32)
+            return _splat(b, x, L)
+
+        low = _c(v32w, [15] * (2 * L))
+
+        def body(bi, st):
+            p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
+            dw = _h2f(b, _load(b, p, 0, _v(I16, L)))
+            mw = _h2f(b, _load(b, p, 32, _v(I16, L))) if kind == "q4_1" else None
+            xoff, foff = b.mul(bi, _i64(32 * AB)), b.mul(bi, _i64(4))
+            acc = [[zero] * chains for _ in range(RT)]
+            for c in range(4):
+                v = _load(b, p, q0 + 64 * c, v32w)
+                for s4 in range(4):
+                    u = b.lshr(v, _c(v32w, [4 * s4] * (2 * L))) if s4 else v
+                    wv = b.bitcast(b.and_(u, low) if s4 < 3 else u, v16i)
+                    j = 4 * c + s4
+                    for s in range(RT):
+                        k = j % chains
+                        acc[s][k] = dot(acc[s][k], wv, pair(xrows[s], xoff, j))
+            new = []
+            for s in range(RT):
+                tot = acc[s][0]
+                for a in acc[s][1:]:
+                    tot = b.add(tot, a)
+                new.append(_scale(b, kind, AB, tot, drows[s], srows[s], foff, dw, mw, st[s]))
+            return new
+
+        group_blocks(b, b.sdiv(xq.cols, _i64(32)), RT, body, out, t, i, range(L), chains=2)
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
+def _make_itile(kind, RT):
+    arrays = {0: types.uint8, 2: (types.int8, types.int16), 3: types.float32,
+              4: types.float32, 6: types.float32}
+    return _typed(f"itile_{kind}_16x{RT}", _itile_codegen(kind, RT), arrays, ints=(1, 5, 7))
+
+
+itile_q4_0_16x1 = _make_itile("q4_0", 1)
+itile_q4_0_16x2 = _make_itile("q4_0", 2)
+itile_q4_0_16x4 = _make_itile("q4_0", 4)
+itile_q4_1_16x1 = _make_itile("q4_1", 1)
+itile_q4_1_16x2 = _make_itile("q4_1", 2)
+itile_q4_1_16x4 = _make_itile("q4_1", 4)

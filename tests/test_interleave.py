@@ -1,0 +1,139 @@
+"""The batched step's interleaved q4 matrices (kernels/interleave.py): the layout holds every
+code and scale of the file's rows; the tiles are the single step's 8x1 tile bit for bit on
+AVX-512 VNNI (random and adversarial blocks, int16 and int8 activations, 1, 2 and 4 tokens)
+and close to the float64 product everywhere; the batched step uses them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import njit
+
+import edgellm
+from edgellm import quant
+from edgellm.arch.batched import BatchDecoder
+from edgellm.kernels import act_quant, interleave, simd
+from edgellm.kernels.interleave import ILV_BLOCK, interleave_q4
+from edgellm.kernels.tiles import tile_q4_0_8x1, tile_q4_1_8x1
+
+KINDS = ("q4_0", "q4_1")
+
+
+def q4_rows(kind: str, N: int, K: int, rng, adversarial: bool) -> np.ndarray:
+    """N rows of K columns of ggml q4 blocks: random codes and f16 scales; adversarial: d at
+    f16's largest and subnormal, zero scales, codes all 15, an all-zero block."""
+    BB = quant.TYPES[kind].block_bytes(32)
+    raw = rng.integers(0, 256, (N * K // 32, BB), dtype=np.uint8)
+    nf = 2 if kind == "q4_1" else 1
+    sc = rng.uniform(-1, 1, (raw.shape[0], nf)).astype(np.float32)
+    if adversarial:
+        sc[0::4], sc[1::4], sc[2::4] = 65504.0 / 1024, 6e-8, 0.0
+        raw[3::4, 2 * nf:] = 0xFF
+    raw[:, :2 * nf] = sc.astype("<f2").view(np.uint8).reshape(-1, 2 * nf)
+    if adversarial:
+        raw[-1] = 0
+    return raw.reshape(N, -1)
+
+
+def activations(x: np.ndarray, dtype):
+    T, K = x.shape
+    xq = np.zeros((T, K), dtype)
+    xd, xs, xds = (np.zeros((T, K // 32), d) for d in (np.float32, np.int32, np.float32))
+    act_quant.quantize_rows(x, xq, xd, xs, xds, 0, T)
+    return xq, xd, xds
+
+
+@njit
+def _eight(q41, w, xq, xd, xds, out):
+    for t in range(xq.shape[0]):
+        for g in range(0, w.shape[0], 8):
+            if q41:
+                tile_q4_1_8x1(w, 32, g, xq, xd, xds, t, out)
+            else:
+                tile_q4_0_8x1(w, 32, g, xq, xd, xds, t, out)
+
+
+@njit
+def _sixteen(q41, wi, xq, xd, xds, out, RT):
+    for t in range(0, xq.shape[0] - RT + 1, RT):
+        for g in range(wi.shape[0]):
+            if q41:
+                if RT == 4:
+                    interleave.itile_q4_1_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
+                elif RT == 2:
+                    interleave.itile_q4_1_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
+                else:
+                    interleave.itile_q4_1_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
+            elif RT == 4:
+                interleave.itile_q4_0_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
+            elif RT == 2:
+                interleave.itile_q4_0_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
+            else:
+                interleave.itile_q4_0_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_layout_holds_the_rows_codes_and_scales(kind):
+    N, K = 32, 96
+    raw = q4_rows(kind, N, K, np.random.default_rng(1), False)
+    wi = interleave_q4(raw, kind)
+    nb, BB = K // 32, ILV_BLOCK[kind]
+    assert wi.shape == (N // 16, nb * BB)
+    blocks = wi.reshape(N // 16, nb, BB)
+    hdr = 64 if kind == "q4_1" else 32
+    words = blocks[..., hdr:].copy().view(np.uint16).reshape(N // 16, nb, 4, 16, 2)  # c, l, p
+    codes = np.stack([(words >> (4 * s)) & 15 for s in range(4)], axis=3)  # g, b, c, s, l, p
+    codes = codes.transpose(0, 4, 1, 2, 3, 5).reshape(N, nb, 32)  # column 8c + 2s + p
+    ggml = raw.reshape(N, nb, -1)
+    qs = ggml[..., hdr // 16:hdr // 16 + 16]
+    np.testing.assert_array_equal(codes, np.concatenate([qs & 15, qs >> 4], axis=-1))
+    d = blocks[..., :32].copy().view(np.uint16).transpose(0, 2, 1).reshape(N, nb)
+    np.testing.assert_array_equal(d, ggml[..., :2].copy().view(np.uint16)[..., 0])
+    if kind == "q4_1":
+        m = blocks[..., 32:64].copy().view(np.uint16).transpose(0, 2, 1).reshape(N, nb)
+        np.testing.assert_array_equal(m, ggml[..., 2:4].copy().view(np.uint16)[..., 0])
+
+
+def test_rows_not_in_groups_of_16_are_refused():
+    with pytest.raises(ValueError, match="groups of 16"):
+        interleave_q4(np.zeros((24, 40), np.uint8), "q4_1")
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int8])
+@pytest.mark.parametrize("adversarial", [False, True], ids=["random", "adversarial"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_tiles_are_the_8x1_tiles_results(kind, adversarial, dtype):
+    N, K, T = 48, 416, 4  # 13 blocks: the two block chains of unequal length
+    rng = np.random.default_rng(7)
+    raw = q4_rows(kind, N, K, rng, adversarial)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    x[1, :64] *= 1e4  # a block far larger than the rest
+    x[2, 32:64] = 0.0  # an all-zero activation block
+    xq, xd, xds = activations(x, dtype)
+    xr = (xq.astype(np.float64).reshape(T, K // 32, 32) * xd[..., None]).reshape(T, K)
+    wd = quant.dequantize(raw, kind, (N, K)).astype(np.float64)
+    ref, scale = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
+    eight = np.full((T, N), np.nan, np.float32)
+    _eight(kind == "q4_1", raw, xq, xd, xds, eight)
+    wi = interleave_q4(raw, kind)
+    for RT in (1, 2, 4):
+        got = np.full((T, N), np.nan, np.float32)
+        _sixteen(kind == "q4_1", wi, xq, xd, xds, got, RT)
+        assert (np.abs(got - ref) <= 2e-6 * scale + 1e-30).all(), RT
+        if simd.VNNI:  # the batched step's promise: the single step's results
+            np.testing.assert_array_equal(got, eight, err_msg=f"RT={RT}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_batched_step_reads_the_interleaved_copies(kind, converted):
+    with edgellm.load(converted("llama", kind), threads=2) as llm:
+        m = llm.model
+        stepper = BatchDecoder.build(m, [m.new_cache() for _ in range(2)])
+        at, data = stepper.ilv
+        mats = m.fused.model_tables[1]
+        q4 = [k for k in range(len(mats)) if mats[k, 3] == quant.TYPES[kind].code]
+        assert q4
+        if simd.VNNI:
+            assert (at[q4] >= 0).all() and data.size > 0
+        else:
+            assert (at < 0).all() and data.size == 0

@@ -14,8 +14,9 @@ round the engine runs
   - one decode step for every slot waiting with one token (`decode_rows`): where the
     model has a fused step, its program on all the rows in one parallel region
     (arch/batched.py), each weight block read once for all of them and each row attending
-    over its own slot's cache; a row's logits are the fused step's alone, bit for bit, so
-    a greedy answer does not depend on what else the server is doing. Without a fused step the rows [n, D] go through the
+    over its own slot's cache; a row's logits are the step's for that sequence alone, bit
+    for bit (arch/batched.py: the single fused step's too, but for q8_0 matrices' rounding),
+    so a greedy answer does not depend on what else the server is doing. Without a fused step the rows [n, D] go through the
     per-operation kernels together (whose matrix kernels round a row differently with 1,
     2-3 or 4 rows: a near-tie can then go either way);
   - then at most one chunk (model.chunk tokens) of one slot's prefill, so a long prompt

@@ -1,7 +1,8 @@
-"""The batched step's interleaved q4 matrices (kernels/interleave.py): the layout holds every
-code and scale of the file's rows; the tiles are the single step's 8x1 tile bit for bit on
-AVX-512 VNNI (random and adversarial blocks, int16 and int8 activations, 1, 2 and 4 tokens)
-and close to the float64 product everywhere; the batched step uses them."""
+"""The batched step's interleaved matrices (kernels/interleave.py): the layout holds every
+code and scale of the file's rows; the tiles are close to the float64 product of the same
+quantized activations (random and adversarial blocks, int16 and int8 activations, 1, 2 and
+4 tokens, each token's result the same whichever tile had it), and the q4 tiles are the
+single step's 8x1 tile bit for bit on AVX-512 VNNI; the batched step uses them."""
 
 from __future__ import annotations
 
@@ -12,23 +13,25 @@ from numba import njit
 import edgellm
 from edgellm import quant
 from edgellm.arch.batched import BatchDecoder
-from edgellm.kernels import act_quant, interleave, simd
-from edgellm.kernels.interleave import ILV_BLOCK, interleave_q4
-from edgellm.kernels.tiles import tile_q4_0_8x1, tile_q4_1_8x1
+from edgellm.kernels import act_quant, simd
+from edgellm.kernels import interleave as il
+from edgellm.kernels.interleave import ILV_BLOCK
+from edgellm.kernels.tiles import tile_q4_0_8x1, tile_q4_1_8x1, tile_q8_0_4x1
 
-KINDS = ("q4_0", "q4_1")
+KINDS = ("q4_0", "q4_1", "q8_0")
 
 
-def q4_rows(kind: str, N: int, K: int, rng, adversarial: bool) -> np.ndarray:
-    """N rows of K columns of ggml q4 blocks: random codes and f16 scales; adversarial: d at
-    f16's largest and subnormal, zero scales, codes all 15, an all-zero block."""
+def q_rows(kind: str, N: int, K: int, rng, adversarial: bool) -> np.ndarray:
+    """N rows of K columns of ggml blocks: random codes and f16 scales; adversarial: d at
+    f16's largest and subnormal, zero scales, codes all at their top (q8_0: -128, the
+    most negative), an all-zero block."""
     BB = quant.TYPES[kind].block_bytes(32)
     raw = rng.integers(0, 256, (N * K // 32, BB), dtype=np.uint8)
     nf = 2 if kind == "q4_1" else 1
     sc = rng.uniform(-1, 1, (raw.shape[0], nf)).astype(np.float32)
     if adversarial:
         sc[0::4], sc[1::4], sc[2::4] = 65504.0 / 1024, 6e-8, 0.0
-        raw[3::4, 2 * nf:] = 0xFF
+        raw[3::4, 2 * nf:] = 0x80 if kind == "q8_0" else 0xFF
     raw[:, :2 * nf] = sc.astype("<f2").view(np.uint8).reshape(-1, 2 * nf)
     if adversarial:
         raw[-1] = 0
@@ -44,51 +47,69 @@ def activations(x: np.ndarray, dtype):
 
 
 @njit
-def _eight(q41, w, xq, xd, xds, out):
+def _single(code, w, xq, xd, xds, out):
+    """The single step's tiles: q4's 8x1, q8_0's 4x1."""
     for t in range(xq.shape[0]):
         for g in range(0, w.shape[0], 8):
-            if q41:
+            if code == 1:
                 tile_q4_1_8x1(w, 32, g, xq, xd, xds, t, out)
-            else:
+            elif code == 0:
                 tile_q4_0_8x1(w, 32, g, xq, xd, xds, t, out)
+            else:
+                tile_q8_0_4x1(w, 32, g, xq, xd, xds, t, out)
+                tile_q8_0_4x1(w, 32, g + 4, xq, xd, xds, t, out)
+
+
+CODE = {"q4_0": 0, "q4_1": 1, "q8_0": 8}
 
 
 @njit
-def _sixteen(q41, wi, xq, xd, xds, out, RT):
+def _sixteen(code, wi, xq, xd, xds, out, RT):
     for t in range(0, xq.shape[0] - RT + 1, RT):
         for g in range(wi.shape[0]):
-            if q41:
+            if code == 8:
                 if RT == 4:
-                    interleave.itile_q4_1_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
+                    il.itile_q8_0_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
                 elif RT == 2:
-                    interleave.itile_q4_1_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
+                    il.itile_q8_0_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
                 else:
-                    interleave.itile_q4_1_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
+                    il.itile_q8_0_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
+            elif code == 1:
+                if RT == 4:
+                    il.itile_q4_1_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
+                elif RT == 2:
+                    il.itile_q4_1_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
+                else:
+                    il.itile_q4_1_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
             elif RT == 4:
-                interleave.itile_q4_0_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
+                il.itile_q4_0_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
             elif RT == 2:
-                interleave.itile_q4_0_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
+                il.itile_q4_0_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
             else:
-                interleave.itile_q4_0_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
+                il.itile_q4_0_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_layout_holds_the_rows_codes_and_scales(kind):
     N, K = 32, 96
-    raw = q4_rows(kind, N, K, np.random.default_rng(1), False)
-    wi = interleave_q4(raw, kind)
+    raw = q_rows(kind, N, K, np.random.default_rng(1), False)
+    wi = il.interleave(raw, kind)
     nb, BB = K // 32, ILV_BLOCK[kind]
     assert wi.shape == (N // 16, nb * BB)
     blocks = wi.reshape(N // 16, nb, BB)
+    ggml = raw.reshape(N, nb, -1)
+    d = blocks[..., :32].copy().view(np.uint16).transpose(0, 2, 1).reshape(N, nb)
+    np.testing.assert_array_equal(d, ggml[..., :2].copy().view(np.uint16)[..., 0])
+    if kind == "q8_0":  # chunk j: row l's codes at columns 2j, 2j + 1 in bytes 2l, 2l + 1
+        codes = blocks[..., 32:].reshape(N // 16, nb, 16, 16, 2).transpose(0, 3, 1, 2, 4)
+        np.testing.assert_array_equal(codes.reshape(N, nb, 32), ggml[..., 2:])
+        return
     hdr = 64 if kind == "q4_1" else 32
     words = blocks[..., hdr:].copy().view(np.uint16).reshape(N // 16, nb, 4, 16, 2)  # c, l, p
     codes = np.stack([(words >> (4 * s)) & 15 for s in range(4)], axis=3)  # g, b, c, s, l, p
     codes = codes.transpose(0, 4, 1, 2, 3, 5).reshape(N, nb, 32)  # column 8c + 2s + p
-    ggml = raw.reshape(N, nb, -1)
     qs = ggml[..., hdr // 16:hdr // 16 + 16]
     np.testing.assert_array_equal(codes, np.concatenate([qs & 15, qs >> 4], axis=-1))
-    d = blocks[..., :32].copy().view(np.uint16).transpose(0, 2, 1).reshape(N, nb)
-    np.testing.assert_array_equal(d, ggml[..., :2].copy().view(np.uint16)[..., 0])
     if kind == "q4_1":
         m = blocks[..., 32:64].copy().view(np.uint16).transpose(0, 2, 1).reshape(N, nb)
         np.testing.assert_array_equal(m, ggml[..., 2:4].copy().view(np.uint16)[..., 0])
@@ -96,16 +117,16 @@ def test_layout_holds_the_rows_codes_and_scales(kind):
 
 def test_rows_not_in_groups_of_16_are_refused():
     with pytest.raises(ValueError, match="groups of 16"):
-        interleave_q4(np.zeros((24, 40), np.uint8), "q4_1")
+        il.interleave(np.zeros((24, 40), np.uint8), "q4_1")
 
 
 @pytest.mark.parametrize("dtype", [np.int16, np.int8])
 @pytest.mark.parametrize("adversarial", [False, True], ids=["random", "adversarial"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_tiles_are_the_8x1_tiles_results(kind, adversarial, dtype):
+def test_tiles_match_the_product_and_the_q4_tiles_are_the_8x1_tiles(kind, adversarial, dtype):
     N, K, T = 48, 416, 4  # 13 blocks: the two block chains of unequal length
     rng = np.random.default_rng(7)
-    raw = q4_rows(kind, N, K, rng, adversarial)
+    raw = q_rows(kind, N, K, rng, adversarial)
     x = rng.standard_normal((T, K)).astype(np.float32)
     x[1, :64] *= 1e4  # a block far larger than the rest
     x[2, 32:64] = 0.0  # an all-zero activation block
@@ -113,15 +134,19 @@ def test_tiles_are_the_8x1_tiles_results(kind, adversarial, dtype):
     xr = (xq.astype(np.float64).reshape(T, K // 32, 32) * xd[..., None]).reshape(T, K)
     wd = quant.dequantize(raw, kind, (N, K)).astype(np.float64)
     ref, scale = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
-    eight = np.full((T, N), np.nan, np.float32)
-    _eight(kind == "q4_1", raw, xq, xd, xds, eight)
-    wi = interleave_q4(raw, kind)
+    single = np.full((T, N), np.nan, np.float32)
+    _single(CODE[kind], raw, xq, xd, xds, single)
+    wi = il.interleave(raw, kind)
+    first = None
     for RT in (1, 2, 4):
         got = np.full((T, N), np.nan, np.float32)
-        _sixteen(kind == "q4_1", wi, xq, xd, xds, got, RT)
+        _sixteen(CODE[kind], wi, xq, xd, xds, got, RT)
         assert (np.abs(got - ref) <= 2e-6 * scale + 1e-30).all(), RT
-        if simd.VNNI:  # the batched step's promise: the single step's results
-            np.testing.assert_array_equal(got, eight, err_msg=f"RT={RT}")
+        first = got if first is None else first
+        np.testing.assert_array_equal(got, first, err_msg=f"RT={RT}")  # whichever tile
+        if simd.VNNI and kind != "q8_0":  # the single step's results (q8_0: its own order)
+            np.testing.assert_array_equal(got, single, err_msg=f"RT={RT}")
+    assert (np.abs(single - ref) <= 2e-6 * scale + 1e-30).all()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -131,9 +156,9 @@ def test_the_batched_step_reads_the_interleaved_copies(kind, converted):
         stepper = BatchDecoder.build(m, [m.new_cache() for _ in range(2)])
         at, data = stepper.ilv
         mats = m.fused.model_tables[1]
-        q4 = [k for k in range(len(mats)) if mats[k, 3] == quant.TYPES[kind].code]
-        assert q4
+        mine = [k for k in range(len(mats)) if mats[k, 3] == quant.TYPES[kind].code]
+        assert mine
         if simd.VNNI:
-            assert (at[q4] >= 0).all() and data.size > 0
+            assert (at[mine] >= 0).all() and data.size > 0
         else:
             assert (at < 0).all() and data.size == 0

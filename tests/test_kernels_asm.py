@@ -292,3 +292,33 @@ def test_q5_row_group_tiles(kind):
         assert re.search(r"%zmm\d+ \{%k\d\}", asm), kind
     else:
         assert re.search(r"vpmaddwd\s[^\n]*%[yz]mm", asm), kind
+
+
+@pytest.mark.skipif(not X86, reason="x86 instructions")
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0"])
+def test_interleaved_tiles(kind):
+    """The batched step's interleaved tiles (interleave.itile_<kind>_16x4): on AVX-512 VNNI
+    16 vpdpwssd a block and token with the activation pair broadcast from memory, and no
+    horizontal sums; elsewhere vpmaddwd."""
+    from edgellm.kernels import interleave
+
+    w = np.zeros((1, interleave.ILV_BLOCK[kind] * 2), np.uint8)
+    w.flags.writeable = False
+    xq = np.zeros((4, 64), np.int16)
+    f = np.zeros((4, 2), np.float32)
+    out = np.zeros((4, 16), np.float32)
+    tile = getattr(interleave, f"itile_{kind}_16x4")
+
+    def probe(w, xq, xd, xds, out):
+        tile(w, 0, xq, xd, xds, 0, out, 0)
+
+    f_ = numba.njit(probe)
+    sig = tuple(numba.typeof(a) for a in (w, xq, f, f, out))
+    f_.compile(sig)
+    asm = f_.inspect_asm(sig)
+    if simd.SIMD_PATH == "vnni":
+        assert int16_dots(asm) >= 64, kind
+        assert re.search(r"vpdpwssd\s+[^\n]*\{1to16\}", asm), kind
+        assert "vphaddd" not in asm, kind
+    else:
+        assert re.search(r"vpmaddwd\s[^\n]*%[yz]mm", asm), kind

@@ -6,23 +6,29 @@ each of up to R sequences per call, each with its own KV cache (kernels/batch_st
 
 The caches (KVCache, the server's slots) move into stacked arrays k, v [R, slots, Hkv, Dh]
 and pos [R, slots] (KVCache.move_to), which the kernel indexes by row; each row also has its
-own copy of the fused step's arena and activation slots. A row's logits are the fused
-step's for that sequence, bit for bit, whatever else the step carries.
+own copy of the fused step's arena and activation slots. On AVX-512 VNNI the step reads
+its q4_0, q4_1 and q8_0 matrices from interleaved copies (kernels/interleave.py), made once
+here: 4 rows 1.8x (q4) to 3x (q8_0) faster than the file's layout, for the matrices' size
+in memory once more. A row's logits are the step's for that sequence alone (one row), bit
+for bit, whatever else the step carries; against the single fused step (LLM.generate's)
+they are bit for bit too where no q8_0 matrix is interleaved (the q4 tiles add as its
+8x1 tile does), else within rounding (a q8_0 block's 32 products summed in another order).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .. import quant
 from ..kernels import batch_step as bs
 from ..kernels import decode_step as ds
-from ..kernels.interleave import ILV_BLOCK, ILV_ROWS, interleave_q4
+from ..kernels.interleave import ILV_BLOCK, ILV_ROWS, interleave
 from ..kernels.linear import embedding
 from ..kernels.schedule import StepScheduler
 from ..kernels.simd import VNNI
 from ..kv_cache import lazy_zeros
 
-_Q4 = {ds.Q4_0: "q4_0", ds.Q4_1: "q4_1"}
+_ILV = {ds.Q4_0: "q4_0", ds.Q4_1: "q4_1", ds.Q8_0: "q8_0"}  # the types interleaved
 
 
 class BatchDecoder:
@@ -80,19 +86,19 @@ class BatchDecoder:
         self.scheduler = StepScheduler(f.threads)
 
     def _interleaved(self, mats: np.ndarray, blob: np.ndarray) -> tuple:
-        """The step's interleaved copies of its q4 matrices (kernels/interleave.py: 1.8x
-        faster tiles for four rows than the row groups of the file's layout): (int64 [mats]
-        byte offset of each in the bytes, or -1; uint8 bytes). Only on AVX-512 VNNI, where
-        they are the 8x1 tile's results bit for bit, and not for the precise path (float
-        activations) that never reads them. They cost the q4 matrices' size once more."""
+        """The step's interleaved copies of its q4_0, q4_1 and q8_0 matrices
+        (kernels/interleave.py): (int64 [mats] byte offset of each in the bytes, or -1;
+        uint8 bytes). Only on AVX-512 VNNI, where the q4 tiles are the 8x1 tile's results
+        bit for bit (elsewhere the single step's tiles are other code), and not for the
+        precise path (float activations), which never reads them."""
         at = np.full(mats.shape[0], -1, np.int64)
         if not VNNI or self.model.precise:
             return at, np.zeros(0, np.uint8)
         size = 0
         for k, m in enumerate(mats):
-            if m[ds.MAT_KIND] in _Q4 and m[ds.MAT_BLOCK] == 32 and m[ds.MAT_ROWS] % ILV_ROWS == 0:
-                kind = _Q4[m[ds.MAT_KIND]]
-                nb = m[ds.MAT_ROW_BYTES] // (20 if kind == "q4_1" else 18)  # ggml's blocks
+            if m[ds.MAT_KIND] in _ILV and m[ds.MAT_BLOCK] == 32 and m[ds.MAT_ROWS] % ILV_ROWS == 0:
+                kind = _ILV[m[ds.MAT_KIND]]
+                nb = m[ds.MAT_ROW_BYTES] // quant.TYPES[kind].block_bytes(32)
                 at[k] = size
                 size += m[ds.MAT_ROWS] // ILV_ROWS * nb * ILV_BLOCK[kind]
         data = np.empty(size, np.uint8)
@@ -100,7 +106,7 @@ class BatchDecoder:
             if at[k] >= 0:
                 rows, rb = m[ds.MAT_ROWS], m[ds.MAT_ROW_BYTES]
                 w = blob[m[ds.MAT_OFF]:m[ds.MAT_OFF] + rows * rb].reshape(rows, rb)
-                wi = interleave_q4(w, _Q4[m[ds.MAT_KIND]])
+                wi = interleave(w, _ILV[m[ds.MAT_KIND]])
                 data[at[k]:at[k] + wi.size] = wi.ravel()
         return at, data
 
@@ -109,15 +115,6 @@ class BatchDecoder:
         """Whether this is still the model's step (set_lora rebuilds the model's)."""
         return self.model.fused is self.fused
 
-    def _single(self, slot: int, token: int) -> np.ndarray:
-        """One row through the fused step itself, on cache `slot`."""
-        m = self.model
-        saved, m.cache = m.cache, self.caches[slot]
-        try:
-            return self.fused.step(token, m.precise)[None].copy()
-        finally:
-            m.cache = saved
-
     def step(self, slots: list[int], tokens: list[int]) -> np.ndarray:
         """Run tokens[r] at the next position of cache slots[r] (distinct slots);
         logits [n, vocab] (a new array)."""
@@ -125,8 +122,6 @@ class BatchDecoder:
         n = len(slots)
         if not 1 <= n <= len(self.caches) or len(set(slots)) != n or len(tokens) != n:
             raise ValueError(f"{n} rows for {len(self.caches)} caches: slots {slots}")
-        if n == 1:  # the same result, without the rows' bookkeeping
-            return self._single(slots[0], tokens[0])
         for r, s in enumerate(slots):
             cache = self.caches[s]
             if cache.k_all is not self.rows[s][0] or cache.pos_all is not self.rows[s][2]:

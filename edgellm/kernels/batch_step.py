@@ -10,21 +10,22 @@ workers run the program once, each op for rows 0..n-1 before the next op, so the
 the compiler placed for one row hold for n:
 
   PROJ    the worker's rows of W (decode_step._split), as the single step's _mv walks
-          them: q4_0/q4_1 matrices with an interleaved copy (interleave.py, on VNNI: no
-          horizontal sums, 1.8x faster for 4 rows) in groups of 16 rows, the others'
+          them: matrices with an interleaved copy (interleave.py, on VNNI: q4_0, q4_1,
+          q8_0) in groups of 16 rows, 4, 2 or 1 sequences a tile, each row's sums added
+          as the 16x1 tile adds them (the q4 tiles: as the single step's 8x1); the other
           q4_0/q4_1 (B = 32) row groups of 8 and q8_0's groups of 4 meet 4, 2 or 1
           rows per tile, the weights unpacked once (tiles.py's 8x4c2/8x2c2, 4x4c2/4x2c2:
           each row's sums added in the 8x1 or 4x1 tile's order); other matrices a tile of
           `tile` rows at a time (read from memory once, from L1 for the other rows), each
-          row through _mv itself. Either way each
-          row's result is the single step's, bit for bit
+          row through _mv itself. Either way each row's result is its result alone
   ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier
   BARRIER once for all rows
   others  decode_step._worker on a one-op program, once per row: its own code (MOE's
           barriers, LoRA) on row r's buffers and cache
 
-So a row computes exactly what the single-sequence fused step computes for it, whatever
-else is in the step. Every table and offset is the fused step's, checked there; the caller
+So a row computes exactly what it computes alone in this step, whatever else is in the
+step: what the single-sequence fused step computes for it, but for the interleaved q8_0
+matrices' summation order. Every table and offset is the fused step's, checked there; the caller
 checks the rows' arrays (n <= R, one row per cache). These kernels do not check bounds.
 """
 
@@ -69,6 +70,9 @@ from .interleave import (  # noqa: F401  (intrinsics)
     itile_q4_1_16x1,
     itile_q4_1_16x2,
     itile_q4_1_16x4,
+    itile_q8_0_16x1,
+    itile_q8_0_16x2,
+    itile_q8_0_16x4,
 )
 from .jit import kernel
 from .kv_store import store_kv_row
@@ -87,7 +91,7 @@ from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
 
 N_KINDS = len(KIND_FEATURES)  # feats' first entries: the matrix types (decode_step.py)
 KV_F32, KV_F16, KV_Q8_0 = N_KINDS, N_KINDS + 1, N_KINDS + 2  # then the cache types
-ILV_BLOCK_Q4_0, ILV_BLOCK_Q4_1 = ILV_BLOCK["q4_0"], ILV_BLOCK["q4_1"]
+ILV_BLOCK_Q4_0, ILV_BLOCK_Q4_1, ILV_BLOCK_Q8_0 = (ILV_BLOCK[k] for k in ("q4_0", "q4_1", "q8_0"))
 TILE = 32  # weight rows per tile (a multiple of the matvec row groups: the same groups)
 assert TILE % GROUP == 0 and TILE % 4 == 0  # q4 row groups, q8_0's four rows
 
@@ -126,25 +130,32 @@ def _groups(kind, w, g, xq, xd, xds, out, n):
 @kernel
 def _interleaved(kind, wi, g, xq, xd, xds, out, n):
     """out[:n, 16g:16g + 16] = W[16g:16g + 16] @ x[:n] from interleaved group g of W
-    (interleave.py): four, two, then one sequence per tile, each row's sums the 8x1 tile's."""
+    (interleave.py): four, two, then one sequence per tile, each row's sums added as the
+    one-sequence tile adds them."""
     t, i = 0, g * ILV_ROWS
     while t + 4 <= n:
         if kind == Q4_1:
             itile_q4_1_16x4(wi, g, xq, xd, xds, t, out, i)
-        else:
+        elif kind == Q4_0:
             itile_q4_0_16x4(wi, g, xq, xd, xds, t, out, i)
+        else:
+            itile_q8_0_16x4(wi, g, xq, xd, xds, t, out, i)
         t += 4
     if t + 2 <= n:
         if kind == Q4_1:
             itile_q4_1_16x2(wi, g, xq, xd, xds, t, out, i)
-        else:
+        elif kind == Q4_0:
             itile_q4_0_16x2(wi, g, xq, xd, xds, t, out, i)
+        else:
+            itile_q8_0_16x2(wi, g, xq, xd, xds, t, out, i)
         t += 2
     if t < n:
         if kind == Q4_1:
             itile_q4_1_16x1(wi, g, xq, xd, xds, t, out, i)
-        else:
+        elif kind == Q4_0:
             itile_q4_0_16x1(wi, g, xq, xd, xds, t, out, i)
+        else:
+            itile_q8_0_16x1(wi, g, xq, xd, xds, t, out, i)
 
 
 @kernel
@@ -171,8 +182,9 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, q8_0, q4_0, q4_1, f32
         xqv, xdv, xdsv = xq[:n, q0:q0 + K], xd[:n, b0:b0 + nb], xds[:n, b0:b0 + nb]
         outv = mem[:n, dst:dst + rows]
         at = ilv[0][op[1]]
-        if q4 and at >= 0 and row0 % ILV_ROWS == 0 and rows % ILV_ROWS == 0:
-            gb = nb * (ILV_BLOCK_Q4_1 if kind == Q4_1 else ILV_BLOCK_Q4_0)  # bytes a group
+        if at >= 0 and row0 % ILV_ROWS == 0 and rows % ILV_ROWS == 0:
+            gb = nb * (ILV_BLOCK_Q4_1 if kind == Q4_1 else ILV_BLOCK_Q4_0 if kind == Q4_0
+                       else ILV_BLOCK_Q8_0)  # bytes a group
             lo = at + row0 // ILV_ROWS * gb
             wi = ilv[1][lo:lo + rows // ILV_ROWS * gb].reshape((rows // ILV_ROWS, gb))
             for g in range(r0 // ILV_ROWS, r1 // ILV_ROWS):  # r0, r1 on ALIGN = 16

@@ -1,29 +1,36 @@
-"""The batched decode step's q4 weights, interleaved 16 rows a group so that a token's block
+"""The batched decode step's weights, interleaved 16 rows a group so that a token's block
 dot products need no horizontal sums: issue 24's 4-row step on the fast path.
 
 The row-group tile of codegen_int8.py (decode's 8x1, the batched step's 8x4c2) dots each
 weight row with the token in its own lanes and then reduces the lanes to a sum per row:
-per block and token, the pair-sum shuffles cost more than the dot products. Prefill avoids
-that with panels packed per call (panel.py), which four tokens do not pay back. Here the
-batched step keeps a copy of its q4 matrices in a layout whose lanes are rows already
-(`interleave_q4`, made once when the server's step is built):
+per block and token, the pair-sum shuffles cost more than the dot products (q8_0's 4-row
+tile keeps 16 float partial sums a row instead: four float operations a block, row and
+token). Prefill avoids both with panels packed per call (panel.py), which four tokens do
+not pay back. Here the batched step keeps a copy of its q4_0, q4_1 and q8_0 matrices in a
+layout whose lanes are rows already (`interleave`, made once when the server's step is
+built; the same bytes as the file's blocks, rearranged):
 
   wi uint8 [rows / 16, nb * BB]   group g = rows 16g..16g+15; per block of 32 columns BB
                                   bytes: the 16 rows' f16 d, (q4_1) their 16 f16 m, then
-                                  4 chunks of 32 u16 words: word 2l + p of chunk c holds
-                                  row l's codes at columns 8c + 2s + p, s = 0..3, in its
-                                  nibbles s (bits 4s..4s+3)
+                                  q4: 4 chunks of 32 u16 words: word 2l + p of chunk c
+                                  holds row l's codes at columns 8c + 2s + p, s = 0..3, in
+                                  its nibbles s (bits 4s..4s+3);
+                                  q8_0: 16 chunks of 32 bytes: bytes 2l, 2l + 1 of chunk j
+                                  are row l's codes at columns 2j, 2j + 1
 
-So (chunk c >> 4s) & 15 is, as <16 x i32> of i16 pairs, lane l = row l's codes at columns
-2j, 2j + 1 (j = 4c + s), and one vpdpwssd with the token's activation pair (2j, 2j + 1)
-broadcast adds them into lane l: 16 of those make each lane its row's block dot product, the
-same integer the 8x1 tile reduces to. The float work per block is the 8x1 tile's as it is
-compiled (_scale), on 16 lanes, with the blocks in group_blocks' two chains: lane by lane
-the 8x1 tile's operations in its order, so each row's result is the single step's bit for
-bit (tests/test_interleave.py).
+So (q4 chunk c >> 4s) & 15, or q8_0's chunk j sign-extended, is as <16 x i32> of i16 pairs
+lane l = row l's codes at columns 2j, 2j + 1 (q4: j = 4c + s), and one vpdpwssd with the
+token's activation pair (2j, 2j + 1) broadcast adds them into lane l: 16 of those make each
+lane its row's block dot product. For q4 that is the integer the 8x1 tile reduces to, and
+the float work per block is the 8x1 tile's as it is compiled (_scale), on 16 lanes, with
+the blocks in group_blocks' two chains: lane by lane the 8x1 tile's operations in its
+order, so each row's result is the single step's bit for bit (tests/test_interleave.py).
+q8_0's block sum is one integer here where the 4x1 tile keeps 16 partial sums in floats:
+the same products, rounded in another order (a row's result differs from the single step's
+by rounding; 1536x576, 4 tokens, from L2: 107 -> 34 us).
 
-  itile_<q4_0|q4_1>_16x<RT>(wi, g, xq, xd, xds, t, out, i)   out[t + s, i + r] = row 16g + r
-                                                             of W . token t + s, r < 16
+  itile_<q4_0|q4_1|q8_0>_16x<RT>(wi, g, xq, xd, xds, t, out, i)
+      out[t + s, i + r] = row 16g + r of W . token t + s, r < 16, s < RT
 xq int16 (the default path's) or int8 (sign-extended to int16 pairs). vpdpwssd on AVX-512
 VNNI; elsewhere the generic multiply-pair-add IR (vpmaddwd on x86). Callers validate
 shapes (arch/batched.py builds wi from a matrix the fused step checked): no bounds checks.
@@ -47,6 +54,7 @@ from .ir import (
     _llvm_fn,
     _load,
     _pick,
+    _prefetch,
     _Rows,
     _splat,
     _typed,
@@ -54,28 +62,37 @@ from .ir import (
 )
 from .simd import VNNI
 
-__all__ = ["ILV_BLOCK", "ILV_ROWS", "interleave_q4"]
+__all__ = ["ILV_BLOCK", "ILV_ROWS", "interleave"]
 
 ILV_ROWS = 16  # weight rows of a group: one <16 x i32> lane each
-ILV_BLOCK = {"q4_0": 16 * 2 + 256, "q4_1": 16 * 4 + 256}  # bytes of a group's block
-_GGML = {"q4_0": (18, 2), "q4_1": (20, 4)}  # ggml's block bytes, offset of its 16 code bytes
+PF = 2048  # bytes a tile prefetches ahead of its block (q8_0 49152x576, 1 thread, from
+# memory, one token: 1.80 -> 1.56 ms; 1024 and 4096 less)
+# bytes of a group's block: the 16 rows' scales, then their codes
+ILV_BLOCK = {"q4_0": 16 * 2 + 256, "q4_1": 16 * 4 + 256, "q8_0": 16 * 2 + 512}
+_GGML = {"q4_0": (18, 2), "q4_1": (20, 4), "q8_0": (34, 2)}  # block bytes, codes' offset
 
 
-def interleave_q4(w: np.ndarray, kind: str) -> np.ndarray:
-    """ggml q4_0 / q4_1 rows (uint8 [rows, nb * 18 | 20], rows a multiple of 16) ->
-    the interleaved groups (uint8 [rows / 16, nb * ILV_BLOCK[kind]], module docstring)."""
+def interleave(w: np.ndarray, kind: str) -> np.ndarray:
+    """ggml q4_0 / q4_1 / q8_0 rows (uint8 [rows, nb * 18 | 20 | 34], rows a multiple of
+    16) -> the interleaved groups (uint8 [rows / 16, nb * ILV_BLOCK[kind]], module
+    docstring)."""
     BB, qs = _GGML[kind]
     rows, nb = w.shape[0], w.shape[1] // BB
     if rows % ILV_ROWS or w.shape[1] != nb * BB:
-        raise ValueError(f"interleave_q4: {kind} rows {w.shape} are not groups of 16 blocks")
+        raise ValueError(f"interleave: {kind} rows {w.shape} are not groups of 16 blocks")
     G = rows // ILV_ROWS
     blk = w.reshape(G, ILV_ROWS, nb, BB)
+    d = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(G, nb, 32)  # the 16 rows' f16 d
+    if kind == "q8_0":  # chunk j: rows 0..15's int8 codes at columns 2j, 2j + 1
+        q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 16, 2).transpose(0, 2, 3, 1, 4)
+        return np.ascontiguousarray(np.concatenate([d, q.reshape(G, nb, 512)], axis=-1)
+                                    .reshape(G, -1))
     q = blk[..., qs:qs + 16]
     codes = np.concatenate([q & 15, q >> 4], axis=-1).astype(np.uint16)  # [G, l, nb, 32]
     cw = codes.reshape(G, ILV_ROWS, nb, 4, 4, 2)  # [G, l, nb, c, s, p]: column 8c + 2s + p
     words = (cw << (4 * np.arange(4, dtype=np.uint16))[:, None]).sum(axis=4, dtype=np.uint16)
     words = words.transpose(0, 2, 3, 1, 4)  # [G, nb, c, l, p]
-    parts = [blk[..., 0:2].transpose(0, 2, 1, 3).reshape(G, nb, 32)]  # the 16 rows' d
+    parts = [d]
     if kind == "q4_1":
         parts.append(blk[..., 2:4].transpose(0, 2, 1, 3).reshape(G, nb, 32))  # and m
     parts.append(np.ascontiguousarray(words).view(np.uint8).reshape(G, nb, 256))
@@ -90,21 +107,32 @@ def _scale(b, kind, AB, tot, drow, srow, foff, dw, mw, acc):
       q4_0          f = fma(tot, dx, -8 xds); acc = fma(f, dw, acc)   (the order written)
       q4_1, int8    acc = fma(tot dw, dx, acc); acc = fma(mw, xds, acc)
       q4_1, int16   acc = fma(mw, xds, acc); acc = fma(tot, dx dw, acc)
-    Written here as explicit fused multiply-adds, so nothing reorders them."""
+      q8_0          acc = fma(tot, dw dx, acc)   (its own: see the module docstring)
+    Written here as explicit fused multiply-adds, so nothing reorders them (off VNNI,
+    where no single step's tile is matched, as ordered multiplies and adds)."""
     L = tot.type.count
     vf = _v(F32, L)
-    fma = _llvm_fn(b, f"llvm.fma.v{L}f32", vf, [vf] * 3)
+    if VNNI:
+        fn = _llvm_fn(b, f"llvm.fma.v{L}f32", vf, [vf] * 3)
+
+        def fma(args):
+            return b.call(fn, args)
+    else:
+        def fma(args):
+            return b.fadd(b.fmul(args[0], args[1], flags=ORDERED), args[2], flags=ORDERED)
     ft = b.sitofp(tot, vf)
     dx = _splat(b, _load(b, drow, foff, F32), L)
     ds = _splat(b, _load(b, srow, foff, F32), L)
+    if kind == "q8_0":
+        return fma([ft, b.fmul(dw, dx, flags=ORDERED), acc])
     if kind == "q4_0":
-        f = b.call(fma, [ft, dx, b.fmul(ds, _c(vf, [-8.0] * L), flags=ORDERED)])
-        return b.call(fma, [f, dw, acc])
+        f = fma([ft, dx, b.fmul(ds, _c(vf, [-8.0] * L), flags=ORDERED)])
+        return fma([f, dw, acc])
     if AB == 1:
-        acc = b.call(fma, [b.fmul(ft, dw, flags=ORDERED), dx, acc])
-        return b.call(fma, [mw, ds, acc])
-    acc = b.call(fma, [mw, ds, acc])
-    return b.call(fma, [ft, b.fmul(dx, dw, flags=ORDERED), acc])
+        acc = fma([b.fmul(ft, dw, flags=ORDERED), dx, acc])
+        return fma([mw, ds, acc])
+    acc = fma([mw, ds, acc])
+    return fma([ft, b.fmul(dx, dw, flags=ORDERED), acc])
 
 
 def _itile_codegen(kind, RT):
@@ -146,11 +174,19 @@ def _itile_codegen(kind, RT):
 
         def body(bi, st):
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
+            for c in range(0, BB, 64):  # the stream PF bytes ahead (a hint: may pass the end)
+                _prefetch(b, b.gep(p, [_i64(PF + c)]))
             dw = _h2f(b, _load(b, p, 0, _v(I16, L)))
             mw = _h2f(b, _load(b, p, 32, _v(I16, L))) if kind == "q4_1" else None
             xoff, foff = b.mul(bi, _i64(32 * AB)), b.mul(bi, _i64(4))
             acc = [[zero] * chains for _ in range(RT)]
-            for c in range(4):
+            if kind == "q8_0":
+                for j in range(16):
+                    wv = b.bitcast(b.sext(_load(b, p, 32 + 32 * j, _v(I8, 2 * L)), v32w), v16i)
+                    for s in range(RT):
+                        k = j % chains
+                        acc[s][k] = dot(acc[s][k], wv, pair(xrows[s], xoff, j))
+            for c in range(4 if kind != "q8_0" else 0):
                 v = _load(b, p, q0 + 64 * c, v32w)
                 for s4 in range(4):
                     u = b.lshr(v, _c(v32w, [4 * s4] * (2 * L))) if s4 else v
@@ -179,6 +215,9 @@ def _make_itile(kind, RT):
     return _typed(f"itile_{kind}_16x{RT}", _itile_codegen(kind, RT), arrays, ints=(1, 5, 7))
 
 
+itile_q8_0_16x1 = _make_itile("q8_0", 1)
+itile_q8_0_16x2 = _make_itile("q8_0", 2)
+itile_q8_0_16x4 = _make_itile("q8_0", 4)
 itile_q4_0_16x1 = _make_itile("q4_0", 1)
 itile_q4_0_16x2 = _make_itile("q4_0", 2)
 itile_q4_0_16x4 = _make_itile("q4_0", 4)

@@ -16,11 +16,15 @@ round the engine runs
     (arch/batched.py), each weight block read once for all of them and each row attending
     over its own slot's cache; a row's logits are the step's for that sequence alone, bit
     for bit (arch/batched.py: the single fused step's too, but for q8_0 matrices' rounding),
-    so a greedy answer does not depend on what else the server is doing. Without a fused step the rows [n, D] go through the
-    per-operation kernels together (whose matrix kernels round a row differently with 1,
-    2-3 or 4 rows: a near-tie can then go either way);
-  - then at most one chunk (model.chunk tokens) of one slot's prefill, so a long prompt
-    does not stall the streams in flight.
+    so a greedy answer does not depend on what else the server is doing. Without a fused
+    step the rows [n, D] go through the per-operation kernels together (whose matrix
+    kernels round a row differently with 1, 2-3 or 4 rows: a near-tie can then go either
+    way);
+  - then prefill tokens of the waiting prompts, in arrival order, at most model.chunk
+    in all (a long prompt a chunk a round, short ones several a round): a long prompt
+    does not stall the streams in flight, and requests that arrive together start
+    decoding together (one prompt a round staggered four 45-token prompts over four
+    rounds, so each stream's first and last steps carried fewer rows).
 Before a round the engine waits up to GATHER_S for slots that are mid-generation (they
 come back with their next token within a sampling step), so their rows share the step.
 """
@@ -146,7 +150,8 @@ class Batch:
         self._calls: list[_Job] = []
         self._closed = False
         self.rounds = self.rows = 0  # decode steps run and rows they carried (stats)
-        self.mixed = 0  # rounds that ran decode rows and a prefill chunk
+        self.mixed = 0  # rounds that ran decode rows and prefill tokens
+        self.prefill_rounds = 0  # rounds that ran prefill tokens
         self._thread = threading.Thread(target=self._run, name="edgellm-engine", daemon=True)
         self._thread.start()
 
@@ -195,8 +200,8 @@ class Batch:
                 return None, pending
             decodes, self._decodes = self._decodes, []
             calls, self._calls = self._calls, []
-            prefill = self._prefills[0] if self._prefills else None
-        return (calls, decodes, prefill), []
+            prefills = list(self._prefills)
+        return (calls, decodes, prefills), []
 
     def _run(self) -> None:
         while True:
@@ -206,14 +211,20 @@ class Batch:
                     job.finish(error=ClosedError(f"{self.llm.packed.path}: the server is "
                                                  "shutting down"))
                 return
-            calls, decodes, prefill = work
+            calls, decodes, prefills = work
             for job in calls:
                 self._guarded([job], lambda j=job: j.finish(j.fn()))
             if decodes:
                 self._guarded(decodes, lambda: self._decode(decodes))
-                self.mixed += prefill is not None
-            if prefill is not None:
-                self._guarded([prefill], lambda: self._prefill_chunk(prefill))
+                self.mixed += bool(prefills)
+            self.prefill_rounds += bool(prefills)
+            budget = self.model.chunk
+            for job in prefills:  # in arrival order, model.chunk tokens in all
+                if budget <= 0:
+                    break
+                n = min(budget, job.tokens.size)
+                budget -= n
+                self._guarded([job], lambda j=job, n=n: self._prefill_chunk(j, n))
 
     def _guarded(self, jobs: list[_Job], fn: Callable) -> None:
         """fn() under the LLM's step lock (close() waits for it); an error goes to every
@@ -263,10 +274,9 @@ class Batch:
         for job, row in zip(jobs, logits):
             self._done(job, row if job.want == "last" else None)
 
-    def _prefill_chunk(self, job: _Job) -> None:
-        """The next model.chunk tokens of `job` (its answer once the last has run)."""
+    def _prefill_chunk(self, job: _Job, n: int) -> None:
+        """The next n tokens of `job` (its answer once the last has run)."""
         m = self.model
-        n = m.chunk
         every = job.want in ("all", "hidden")
         with self._as(job.view):
             if every:  # whole-sequence outputs (logits()): not interleaved

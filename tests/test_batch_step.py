@@ -6,6 +6,7 @@ tile's), within float rounding where q8_0 matrices are; and close to the per-ope
 batched rows."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -188,5 +189,40 @@ def test_batch_serves_slots_through_the_batched_step(converted):
                 for t in jobs:
                     t.join()
             assert together == alone
+        finally:
+            batch.close()
+
+
+def test_prompts_arriving_together_are_prefilled_in_one_round(converted):
+    """Waiting prompts share a round's model.chunk tokens of prefill (so their streams start
+    decoding in the same steps); a prompt longer than what is left waits for the next."""
+    ids = [int(t) for t in reference("llama")["input_ids"]]
+    with edgellm.load(converted("llama", "q4_1"), threads=2) as llm:
+        batch = Batch(llm, 4)
+        try:
+            chunk = batch.model.chunk
+            gate, busy = threading.Event(), threading.Event()
+            hold = threading.Thread(target=batch.call,
+                                    args=(lambda: (busy.set(), gate.wait(30)),))
+            hold.start()
+            busy.wait(30)  # the engine is inside a call: what comes now waits together
+            prompts = [ids[:5], ids[:7], ids[1:9], (ids * 200)[:chunk]]
+            views = [s.model for s in batch.slots]
+            out = [None] * 4
+            jobs = [threading.Thread(target=lambda i=i: out.__setitem__(
+                i, views[i].forward(prompts[i], want="last"))) for i in range(4)]
+            for t in jobs:
+                t.start()
+            deadline = time.monotonic() + 30
+            while len(batch._prefills) < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            rounds = batch.prefill_rounds
+            gate.set()
+            for t in jobs + [hold]:
+                t.join(60)
+            # the three short prompts and the long one's first 128 - 20 tokens, then its rest
+            assert batch.prefill_rounds - rounds == 2
+            assert all(o is not None and o.shape == (llm.model.args.vocab_size,) for o in out)
+            assert [len(v.tokens) for v in views] == [len(p) for p in prompts]
         finally:
             batch.close()

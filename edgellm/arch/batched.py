@@ -131,9 +131,10 @@ class BatchDecoder:
             ang = float(p) * f.inv_freq  # as FusedDecoder.step computes them
             self.cos[r] = (np.cos(ang) * f.rope_scale).astype(np.float32)
             self.sin[r] = (np.sin(ang) * f.rope_scale).astype(np.float32)
-            for i, layer in enumerate(cache.layers):
-                self.layers[r, i, ds.LAYER_SLOT] = layer.written % layer.cap
-                self.layers[r, i, ds.LAYER_FILLED] = min(layer.written, layer.cap)
+            written = np.array([layer.written for layer in cache.layers], np.int64)
+            caps = self.layers[r, :, ds.LAYER_CAP]  # the fused step's table: each layer's
+            self.layers[r, :, ds.LAYER_SLOT] = written % caps
+            self.layers[r, :, ds.LAYER_FILLED] = np.minimum(written, caps)
         D, V = m.args.hidden_size, m.args.vocab_size
         embedding(m.embed, np.array(tokens, np.int64), self.x[:n])
         self.mem[:n, self.x_at:self.x_at + D] = self.x[:n]

@@ -59,6 +59,7 @@ from .ir import (
     _splat,
     _typed,
     _v,
+    vpdpwssd,
 )
 from .simd import VNNI
 
@@ -151,11 +152,10 @@ def _itile_codegen(kind, RT):
         toks = [b.add(t, _i64(s)) for s in range(RT)]
         xrows, drows, srows = ([a.row(u) for u in toks] for a in (xq, xd, xds))
         zero = _c(v16i, [0] * L)
-        dpw = _llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", v16i, [v16i] * 3) if VNNI else None
 
         def dot(acc, wv, xv):
-            if dpw is not None:
-                return b.call(dpw, [acc, wv, xv])
+            if VNNI:
+                return vpdpwssd(b, acc, wv, xv)
             v32 = _v(I32, 2 * L)  # vpmaddwd: i16 pairs multiplied and summed into i32
             prod = b.mul(b.sext(b.bitcast(wv, v32w), v32), b.sext(b.bitcast(xv, v32w), v32))
             return b.add(acc, b.add(_pick(b, prod, range(0, 2 * L, 2)),

@@ -62,4 +62,6 @@ def native_f16() -> bool:
 
 SIMD_PATH = select_path(portable=numba_setup.PORTABLE)
 VNNI = SIMD_PATH == "vnni"
+if VNNI:  # ir.vpdpwssd's inline assembly needs LLVM's x86 assembly parser (numba sets up
+    llb.initialize_native_asmparser()  # the target and printer only)
 NATIVE_F16 = native_f16()  # else f16 scales are converted in integer IR (ir._h2f)

@@ -101,7 +101,10 @@ class BatchDecoder:
                 nb = m[ds.MAT_ROW_BYTES] // quant.TYPES[kind].block_bytes(32)
                 at[k] = size
                 size += m[ds.MAT_ROWS] // ILV_ROWS * nb * ILV_BLOCK[kind]
-        data = np.empty(size, np.uint8)
+        # an anonymous mapping, not np.empty: numpy asks for huge pages for large arrays,
+        # and where the kernel compacts memory for them on the fault (THP defrag
+        # "madvise") the first write of 96 MB took 0.2-1 s here against 0.05
+        data = lazy_zeros((size,), np.uint8)
         for k, m in enumerate(mats):
             if at[k] >= 0:
                 rows, rb = m[ds.MAT_ROWS], m[ds.MAT_ROW_BYTES]

@@ -88,11 +88,13 @@ def interleave(w: np.ndarray, kind: str) -> np.ndarray:
         q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 16, 2).transpose(0, 2, 3, 1, 4)
         return np.ascontiguousarray(np.concatenate([d, q.reshape(G, nb, 512)], axis=-1)
                                     .reshape(G, -1))
-    q = blk[..., qs:qs + 16]
-    codes = np.concatenate([q & 15, q >> 4], axis=-1).astype(np.uint16)  # [G, l, nb, 32]
-    cw = codes.reshape(G, ILV_ROWS, nb, 4, 4, 2)  # [G, l, nb, c, s, p]: column 8c + 2s + p
-    words = (cw << (4 * np.arange(4, dtype=np.uint16))[:, None]).sum(axis=4, dtype=np.uint16)
-    words = words.transpose(0, 2, 3, 1, 4)  # [G, nb, c, l, p]
+    q = blk[..., qs:qs + 16]  # byte i: columns i (low nibble) and 16 + i (high)
+    halves = []
+    for codes in (q & 15, q >> 4):  # columns 0..15, then 16..31: chunks c = 0, 1, then 2, 3
+        cw = codes.astype(np.uint16).reshape(G, ILV_ROWS, nb, 2, 4, 2)  # column 8c + 2s + p
+        halves.append(cw[..., 0, :] | cw[..., 1, :] << 4 | cw[..., 2, :] << 8
+                      | cw[..., 3, :] << 12)  # [G, l, nb, c, p]: nibble s
+    words = np.concatenate(halves, axis=3).transpose(0, 2, 3, 1, 4)  # [G, nb, c, l, p]
     parts = [d]
     if kind == "q4_1":
         parts.append(blk[..., 2:4].transpose(0, 2, 1, 3).reshape(G, nb, 32))  # and m

@@ -60,9 +60,9 @@ def main() -> None:
         tables = (prog[keep | barrier],) + st.tables[1:]
         t0 = time.perf_counter()
         for _ in range(steps):
-            st.scheduler.run(bs.batch_parallel, bs.batch_serial,
-                             (tables, st.bufs, kv, st.positions, rows, n, m.precise, bs.TILE,
-                              st.ilv, st.fused.feats))
+            st.schedulers[n].run(bs.batch_parallel, bs.batch_serial,
+                                 (tables, st.bufs, kv, st.positions, rows, n, m.precise,
+                                  bs.TILE, st.ilv, st.fused.feats))
         return (time.perf_counter() - t0) / steps * 1000
 
     for keep in cuts.values():

@@ -226,3 +226,18 @@ def test_prompts_arriving_together_are_prefilled_in_one_round(converted):
             assert [len(v.tokens) for v in views] == [len(p) for p in prompts]
         finally:
             batch.close()
+
+
+def test_each_row_count_chooses_parallel_or_serial_apart(converted):
+    """A 4-row step takes longer than a 1-row one: each count has its own chooser, so the
+    4-row step's time is never judged against the 1-row step's best."""
+    with edgellm.load(converted("llama", "q4_1"), threads=2) as llm:
+        m = llm.model
+        stepper = BatchDecoder.build(m, [m.new_cache() for _ in range(4)])
+        for _ in range(3):
+            stepper.step([0], [1])
+            stepper.step([0, 1, 2, 3], [1, 2, 3, 4])
+        used = [s.chooser.avg[True] is not None or s.chooser.avg[False] is not None
+                for s in stepper.schedulers]
+        if stepper.schedulers[1].threads > 1:
+            assert used == [False, True, False, False, True]

@@ -83,7 +83,10 @@ class BatchDecoder:
         self.x_at, self.logits_at = f.program.x_addr, f.program.logits_addr
         self.bufs = (self.mem, f.shared, f.private, self.xq, self.xd, self.xs, self.xds,
                      self.kq, self.scores, self.state)
-        self.scheduler = StepScheduler(f.threads)
+        # parallel or serial chosen per row count: a 4-row step takes ~1.7x a 1-row one,
+        # which one chooser for all counts took for a slow parallel step (over 1.5x its
+        # best) and probed, or ran, serially (11 of 96 4-row steps in one server run)
+        self.schedulers = [StepScheduler(f.threads) for _ in range(R + 1)]
 
     def _interleaved(self, mats: np.ndarray, blob: np.ndarray) -> tuple:
         """The step's interleaved copies of its q4_0, q4_1 and q8_0 matrices
@@ -142,9 +145,9 @@ class BatchDecoder:
         embedding(m.embed, np.array(tokens, np.int64), self.x[:n])
         self.mem[:n, self.x_at:self.x_at + D] = self.x[:n]
         kv = (self.k_bytes, self.v_bytes, self.pos, self.layers, self.cos, self.sin)
-        self.scheduler.run(bs.batch_parallel, bs.batch_serial,
-                           (self.tables, self.bufs, kv, self.positions, self.slots, n,
-                            m.precise, bs.TILE, self.ilv, f.feats))
+        self.schedulers[n].run(bs.batch_parallel, bs.batch_serial,
+                               (self.tables, self.bufs, kv, self.positions, self.slots, n,
+                                m.precise, bs.TILE, self.ilv, f.feats))
         for s in slots:
             cache = self.caches[s]
             for layer in cache.layers:

@@ -9,13 +9,13 @@ Each round starts each server (edgellm with --parallel = the most streams asked 
 llama-server with --parallel the same and --ctx-size room for every slot), warms it with
 one request and then one on every slot at once (a fresh server's first batch pays for its
 first touches: edgellm's first 4-stream run read 293 tok/s, the next ones 334-359; the
-warm prompts are not the measured ones, whose prefill is then not cached), then for each stream count runs that many streams at once, each asking for
---tokens tokens (ignore_eos where the server has it, temperature 0; edgellm's prompts
-differ per stream so that no stream ends early). Aggregate decode tok/s = tokens streamed
-after each stream's first (as the server's usage counts them) / (time from the first
-stream's first token to the last stream's end); TTFT = median time to the first content
-chunk. Medians over rounds, and
-the ratios asked for by issue 24: edgellm 4-stream / edgellm 1-stream, edgellm 4-stream /
+warm prompts are not the measured ones, whose prefill is then not cached), then for each
+stream count runs that many streams at once, each asking for --tokens tokens (ignore_eos
+where the server has it, temperature 0; edgellm's prompts differ per stream so that no
+stream ends early). Aggregate decode tok/s = tokens streamed after each stream's first (as
+the server's usage counts them) / (time from the first stream's first token to the last
+stream's end); TTFT = median time to the first content chunk. Medians over rounds, and the
+ratios asked for by issue 24: edgellm 4-stream / edgellm 1-stream, edgellm 4-stream /
 llama-server 4-stream. The load average at start and end is printed with them.
 """
 

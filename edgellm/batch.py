@@ -130,9 +130,12 @@ class SlotLLM(LLM):
 
 
 class Batch:
-    """`slots` SlotLLMs over one LLM's model, served by one engine thread."""
+    """`slots` SlotLLMs over one LLM's model, served by one engine thread. `interleave`:
+    whether the batched step keeps interleaved copies of its q4_0/q4_1/q8_0 matrices
+    (arch/batched.py: faster, for their size in memory once more); default: with 2 or
+    more slots (one slot is never batched: it decodes as fast from the file)."""
 
-    def __init__(self, llm: LLM, slots: int):
+    def __init__(self, llm: LLM, slots: int, interleave: bool | None = None):
         self.llm = llm
         self.model = llm._model()
         if not hasattr(self.model, "new_cache"):
@@ -143,7 +146,8 @@ class Batch:
             raise ArgumentError(f"slots must be an int in 1..{self.model.chunk} (the rows "
                                 f"one step holds), got {slots!r}")
         self.slots = [SlotLLM(llm, SlotModel(self, i)) for i in range(slots)]
-        self.stepper = BatchDecoder.build(self.model, [s.model.cache for s in self.slots])
+        self.stepper = BatchDecoder.build(self.model, [s.model.cache for s in self.slots],
+                                          slots > 1 if interleave is None else interleave)
         self._cond = threading.Condition()
         self._decodes: list[_Job] = []
         self._prefills: list[_Job] = []  # consumed a chunk at a time, in arrival order
@@ -267,7 +271,8 @@ class Batch:
         self.rounds += 1
         self.rows += len(jobs)
         if self.stepper is not None and not self.stepper.current:  # the model's step changed
-            self.stepper = BatchDecoder.build(self.model, self.stepper.caches)
+            self.stepper = BatchDecoder.build(self.model, self.stepper.caches,
+                                              self.stepper.interleave)
         logits = decode_rows(self.model, [j.view for j in jobs],
                              [int(j.tokens[0]) for j in jobs], [j.shift for j in jobs],
                              self.stepper)

@@ -241,3 +241,27 @@ def test_each_row_count_chooses_parallel_or_serial_apart(converted):
                 for s in stepper.schedulers]
         if stepper.schedulers[1].threads > 1:
             assert used == [False, True, False, False, True]
+
+
+def test_interleaved_copies_only_where_rows_are_batched(converted):
+    """A one-slot Batch (never batched) and interleave=False keep no interleaved copy; two
+    slots do, on VNNI; and both answer alike (q4_1 matrices: bit for bit)."""
+    from edgellm.kernels import simd
+
+    ids = [int(t) for t in reference("llama")["input_ids"]][:6]
+    with edgellm.load(converted("llama", "q4_1"), threads=2) as llm:
+        got = []
+        for slots, flag in ((1, None), (2, None), (2, False)):
+            batch = Batch(llm, slots, flag)
+            try:
+                copy = batch.stepper.ilv[1].size
+                assert (copy > 0) == (simd.VNNI and slots > 1 and flag is None)
+                view = batch.slots[0].model
+                view.forward(ids, want="none")
+                got.append(view.forward([ids[0]], want="last"))
+            finally:
+                batch.close()
+        ilv = BatchDecoder.build(llm.model, [llm.model.new_cache()])
+        exact = not _interleaved_q8_0(ilv)
+        for g in got[1:]:
+            _same_function(g, got[0], exact)

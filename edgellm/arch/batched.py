@@ -35,13 +35,14 @@ class BatchDecoder:
     """The fused step of `model` over up to len(caches) rows (see the module docstring)."""
 
     @classmethod
-    def build(cls, model, caches: list) -> BatchDecoder | None:
+    def build(cls, model, caches: list, interleave: bool = True) -> BatchDecoder | None:
         if getattr(model, "fused", None) is None:
             return None
-        return cls(model, caches)
+        return cls(model, caches, interleave)
 
-    def __init__(self, model, caches: list):
+    def __init__(self, model, caches: list, interleave: bool = True):
         self.model = model
+        self.interleave = interleave  # keep interleaved copies (on VNNI; _interleaved)
         self.ilv = None
         R = len(caches)
         c0 = caches[0]
@@ -95,7 +96,7 @@ class BatchDecoder:
         bit for bit (elsewhere the single step's tiles are other code), and not for the
         precise path (float activations), which never reads them."""
         at = np.full(mats.shape[0], -1, np.int64)
-        if not VNNI or self.model.precise:
+        if not VNNI or self.model.precise or not self.interleave:
             return at, np.zeros(0, np.uint8)
         size = 0
         for k, m in enumerate(mats):

@@ -38,6 +38,10 @@ def add_arguments(p) -> None:
                    help="the most tokens one request may ask for (default: 4096)")
     p.add_argument("--max-body", type=int_at_least(1), default=1 << 20,
                    help="largest request body in bytes; beyond: 413 (default: 1 MiB)")
+    p.add_argument("--no-interleave", action="store_true",
+                   help="with --parallel 2 or more, read the weights from the file in the "
+                        "batched step: slower, without a rearranged copy of the q4_0, q4_1 "
+                        "and q8_0 weights in memory")
     p.add_argument("--alias", default=None, type=text_argument("alias", empty=False),
                    help="the model's id in the API (default: the -m name)")
 
@@ -74,14 +78,18 @@ def run(args) -> int:
             parallel=args.parallel, queue=args.queue, api_key=args.api_key,
             cors=tuple(args.cors), max_body=args.max_body,
             max_tokens=min(args.max_tokens, llm.context),
+            interleave=False if args.no_interleave else None,
             embedding_id=None if embedder is None else _model_id(args.embedding_model,
                                                                  embedder.packed.path))
         app = create_app(llm, settings, embedder)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                 timeout_graceful_shutdown=GRACE_S, access_log=False)
         server = uvicorn.Server(config)
+        stepper = app.state.batch.stepper
+        copy = 0 if stepper is None else stepper.ilv[1].nbytes
+        extra = f", {copy / 1e6:.0f} MB of interleaved weights" if copy else ""
         say(f"edgellm: serving {settings.model_id} at http://{args.host}:{args.port}/ "
-            f"({args.parallel} slot{'s' * (args.parallel > 1)}; Ctrl-C stops)")
+            f"({args.parallel} slot{'s' * (args.parallel > 1)}{extra}; Ctrl-C stops)")
         _serve(server)
     finally:
         llm.close()

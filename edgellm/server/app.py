@@ -49,6 +49,7 @@ class Settings:
     max_messages: int = 512
     max_inputs: int = 2048  # texts in one embeddings request
     embedding_id: str | None = None
+    interleave: bool | None = None  # the batched step's interleaved weights (Batch's default)
 
 
 def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> FastAPI:
@@ -56,7 +57,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
     caller closes them after the app has shut down (its lifespan closes the Batch)."""
     from contextlib import asynccontextmanager
 
-    batch = Batch(llm, settings.parallel)
+    batch = Batch(llm, settings.parallel, settings.interleave)
     pool = SlotPool(batch.slots, settings.queue)
     created = int(time.time())
 

@@ -63,30 +63,16 @@ def _single(code, w, xq, xd, xds, out):
 CODE = {"q4_0": 0, "q4_1": 1, "q8_0": 8}
 
 
-@njit
-def _sixteen(code, wi, xq, xd, xds, out, RT):
-    for t in range(0, xq.shape[0] - RT + 1, RT):
-        for g in range(wi.shape[0]):
-            if code == 8:
-                if RT == 4:
-                    il.itile_q8_0_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
-                elif RT == 2:
-                    il.itile_q8_0_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
-                else:
-                    il.itile_q8_0_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
-            elif code == 1:
-                if RT == 4:
-                    il.itile_q4_1_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
-                elif RT == 2:
-                    il.itile_q4_1_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
-                else:
-                    il.itile_q4_1_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
-            elif RT == 4:
-                il.itile_q4_0_16x4(wi, g, xq, xd, xds, t, out, 16 * g)
-            elif RT == 2:
-                il.itile_q4_0_16x2(wi, g, xq, xd, xds, t, out, 16 * g)
-            else:
-                il.itile_q4_0_16x1(wi, g, xq, xd, xds, t, out, 16 * g)
+def _sixteen(kind: str, RT: int):
+    """A kernel running itile_<kind>_16x<RT> over all groups and tokens (RT at a time)."""
+    tile = getattr(il, f"itile_{kind}_16x{RT}")
+
+    @njit
+    def run(wi, xq, xd, xds, out):
+        for t in range(0, xq.shape[0] - RT + 1, RT):
+            for g in range(wi.shape[0]):
+                tile(wi, g, xq, xd, xds, t, out, 16 * g)
+    return run
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -140,7 +126,7 @@ def test_tiles_match_the_product_and_the_q4_tiles_are_the_8x1_tiles(kind, advers
     first = None
     for RT in (1, 2, 4):
         got = np.full((T, N), np.nan, np.float32)
-        _sixteen(CODE[kind], wi, xq, xd, xds, got, RT)
+        _sixteen(kind, RT)(wi, xq, xd, xds, got)
         assert (np.abs(got - ref) <= 2e-6 * scale + 1e-30).all(), RT
         first = got if first is None else first
         np.testing.assert_array_equal(got, first, err_msg=f"RT={RT}")  # whichever tile

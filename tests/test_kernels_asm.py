@@ -51,6 +51,14 @@ def fresh_asm(dispatcher, *args) -> str:
     return f.inspect_asm(sig)
 
 
+def probe_asm(probe, *args) -> str:
+    """Assembly of the Python function probe (calling an intrinsic) compiled for args."""
+    f = numba.njit(probe)
+    sig = tuple(numba.typeof(a) for a in args)
+    f.compile(sig)
+    return f.inspect_asm(sig)
+
+
 def sample_args():
     w = np.zeros((4, 36), np.uint8)
     w.flags.writeable = False
@@ -283,10 +291,7 @@ def test_q5_row_group_tiles(kind):
     def probe(w, xq, xd, xds, out):
         tile(w, 32, 0, xq, xd, xds, 0, out)
 
-    f_ = numba.njit(probe)
-    sig = tuple(numba.typeof(a) for a in (w, xq, f, f, out))
-    f_.compile(sig)
-    asm = f_.inspect_asm(sig)
+    asm = probe_asm(probe, w, xq, f, f, out)
     if simd.SIMD_PATH == "vnni":
         assert int16_dots(asm) >= 8, kind
         assert re.search(r"%zmm\d+ \{%k\d\}", asm), kind
@@ -313,10 +318,7 @@ def test_interleaved_tiles(kind):
     def probe(w, xq, xd, xds, out):
         tile(w, 0, xq, xd, xds, 0, out, 0)
 
-    f_ = numba.njit(probe)
-    sig = tuple(numba.typeof(a) for a in (w, xq, f, f, out))
-    f_.compile(sig)
-    asm = f_.inspect_asm(sig)
+    asm = probe_asm(probe, w, xq, f, f, out)
     if simd.SIMD_PATH == "vnni":
         assert asm.count("vpdpwssd") >= max(64, 6 * asm.count("vpmaddwd")), kind
         assert re.search(r"vpbroadcastd\s+[^\n]*\(%\w+[^\n]*%zmm", asm), kind

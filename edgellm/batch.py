@@ -53,20 +53,27 @@ GATHER_S = 0.004  # how long a round waits for the rows of slots that are mid-ge
 class _Job:
     """One request to the engine: `tokens` for `view` (or a call), and its answer."""
 
-    __slots__ = ("view", "tokens", "want", "shift", "fn", "done", "result", "error")
+    __slots__ = ("view", "tokens", "want", "shift", "fn", "finished", "_signal", "result",
+                 "error")
 
     def __init__(self, view=None, tokens=None, want="last", shift=True, fn=None):
         self.view, self.tokens, self.want, self.shift, self.fn = view, tokens, want, shift, fn
-        self.done = threading.Event()
+        self.finished = False
+        # a lock held until finish(): one C-level lock a token, where an Event is a Python
+        # Condition (its own lock, a waiter lock and a notify loop) on both sides
+        self._signal = threading.Lock()
+        self._signal.acquire()
         self.result: Any = None
         self.error: BaseException | None = None
 
     def finish(self, result=None, error=None) -> None:
-        self.result, self.error = result, error
-        self.done.set()
+        if self.finished:  # the first answer stands (the lock is released once)
+            return
+        self.result, self.error, self.finished = result, error, True
+        self._signal.release()
 
     def wait(self):
-        self.done.wait()
+        self._signal.acquire()
         if self.error is not None:
             raise self.error
         return self.result
@@ -164,14 +171,25 @@ class Batch:
         with self._cond:
             if self._closed:
                 raise ClosedError(f"{self.llm.packed.path}: the server is shutting down")
+            wake = True
             if job.fn is not None:
                 self._calls.append(job)
             else:
                 job.view.expected = False
                 single = job.tokens.size == 1 and job.want in ("last", "none")
+                # a decode row wakes the engine when it may be idle (nothing queued) or has
+                # gathered every row it waits for; the rows between would only wake it to
+                # count (each wake-up a turn of the GIL while the other slots sample)
+                wake = not single or not (self._decodes or self._prefills or self._calls) \
+                    or self._coming() == 0
                 (self._decodes if single else self._prefills).append(job)
-            self._cond.notify_all()
+            if wake:
+                self._cond.notify_all()
         return job.wait()
+
+    def _coming(self) -> int:
+        """Slots mid-generation whose next row has not come yet (under self._cond)."""
+        return sum(1 for s in self.slots if s.model is not None and s.model.expected)
 
     def call(self, fn: Callable, *args, **kwargs):
         """fn(*args, **kwargs) on the engine thread, between two rounds."""
@@ -193,9 +211,8 @@ class Batch:
                 self._cond.wait()
             deadline = time.monotonic() + GATHER_S
             while not self._closed and not self._calls:
-                coming = sum(1 for s in self.slots if s.model is not None and s.model.expected)
                 left = deadline - time.monotonic()
-                if coming == 0 or left <= 0:
+                if self._coming() == 0 or left <= 0:
                     break
                 self._cond.wait(left)
             if self._closed:
@@ -239,7 +256,7 @@ class Batch:
                 fn()
         except BaseException as e:  # the callers' threads re-raise it
             for job in jobs:
-                if not job.done.is_set():
+                if not job.finished:
                     with self._cond:
                         if job in self._prefills:
                             self._prefills.remove(job)

@@ -6,10 +6,10 @@ each of up to R sequences per call, each with its own KV cache (kernels/batch_st
 
 The caches (KVCache, the server's slots) move into stacked arrays k, v [R, slots, Hkv, Dh]
 and pos [R, slots] (KVCache.move_to), which the kernel indexes by row; each row also has its
-own copy of the fused step's arena and activation slots. On AVX-512 VNNI the step reads
-its q4_0, q4_1 and q8_0 matrices from interleaved copies (kernels/interleave.py), made once
-here: 4 rows 1.8x (q4) to 3x (q8_0) faster than the file's layout, for the matrices' size
-in memory once more. A row's logits are the step's for that sequence alone (one row), bit
+own copy of the fused step's arena and activation slots. Built with `interleave` (Batch:
+with 2 or more slots) on AVX-512 VNNI, the step reads its q4_0, q4_1 and q8_0 matrices from
+interleaved copies (kernels/interleave.py), made once here: 4 rows 2.5x (q4_1) to 3x
+(q8_0) faster than from the file's layout, for the matrices' size in memory once more. A row's logits are the step's for that sequence alone (one row), bit
 for bit, whatever else the step carries; against the single fused step (LLM.generate's)
 they are bit for bit too where no q8_0 matrix is interleaved (the q4 tiles add as its
 8x1 tile does), else within rounding (a q8_0 block's 32 products summed in another order).

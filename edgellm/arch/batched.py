@@ -9,10 +9,11 @@ and pos [R, slots] (KVCache.move_to), which the kernel indexes by row; each row 
 own copy of the fused step's arena and activation slots. Built with `interleave` (Batch:
 with 2 or more slots) on AVX-512 VNNI, the step reads its q4_0, q4_1 and q8_0 matrices from
 interleaved copies (kernels/interleave.py), made once here: 4 rows 2.5x (q4_1) to 3x
-(q8_0) faster than from the file's layout, for the matrices' size in memory once more. A row's logits are the step's for that sequence alone (one row), bit
-for bit, whatever else the step carries; against the single fused step (LLM.generate's)
-they are bit for bit too where no q8_0 matrix is interleaved (the q4 tiles add as its
-8x1 tile does), else within rounding (a q8_0 block's 32 products summed in another order).
+(q8_0) faster than from the file's layout, for the matrices' size in memory once more.
+A row's logits are the step's for that sequence alone (one row), bit for bit, whatever
+else the step carries; against the single fused step (LLM.generate's) they are bit for bit
+too where no q8_0 matrix is interleaved (the q4 tiles add as its 8x1 tile does), else
+within rounding (a q8_0 block's 32 products summed in another order).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ class BatchDecoder:
     def __init__(self, model, caches: list, interleave: bool = True):
         self.model = model
         self.interleave = interleave  # keep interleaved copies (on VNNI; _interleaved)
-        self.ilv = None
         R = len(caches)
         c0 = caches[0]
         self.k = lazy_zeros((R, *c0.k_all.shape), c0.k_all.dtype)
@@ -58,8 +58,8 @@ class BatchDecoder:
         self._tables(model.fused)
 
     def _tables(self, fused) -> None:
-        """Per-row copies of the fused step's buffers (again when the model's step is
-        rebuilt: LoRA)."""
+        """Per-row copies of the fused step's buffers and tables, and the interleaved
+        weights (a rebuilt step, LoRA's, gets a new BatchDecoder: Batch._decode)."""
         R, f32 = len(self.caches), np.float32
         self.fused = f = fused
         self.mem = np.zeros((R, f.mem.shape[0]), f32)
@@ -75,8 +75,7 @@ class BatchDecoder:
         self.ints = np.repeat(f.ints[None], R, axis=0)  # MoE: each row's routes
         p = f.model_tables
         self.tables = (p[0], p[1], p[2], p[3], self.ints, p[5], p[6])
-        if self.ilv is None or self.ilv[0].shape[0] != p[1].shape[0]:
-            self.ilv = self._interleaved(p[1], p[5])
+        self.ilv = self._interleaved(p[1], p[5])
         self.positions = np.zeros(R, np.int64)
         self.slots = np.zeros(R, np.int64)
         D = self.model.args.hidden_size

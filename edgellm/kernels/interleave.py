@@ -43,6 +43,7 @@ from numba import types
 
 from .codegen_int8 import group_blocks
 from .ir import (
+    BLOCK_BYTES,
     F32,
     I8,
     I16,
@@ -70,14 +71,14 @@ PF = 2048  # bytes a tile prefetches ahead of its block (q8_0 49152x576, 1 threa
 # memory, one token: 1.80 -> 1.56 ms; 1024 and 4096 less)
 # bytes of a group's block: the 16 rows' scales, then their codes
 ILV_BLOCK = {"q4_0": 16 * 2 + 256, "q4_1": 16 * 4 + 256, "q8_0": 16 * 2 + 512}
-_GGML = {"q4_0": (18, 2), "q4_1": (20, 4), "q8_0": (34, 2)}  # block bytes, codes' offset
 
 
 def interleave(w: np.ndarray, kind: str) -> np.ndarray:
     """ggml q4_0 / q4_1 / q8_0 rows (uint8 [rows, nb * 18 | 20 | 34], rows a multiple of
     16) -> the interleaved groups (uint8 [rows / 16, nb * ILV_BLOCK[kind]], module
     docstring)."""
-    BB, qs = _GGML[kind]
+    qs, per_byte = BLOCK_BYTES[kind]  # ggml's block: the header, then the codes
+    BB = qs + 32 // per_byte
     rows, nb = w.shape[0], w.shape[1] // BB
     if rows % ILV_ROWS or w.shape[1] != nb * BB:
         raise ValueError(f"interleave: {kind} rows {w.shape} are not groups of 16 blocks")

@@ -107,6 +107,18 @@ def test_exp_shift_is_libm_exp_and_masks():
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(1000) * 20).astype(np.float32)
     x[::7] = MASKED
-    want = np.where(x > MASKED, [_libm_exp(v) for v in x - np.float32(3.5)], 0).astype(np.float32)
+    x[1::7] = rng.uniform(-110, -80, x[1::7].shape)  # exps near and below float32's normals
+    e = np.array([_libm_exp(v) for v in x - np.float32(3.5)], np.float32)
+    normal = e >= np.finfo(np.float32).tiny  # subnormal numerators are 0 (see exp_shift)
+    assert (~normal & (x > MASKED)).sum() > 30 and (normal[1::7]).sum() > 10
+    want = np.where((x > MASKED) & normal, e, 0).astype(np.float32)
     exp_shift(x, 997, np.float32(3.5))  # the last 3 stay as they were
     np.testing.assert_array_equal(x[:997].view(np.uint32), want[:997].view(np.uint32))
+
+
+def test_exp_shift_threshold_is_the_normal_boundary():
+    from edgellm.kernels.fastexp import NORMAL_FROM
+
+    tiny = np.finfo(np.float32).tiny
+    assert exp32(NORMAL_FROM) >= tiny
+    assert exp32(np.nextafter(NORMAL_FROM, np.float32(-np.inf))) < tiny

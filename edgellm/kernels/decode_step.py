@@ -58,7 +58,7 @@ from .. import quant
 from .act_quant import quantize_rows
 from .activations import geglu_tanh_row, swiglu_row
 from .attn_tiles import row_max
-from .dots import LANES, dots16, wsum_rows
+from .dots import LANES, dots16, prefetch_rows, wsum_rows
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
 from .kquant import mvp_rows_k
@@ -257,6 +257,9 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
     s = 0
     if Dh % LANES == 0:
         while s + LANES <= n:
+            ahead = min(LANES, n - s - LANES)
+            if ahead > 0:
+                prefetch_rows(keys, s + LANES, ahead)
             src, r = kv_rows(keys, s, LANES, tile)
             for g in range(ng):
                 dots16(src, r, qg, g, scores, s, scale)
@@ -295,6 +298,9 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
     t = 0
     while t < n:  # LANES value rows at a time, each decoded once for the group's heads
         m = min(LANES, n - t)
+        ahead = min(LANES, n - t - m)
+        if ahead > 0:
+            prefetch_rows(vals, t + m, ahead)
         src, r = kv_rows(vals, t, m, tile)
         for g in range(ng):
             wsum_rows(src, r, m, scores, g, t, o2, hq0 + g)

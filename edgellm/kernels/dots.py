@@ -28,7 +28,7 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from .ir import F32, FAST, _c, _for, _i64, _load, _loop, _pick, _Rows, _splat, _v
+from .ir import F32, FAST, _c, _for, _i64, _load, _loop, _pick, _prefetch, _Rows, _splat, _v
 from .simd import VNNI
 
 LANES = 16  # keys per call, and float32 lanes per vector
@@ -149,3 +149,36 @@ def wsum_rows(typingctx, V, r0, m, W, g, w0, out, og):
     i64 = types.int64
     sig = types.none(V, i64, i64, W, i64, i64, out, i64)
     return sig, _wsum_rows_codegen
+
+
+def _prefetch_rows_codegen(ctx, b, sig, args):
+    A = _Rows(ctx, b, sig.args[0], args[0])
+    s, m = args[1], args[2]
+    nbytes = b.mul(A.cols, _i64(sig.args[0].dtype.bitwidth // 8))
+
+    def row(j, st):
+        r = A.row(b.add(s, j))
+
+        def line(c, st):
+            _prefetch(b, b.gep(r, [b.mul(c, _i64(64))]))
+            return st
+
+        _for(b, _i64(0), b.sdiv(b.add(nbytes, _i64(63)), _i64(64)), [], line)
+        return st
+
+    _for(b, _i64(0), m, [], row)
+    return ctx.get_dummy_value()
+
+
+@intrinsic
+def prefetch_rows(typingctx, A, s, m):
+    """Hint rows s .. s + m - 1 of the 2-D array A (rows may be strided: a KV head's view
+    of the cache) into the cache, every line of each row's columns: a KV head's rows are
+    a fraction of each cache row, a pattern the hardware prefetcher follows badly. A hint:
+    never faults, so rows past A's end are harmless (and not fetched)."""
+    if not (isinstance(A, types.Array) and A.ndim == 2):
+        raise TypingError(f"prefetch_rows: A must be a 2-D array, got {A}")
+    for name, a in (("s", s), ("m", m)):
+        if not isinstance(a, types.Integer):
+            raise TypingError(f"prefetch_rows: {name} must be an integer, got {a}")
+    return types.none(A, types.int64, types.int64), _prefetch_rows_codegen

@@ -160,7 +160,7 @@ def _prefetch_rows_codegen(ctx, b, sig, args):
         r = A.row(b.add(s, j))
 
         def line(c, st):
-            _prefetch(b, b.gep(r, [b.mul(c, _i64(64))]))
+            _prefetch(b, b.gep(r, [b.mul(c, _i64(64))]), level=2)
             return st
 
         _for(b, _i64(0), b.sdiv(b.add(nbytes, _i64(63)), _i64(64)), [], line)
@@ -173,9 +173,9 @@ def _prefetch_rows_codegen(ctx, b, sig, args):
 @intrinsic
 def prefetch_rows(typingctx, A, s, m):
     """Hint rows s .. s + m - 1 of the 2-D array A (rows may be strided: a KV head's view
-    of the cache) into the cache, every line of each row's columns: a KV head's rows are
-    a fraction of each cache row, a pattern the hardware prefetcher follows badly. A hint:
-    never faults, so rows past A's end are harmless (and not fetched)."""
+    of the cache) into L2 (as ir._prefetch_ahead), every line of each row's columns: a KV
+    head's rows are a fraction of each cache row, a pattern the hardware prefetcher
+    follows badly. A hint: never faults, so rows past A's end are harmless."""
     if not (isinstance(A, types.Array) and A.ndim == 2):
         raise TypingError(f"prefetch_rows: A must be a 2-D array, got {A}")
     for name, a in (("s", s), ("m", m)):

@@ -24,7 +24,11 @@ round the engine runs
     in all (a long prompt a chunk a round, short ones several a round): a long prompt
     does not stall the streams in flight, and requests that arrive together start
     decoding together (one prompt a round staggered four 45-token prompts over four
-    rounds, so each stream's first and last steps carried fewer rows).
+    rounds, so each stream's first and last steps carried fewer rows). The round's
+    prompts run in one pass over the weights (prefill_rows), each over its own cache; a
+    prompt's logits are then within rounding of its prefill alone (the prefill tiles
+    group the tokens six, four or one per weight panel by their total count, which the
+    other prompts change).
 Before a round the engine waits up to GATHER_S for slots that are mid-generation (they
 come back with their next token within a sampling step), so their rows share the step.
 """
@@ -163,6 +167,7 @@ class Batch:
         self.rounds = self.rows = 0  # decode steps run and rows they carried (stats)
         self.mixed = 0  # rounds that ran decode rows and prefill tokens
         self.prefill_rounds = 0  # rounds that ran prefill tokens
+        self.prefill_passes = 0  # passes over the weights they took (prefill_rows: one)
         self._thread = threading.Thread(target=self._run, name="edgellm-engine", daemon=True)
         self._thread.start()
 
@@ -239,13 +244,20 @@ class Batch:
                 self._guarded(decodes, lambda: self._decode(decodes))
                 self.mixed += bool(prefills)
             self.prefill_rounds += bool(prefills)
-            budget = self.model.chunk
+            budget, together = self.model.chunk, []
             for job in prefills:  # in arrival order, model.chunk tokens in all
                 if budget <= 0:
                     break
                 n = min(budget, job.tokens.size)
                 budget -= n
-                self._guarded([job], lambda j=job, n=n: self._prefill_chunk(j, n))
+                if n > 1 and job.want in ("last", "none"):
+                    together.append((job, n))
+                else:  # whole-sequence outputs, and one token (the fused step's): alone
+                    self._guarded([job], lambda j=job, n=n: self._prefill_chunk(j, n))
+            if len(together) == 1:
+                self._guarded([together[0][0]], lambda: self._prefill_chunk(*together[0]))
+            elif together:
+                self._guarded([j for j, _ in together], lambda: self._prefill_together(together))
 
     def _guarded(self, jobs: list[_Job], fn: Callable) -> None:
         """fn() under the LLM's step lock (close() waits for it); an error goes to every
@@ -296,10 +308,40 @@ class Batch:
         for job, row in zip(jobs, logits):
             self._done(job, row if job.want == "last" else None)
 
+    def _prefill_together(self, pairs: list[tuple[_Job, int]]) -> None:
+        """The next n tokens of each (job, n) in one pass (prefill_rows): one matrix product
+        a weight for all of them, where a pass each paid the weights' reading and the
+        kernels' calls once per prompt (SmolLM2, 2 threads: 15 tokens 22 ms, 128 tokens
+        105 ms). A job whose slot has no room (context full, no shift) fails alone."""
+        ready = []
+        for job, n in pairs:
+            try:
+                job.view.make_room(n, job.shift)
+            except ContextError as e:
+                with self._cond:
+                    self._prefills.remove(job)
+                job.finish(error=e)
+                continue
+            ready.append((job, n))
+        if not ready:
+            return
+        self.prefill_passes += 1
+        outs = prefill_rows(self.model, [j.view for j, _ in ready],
+                            [j.tokens[:n] for j, n in ready],
+                            [j.want == "last" and n == j.tokens.size for j, n in ready])
+        for (job, n), out in zip(ready, outs):
+            if n < job.tokens.size:
+                job.tokens = job.tokens[n:]
+                continue
+            with self._cond:
+                self._prefills.remove(job)
+            self._done(job, out)
+
     def _prefill_chunk(self, job: _Job, n: int) -> None:
         """The next n tokens of `job` (its answer once the last has run)."""
         m = self.model
         every = job.want in ("all", "hidden")
+        self.prefill_passes += 1
         with self._as(job.view):
             if every:  # whole-sequence outputs (logits()): not interleaved
                 out = m.forward(job.tokens, want=job.want, shift=job.shift)
@@ -314,6 +356,43 @@ class Batch:
         with self._cond:
             self._prefills.remove(job)
         self._done(job, out if every or out is None else out.copy())
+
+
+def prefill_rows(model, views: list, parts: list[np.ndarray], wants: list[bool]) -> list:
+    """Prompt tokens of several slots (views: their SlotModels, each with room made for its
+    part) in one pass over the weights: their T = sum of sizes <= model.chunk rows through
+    the per-operation steps together (one matrix product a weight for all of them), each
+    slot's rows attending over its own cache at its own positions, as its prefill alone
+    would. Per slot: the logits [vocab] (a new array) of its last token where wants[i],
+    else None."""
+    sizes = [p.size for p in parts]
+    T = sum(sizes)
+    assert T <= model.chunk, "more rows than the model's buffers hold"
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
+    positions = np.concatenate([np.arange(v.cache.next_pos, v.cache.next_pos + n)
+                                for v, n in zip(views, sizes)]).astype(np.int64)
+    b = model.buffers
+    embedding(model.embed, np.concatenate(parts).astype(np.int64), b.x[:T])
+    if model.embed_scale != 1.0:
+        b.x[:T] *= np.float32(model.embed_scale)
+    model._rope_memo.clear()  # RoPE tables for these rows' positions, shared by the layers
+
+    def attend(s, q, k, v, out, T, positions):
+        q, k, v = model.rotate(s, q, k, v, T, positions)  # every row at its own position
+        for a, e, view in zip(starts, ends, views):  # each slot's rows over its own cache
+            model.attend_rotated(view.cache.layers[s.layer], q[a:e], k[a:e], v[a:e],
+                                 out[a:e], positions[a:e])
+
+    for i in range(len(model.layers)):
+        model.runner.run(model.layer_steps[i], T, positions, attend=attend)
+    for view, part in zip(views, parts):
+        view.cache.next_pos += part.size
+        view.cache.n_tokens += part.size
+        view.tokens.extend(part.tolist())
+    # each slot's logits as its own one-row head (the kernel its prefill alone would run)
+    return [model.head_logits(b.x[e - 1:e])[0].copy() if w else None
+            for e, w in zip(ends, wants)]
 
 
 def decode_rows(model, views: list, tokens: list[int], shifts: list[bool],

@@ -15,7 +15,7 @@ from conftest import reference
 import edgellm
 from edgellm import quant
 from edgellm.arch.batched import BatchDecoder
-from edgellm.batch import Batch, decode_rows
+from edgellm.batch import Batch, decode_rows, prefill_rows
 
 
 class _View:
@@ -147,6 +147,45 @@ def test_rows_agree_with_the_per_operation_batched_rows(converted):
             assert np.abs(a - b).max() < 1e-4, step
 
 
+@pytest.mark.parametrize("name, kind", [("llama", "q4_1"), ("gemma3", "q4_0")])
+def test_prompts_prefilled_together_are_each_prompt_alone(name, kind, converted):
+    """prefill_rows: several slots' prompts (after cached prefixes) in one pass, each slot
+    then holding what its prefill alone leaves (Gemma 3's sliding rings wrapping): its last
+    logits within the rounding of the prefill tiles, which take six, four or one tokens
+    per weight panel as the total count falls (the same rows alone: a different grouping);
+    and the next decode step from each cache as from the cache its prompt made alone."""
+    ids = [int(t) for t in reference(name)["input_ids"]]
+    ids = (ids * 8)[:40]
+    prefixes, parts = [ids[:3], ids[5:9], ids[7:8], ids[2:4]], [ids[3:8], ids[9:30], ids[:2], ids]
+    with edgellm.load(converted(name, kind), threads=2) as llm:
+        m = llm.model
+        alone_caches = _prefilled(m, prefixes)
+        alone, saved = [], (m.cache, m.tokens)
+        for cache, prefix, part in zip(alone_caches, prefixes, parts):
+            m.cache, m.tokens = cache, list(prefix)
+            alone.append(m.forward(part, want="last").copy())
+        m.cache, m.tokens = saved
+        views = [_View(m, c, i) for i, c in enumerate(_prefilled(m, prefixes))]
+        for v, prefix in zip(views, prefixes):
+            v.tokens = list(prefix)
+        wants = [True, False, True, True]
+        outs = prefill_rows(m, views, [np.array(p, np.int64) for p in parts], wants)
+        assert outs[1] is None
+        for got, want, w in zip(outs, alone, wants):
+            if w:
+                assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max()
+                assert int(got.argmax()) == int(want.argmax())
+        for v, cache, prefix, part in zip(views, alone_caches, prefixes, parts):
+            assert v.tokens == prefix + part
+            assert (v.cache.next_pos, v.cache.n_tokens) == (cache.next_pos, cache.n_tokens)
+            a = decode_rows(m, [v], [ids[0]], [False])[0]
+            b = decode_rows(m, [_View(m, cache, 0)], [ids[0]], [False])[0]
+            assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()
+        if name == "gemma3":
+            assert any(layer.written > layer.cap for layer in views[3].cache.layers
+                       if layer.window)
+
+
 def test_bad_rows_are_refused(converted):
     with edgellm.load(converted("llama", "q8_0")) as llm:
         m = llm.model
@@ -216,12 +255,14 @@ def test_prompts_arriving_together_are_prefilled_in_one_round(converted):
             deadline = time.monotonic() + 30
             while len(batch._prefills) < 4 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            rounds = batch.prefill_rounds
+            rounds, passes = batch.prefill_rounds, batch.prefill_passes
             gate.set()
             for t in jobs + [hold]:
                 t.join(60)
-            # the three short prompts and the long one's first 128 - 20 tokens, then its rest
+            # the three short prompts and the long one's first 128 - 20 tokens (one pass),
+            # then its rest
             assert batch.prefill_rounds - rounds == 2
+            assert batch.prefill_passes - passes == 2
             assert all(o is not None and o.shape == (llm.model.args.vocab_size,) for o in out)
             assert [len(v.tokens) for v in views] == [len(p) for p in prompts]
         finally:

@@ -330,12 +330,7 @@ class Batch:
                             [j.tokens[:n] for j, n in ready],
                             [j.want == "last" and n == j.tokens.size for j, n in ready])
         for (job, n), out in zip(ready, outs):
-            if n < job.tokens.size:
-                job.tokens = job.tokens[n:]
-                continue
-            with self._cond:
-                self._prefills.remove(job)
-            self._done(job, out)
+            self._advance(job, n, out)
 
     def _prefill_chunk(self, job: _Job, n: int) -> None:
         """The next n tokens of `job` (its answer once the last has run)."""
@@ -344,27 +339,40 @@ class Batch:
         self.prefill_passes += 1
         with self._as(job.view):
             if every:  # whole-sequence outputs (logits()): not interleaved
+                n = job.tokens.size
                 out = m.forward(job.tokens, want=job.want, shift=job.shift)
-                part, rest = job.tokens, job.tokens[:0]
             else:
-                part, rest = job.tokens[:n], job.tokens[n:]
-                out = m.forward(part, want=job.want if rest.size == 0 else "none",
-                                shift=job.shift)
-        if rest.size:
-            job.tokens = rest
+                out = m.forward(job.tokens[:n], shift=job.shift,
+                                want=job.want if n == job.tokens.size else "none")
+        self._advance(job, n, out if every or out is None else out.copy())
+
+    def _advance(self, job: _Job, n: int, out) -> None:
+        """job's next n tokens have run: the rest waits for a later round, or (none left)
+        the job is answered with `out`."""
+        if n < job.tokens.size:
+            job.tokens = job.tokens[n:]
             return
         with self._cond:
             self._prefills.remove(job)
-        self._done(job, out if every or out is None else out.copy())
+        self._done(job, out)
 
 
 def prefill_rows(model, views: list, parts: list[np.ndarray], wants: list[bool]) -> list:
     """Prompt tokens of several slots (views: their SlotModels, each with room made for its
-    part) in one pass over the weights: their T = sum of sizes <= model.chunk rows through
-    the per-operation steps together (one matrix product a weight for all of them), each
-    slot's rows attending over its own cache at its own positions, as its prefill alone
-    would. Per slot: the logits [vocab] (a new array) of its last token where wants[i],
-    else None."""
+    part) in one pass over the weights (_through_layers), as each slot's prefill alone
+    would run them but for the prefill tiles' grouping. Per slot: the logits [vocab] (a new
+    array) of its last token where wants[i], else None."""
+    ends = _through_layers(model, views, parts)
+    # each slot's logits as its own one-row head (the kernel its prefill alone would run)
+    return [model.head_logits(model.buffers.x[e - 1:e])[0].copy() if w else None
+            for e, w in zip(ends, wants)]
+
+
+def _through_layers(model, views: list, parts: list[np.ndarray]) -> np.ndarray:
+    """The slots' token parts as one batch of rows, sum of sizes <= model.chunk, through
+    the per-operation steps (one matrix product a weight for all of them), each slot's rows
+    attending over its own cache at its own positions; the caches and token lists advanced.
+    The final hidden rows stay in model.buffers.x; returns each part's end row."""
     sizes = [p.size for p in parts]
     T = sum(sizes)
     assert T <= model.chunk, "more rows than the model's buffers hold"
@@ -390,17 +398,15 @@ def prefill_rows(model, views: list, parts: list[np.ndarray], wants: list[bool])
         view.cache.next_pos += part.size
         view.cache.n_tokens += part.size
         view.tokens.extend(part.tolist())
-    # each slot's logits as its own one-row head (the kernel its prefill alone would run)
-    return [model.head_logits(b.x[e - 1:e])[0].copy() if w else None
-            for e, w in zip(ends, wants)]
+    return ends
 
 
 def decode_rows(model, views: list, tokens: list[int], shifts: list[bool],
                 stepper: BatchDecoder | None = None) -> np.ndarray:
     """Logits [n, vocab] (a new array) of one token for each of n slots (views: their
     SlotModels), in one pass over the weights: the batched fused step (`stepper`, whose
-    caches are the views'), else rows [n, D] through the per-operation steps; each row's
-    attention over its own cache at its own position."""
+    caches are the views'), else rows [n, D] through the per-operation steps
+    (_through_layers, a part of one token a slot)."""
     n = len(views)
     assert n <= model.chunk, "more rows than the model's buffers hold"
     for view, shift in zip(views, shifts):
@@ -410,23 +416,5 @@ def decode_rows(model, views: list, tokens: list[int], shifts: list[bool],
         for view, token in zip(views, tokens):
             view.tokens.append(token)
         return logits
-    positions = np.array([v.cache.next_pos for v in views], np.int64)
-    b = model.buffers
-    embedding(model.embed, np.array(tokens, np.int64), b.x[:n])
-    if model.embed_scale != 1.0:
-        b.x[:n] *= np.float32(model.embed_scale)
-    model._rope_memo.clear()  # RoPE tables for these rows' positions, shared by the layers
-
-    def attend(s, q, k, v, out, T, positions):
-        q, k, v = model.rotate(s, q, k, v, T, positions)  # every row at its own position
-        for r, view in enumerate(views):  # each row over its own slot's cache
-            model.attend_rotated(view.cache.layers[s.layer], q[r:r + 1], k[r:r + 1],
-                                 v[r:r + 1], out[r:r + 1], positions[r:r + 1])
-
-    for i in range(len(model.layers)):
-        model.runner.run(model.layer_steps[i], n, positions, attend=attend)
-    for view, token in zip(views, tokens):
-        view.cache.next_pos += 1
-        view.cache.n_tokens += 1
-        view.tokens.append(token)
-    return model.head_logits(b.x[:n]).copy()
+    _through_layers(model, views, [np.array([t], np.int64) for t in tokens])
+    return model.head_logits(model.buffers.x[:n]).copy()

@@ -15,6 +15,8 @@ It is also the one place edgellm's own kernel settings are read from the environ
 - EDGELLM_PORTABLE=1 (or true/yes): `PORTABLE`, the process's default for the kernels' SIMD
   path (kernels/simd.py: select_path(portable=...)), fixed when the kernels are imported.
   Set it before `import edgellm` (or assign numba_setup.PORTABLE before the kernels load).
+- EDGELLM_NO_AMX=1: `NO_AMX`, prefill without Intel AMX tiles where the CPU has them
+  (kernels/simd.py's AMX; for comparisons), fixed when the kernels are imported.
 
 `set_threads(n)` validates and sets the number of threads parallel kernels use.
 """
@@ -31,7 +33,7 @@ import sys
 import tempfile
 import warnings
 
-__all__ = ["CACHE_DIR", "PORTABLE", "THREADING_LAYER", "check_threading_layer",
+__all__ = ["CACHE_DIR", "NO_AMX", "PORTABLE", "THREADING_LAYER", "check_threading_layer",
            "env_flag", "set_threads"]
 
 
@@ -117,6 +119,7 @@ def env_flag(name: str) -> bool:
 
 
 PORTABLE = env_flag("EDGELLM_PORTABLE")
+NO_AMX = env_flag("EDGELLM_NO_AMX")
 
 
 def check_threading_layer(strict: bool = False) -> str:

@@ -3,7 +3,8 @@
 A numba/llvmlite upgrade can silently change what the IR in edgellm.kernels' code generators
 lowers to; these tests read the assembly of freshly compiled (uncached) kernels:
   VNNI path       vpdpbusd in the int8 matvec and matmul kernels, vpdpwssd in the int16
-                  q4 row groups and the prefill panels
+                  q4 row groups and the prefill panels; AMX tile products in the prefill
+                  panels where the CPU has AMX
   portable path   (EDGELLM_PORTABLE=1, in a subprocess) vpmaddwd and no vpdpbusd
   precise path    packed float multiply-adds
   K-quants        (kquant.py, float activations) vectorized dequantization and multiply-adds
@@ -120,6 +121,23 @@ def test_vnni_int16_prefill_panels_emit_vpdpwssd(kind):
     asm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, xs, f, f, 0, 4, 1,
                     panel, scales)
     assert int16_dots(asm) >= 8 * 11  # the 8x6, 8x4 and 8x1 tiles' chunks
+
+
+@pytest.mark.skipif(not simd.AMX, reason="no AMX-INT8 here (CPU, OS or EDGELLM_NO_AMX)")
+@pytest.mark.parametrize("kind", QTYPES)
+def test_amx_prefill_panels_emit_tile_products(kind):
+    """Where the CPU has AMX, prefill's panels on int16 activations also run on AMX tiles
+    (amx.py): a tile configuration, tile loads and stores, and the two products of a
+    block (low bytes unsigned, high bytes signed; q8_0's codes signed, q4's unsigned)."""
+    w, _, f = sample_args()
+    xq, xs = np.zeros((1, 32), np.int16), np.zeros((1, 1), np.int32)
+    panel, scales = matmul.panel_scratch(32)
+    asm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, xs, f, f, 0, 4, 1,
+                    panel, scales)
+    products = ("tdpbusd", "tdpbssd") if kind == "q8_0" else ("tdpbuud", "tdpbsud")
+    for op in ("ldtilecfg", "tileloadd", "tilestored", "tilerelease", *products):
+        assert op in asm, op
+    assert int16_dots(asm) >= 8 * 11  # the panel tiles stay for T < 32 and a last group
 
 
 @pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")

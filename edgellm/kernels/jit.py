@@ -25,7 +25,7 @@ import numba
 from numba.core import config
 
 from .. import numba_loading
-from .simd import NATIVE_F16, SIMD_PATH
+from .simd import AMX, NATIVE_F16, SIMD_PATH
 
 numba_loading.install()  # cache hits load lighter (numba_loading.py)
 
@@ -57,7 +57,8 @@ def _sources_hash() -> str:
     return h.hexdigest()[:10]
 
 
-CACHE_TAG = f"k{KERNEL_VERSION}-{SIMD_PATH}{'' if NATIVE_F16 else '-softf16'}-{_sources_hash()}"
+CACHE_TAG = (f"k{KERNEL_VERSION}-{SIMD_PATH}{'-amx' if AMX else ''}"
+             f"{'' if NATIVE_F16 else '-softf16'}-{_sources_hash()}")
 
 
 @contextlib.contextmanager

@@ -4,7 +4,9 @@ Same weights, modes and conventions as matvec.py.
 int8 activations: each group of 8 weight rows is packed once into a panel (panel.py) that
 then meets all T tokens, six at a time (of the last T % 6, four, then one at a time;
 six keep ~1.45x (q8_0) and ~1.15x (q4_1) the rate of four on AVX-512): the packing is
-paid once per matrix product, and the tiles need no horizontal sums. Threads take
+paid once per matrix product, and the tiles need no horizontal sums. Where the CPU has
+AMX (simd.AMX) and the activations are int16, two groups at a time meet 32 tokens at a
+time on AMX tiles instead (amx.py), when T >= 32. Threads take
 contiguous ranges of row groups, each with its own panel. Rows past the last whole group
 (N % 8) use tiles.py's one-row tiles.
 float activations: a chunk of ROWS rows stays in L1 while it meets the tokens four at a
@@ -21,6 +23,19 @@ Callers validate shapes first (linear.py): these kernels do not check bounds.
 import numpy as np
 from numba import prange
 
+from .amx import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
+    BX_BLOCK,
+    MIN_TOKENS,
+    amx_panels,
+    amx_tokens_q4_0,
+    amx_tokens_q4_1,
+    amx_tokens_q8_0,
+)
+from .amx import (
+    ROWS as AMX_ROWS,
+)
+from .codegen_int8 import GROUP
+from .jit import kernel
 from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     SCALES_BLOCK,
     WIDE_BLOCK,
@@ -37,8 +52,6 @@ from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     ptile_q8_0_8x4,
     ptile_q8_0_8x6,
 )
-from .codegen_int8 import GROUP
-from .jit import kernel
 from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     ftile_f16_1x1,
     ftile_f16_1x4,
@@ -65,9 +78,20 @@ ROWS = 16  # float path: weight rows per chunk (16 rows of 1536 q8_0 columns: 26
 
 @kernel
 def panel_scratch(K):
-    """A thread's panel and scales for one group of 8 rows of K columns (panel.py)."""
-    return (np.empty((1, K // 32 * WIDE_BLOCK), np.uint8),  # (q6_k's wide panels)
-            np.empty((1, K // 32 * SCALES_BLOCK), np.float32))
+    """A thread's panels and scales for two groups of 8 rows of K columns (panel.py; the
+    AMX tiles take two groups at once, the others row 0)."""
+    return (np.empty((2, K // 32 * WIDE_BLOCK), np.uint8),  # (q6_k's wide panels)
+            np.empty((2, K // 32 * SCALES_BLOCK), np.float32))
+
+
+@kernel
+def amx_rows(xq, T, r0, g1):
+    """Rows r0..a1-1 go to the AMX tiles (whole groups of 16; none when the panels do not
+    meet xq on AMX or T < MIN_TOKENS), and a bx scratch for them (amx.py)."""
+    if amx_panels(xq) and T >= MIN_TOKENS:
+        return (r0 + (g1 - r0) // AMX_ROWS * AMX_ROWS,
+                np.empty((1, xq.shape[1] // 32 * BX_BLOCK), np.uint8))
+    return r0, np.empty((1, 0), np.uint8)
 
 
 @kernel
@@ -111,7 +135,12 @@ def panel_tokens(kind, panel, scales, xq, xd, xs, xds, out, i, T):
 def mm_rows_q8_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q8_0 weights."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
-    for i in range(r0, g1, GROUP):
+    a1, bx = amx_rows(xq, T, r0, g1)
+    for i in range(r0, a1, AMX_ROWS):
+        pack_q8_0(w, block, i, panel, scales, 0)
+        pack_q8_0(w, block, i + GROUP, panel, scales, 1)
+        amx_tokens_q8_0(panel, scales, xq, xd, xs, xds, out, bx, i, T)
+    for i in range(a1, g1, GROUP):
         pack_q8_0(w, block, i, panel, scales, 0)
         panel_tokens(PANEL_Q8_0, panel, scales, xq, xd, xs, xds, out, i, T)
     for t in range(0, T - 3, 4):
@@ -126,7 +155,12 @@ def mm_rows_q8_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
 def mm_rows_q4_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q4_0 weights."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
-    for i in range(r0, g1, GROUP):
+    a1, bx = amx_rows(xq, T, r0, g1)
+    for i in range(r0, a1, AMX_ROWS):
+        pack_q4_0(w, block, i, panel, scales, 0)
+        pack_q4_0(w, block, i + GROUP, panel, scales, 1)
+        amx_tokens_q4_0(panel, scales, xq, xd, xs, xds, out, bx, i, T)
+    for i in range(a1, g1, GROUP):
         pack_q4_0(w, block, i, panel, scales, 0)
         panel_tokens(PANEL_Q4_0, panel, scales, xq, xd, xs, xds, out, i, T)
     for t in range(0, T - 3, 4):
@@ -141,7 +175,12 @@ def mm_rows_q4_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
 def mm_rows_q4_1(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q4_1 weights."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
-    for i in range(r0, g1, GROUP):
+    a1, bx = amx_rows(xq, T, r0, g1)
+    for i in range(r0, a1, AMX_ROWS):
+        pack_q4_1(w, block, i, panel, scales, 0)
+        pack_q4_1(w, block, i + GROUP, panel, scales, 1)
+        amx_tokens_q4_1(panel, scales, xq, xd, xs, xds, out, bx, i, T)
+    for i in range(a1, g1, GROUP):
         pack_q4_1(w, block, i, panel, scales, 0)
         panel_tokens(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, T)
     for t in range(0, T - 3, 4):

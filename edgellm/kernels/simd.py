@@ -11,6 +11,9 @@ Two paths, chosen once per process when the kernels are imported (`SIMD_PATH`):
               select_path(portable=True); the process's choice is numba_setup.PORTABLE
               (EDGELLM_PORTABLE=1, read there and nowhere else).
 Float work (scales, float activations, f32/f16 weights) is generic vector IR on both paths.
+On the vnni path, `AMX` says whether prefill's panels also run on Intel AMX tiles (amx.py):
+the host and the compile target have AMX-INT8, the operating system lets the process use
+the tile state (`amx_permitted`), and EDGELLM_NO_AMX is not set (numba_setup.NO_AMX).
 The generated IR reads VNNI and NATIVE_F16 (ir.py), and the kernel cache tag names the
 path (jit.py), so the two never share compiled code.
 """
@@ -20,12 +23,14 @@ from __future__ import annotations
 # isort: off
 from .. import numba_setup  # numba's environment: must come before numba
 # isort: on
+import ctypes
 import platform
 
 import llvmlite.binding as llb
 from numba.core import config
 
-__all__ = ["NATIVE_F16", "SIMD_PATH", "VNNI", "native_f16", "select_path", "target_features"]
+__all__ = ["AMX", "NATIVE_F16", "SIMD_PATH", "VNNI", "amx_permitted", "native_f16",
+           "select_path", "target_features"]
 
 
 def target_features() -> set[str]:
@@ -60,8 +65,31 @@ def native_f16() -> bool:
     return machine in ("aarch64", "arm64")
 
 
+def amx_permitted() -> bool:
+    """Ask Linux for the AMX tile state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA));
+    without it the first tile instruction faults. Idempotent; False elsewhere or if refused."""
+    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(158, 0x1023, 18) == 0  # SYS_arch_prctl, REQ_XCOMP_PERM, XTILEDATA
+    except (OSError, AttributeError):
+        return False
+
+
+def _amx(vnni: bool) -> bool:
+    need = ("amx-int8", "amx-tile")
+    if not vnni or numba_setup.NO_AMX:
+        return False
+    host = llb.get_host_cpu_features()
+    if not all(host.get(f) for f in need) or not all(f in target_features() for f in need):
+        return False
+    return amx_permitted()
+
+
 SIMD_PATH = select_path(portable=numba_setup.PORTABLE)
 VNNI = SIMD_PATH == "vnni"
 if VNNI:  # ir.vpdpwssd's inline assembly needs LLVM's x86 assembly parser (numba sets up
     llb.initialize_native_asmparser()  # the target and printer only)
+AMX = _amx(VNNI)
 NATIVE_F16 = native_f16()  # else f16 scales are converted in integer IR (ir._h2f)

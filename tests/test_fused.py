@@ -133,6 +133,29 @@ def test_thread_choice_falls_back_to_serial_under_contention_and_returns():
     assert all(modes[-ThreadChoice.PROBE:])
 
 
+def test_thread_choice_stays_parallel_when_serial_is_only_about_as_fast():
+    """A parallel step's late outlier (the server's clients sharing the cores) probes serial;
+    a serial step about as fast as parallel's average does not take over (MARGIN), one
+    clearly faster does."""
+    from edgellm.kernels.schedule import ThreadChoice
+
+    c = ThreadChoice()
+    for _ in range(20):
+        c.record(c.parallel(), 6.0)
+    assert c.parallel()
+    c.record(True, 30.0)  # one late step: parallel's average 6 -> 13.2
+    assert not c.parallel()  # probe serial
+    c.record(False, 12.0)  # about as fast as parallel's average: stay parallel
+    assert all(c.parallel() for _ in range(5))
+    c = ThreadChoice()
+    for _ in range(20):
+        c.record(c.parallel(), 6.0)
+    c.record(True, 30.0)
+    assert not c.parallel()
+    c.record(False, 8.0)  # clearly faster than 13.2: serial
+    assert not c.parallel()
+
+
 @numba.njit(parallel=True, cache=False)
 def _late_rounds(state, out, late_ticks, n):
     """2 workers meet at n barriers; before each, one of them (in turn) arrives late."""

@@ -27,8 +27,8 @@ round the engine runs
     rounds, so each stream's first and last steps carried fewer rows). The round's
     prompts run in one pass over the weights (prefill_rows), each over its own cache; a
     prompt's logits are then within rounding of its prefill alone (the prefill tiles
-    group the tokens six, four or one per weight panel by their total count, which the
-    other prompts change).
+    group the tokens six, four or one per weight panel, or 32 a pass on AMX, by their
+    total count, which the other prompts change).
 Before a round the engine waits up to GATHER_S for slots that are mid-generation (they
 come back with their next token within a sampling step), so their rows share the step.
 """

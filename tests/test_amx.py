@@ -115,12 +115,16 @@ def test_amx_tiles_match_the_panel_tiles(kind, adversarial, T):
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1", "q5_0", "q4_k"])
-@pytest.mark.parametrize("N", [16, 24, 45])
-def test_linear_on_amx_against_the_float64_product(kind, N):
-    """linear() with int16 activations, T >= 32: AMX pairs of groups, then a last group of 8
-    (N = 24) and rows past it (N = 45) on the other tiles; K-quants through q4_1's."""
-    rng = np.random.default_rng(N)
-    K, T = 256, 40
+@pytest.mark.parametrize("N", [32, 24, 45])
+@pytest.mark.parametrize("T", [33, 56, 64])
+def test_linear_on_amx_against_the_float64_product(kind, N, T):
+    """linear() with int16 activations, T >= 32: AMX pairs of groups (each thread's rows),
+    then a last group of 8 (N = 24) and rows past it (N = 45) on the other tiles; K-quants
+    through q4_1's. Tokens
+    past the last 32 on the panel tiles (T = 33) or in a last AMX pass that overlaps the
+    one before (T = 56: a remainder of at least matmul.AMX_TAIL)."""
+    rng = np.random.default_rng(N + T)
+    K = 256
     w32 = rng.standard_normal((N, K)).astype(np.float32) * 0.1
     block = 256 if kind == "q4_k" else 32
     data = quant.quantize(w32, kind, block)

@@ -23,7 +23,15 @@ from .amx import amx_tokens_q4_1  # noqa: F401  (an intrinsic, resolved by numba
 from .codegen_int8 import GROUP
 from .codegen_kquant import KQ_TYPES, make_ktile, make_q5_group_tile
 from .jit import kernel
-from .matmul import AMX_ROWS, PANEL_Q4_1, amx_rows, panel_scratch, panel_tokens, thread_rows
+from .matmul import (
+    AMX_ROWS,
+    PANEL_Q4_1,
+    amx_rows,
+    amx_tail,
+    panel_scratch,
+    panel_tokens,
+    thread_rows,
+)
 from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     pack_q4_k,
     pack_q5_0,
@@ -153,11 +161,13 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     (value d q + m per 32 values) and run on q4_1's tiles (matmul.panel_tokens); q6_k
     (d sc (q - 32), a scale per 16 values) on its own."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
-    a1, bx = amx_rows(xq, T, r0, g1) if kind != Q6_K else (r0, np.empty((1, 0), np.uint8))
+    a1, ta, bx = (amx_rows(xq, T, r0, g1) if kind != Q6_K
+                  else (r0, 0, np.empty((1, 0), np.uint8)))
     for i in range(r0, a1, AMX_ROWS):  # q4_1's panels on AMX tiles (matmul.py)
         _pack_q4_1_panel(kind, w, i, panel, scales, 0)
         _pack_q4_1_panel(kind, w, i + GROUP, panel, scales, 1)
-        amx_tokens_q4_1(panel, scales, xq, xd, xs, xds, out, bx, i, T)
+        amx_tokens_q4_1(panel, scales, xq, xd, xs, xds, out, bx, i, ta)
+        amx_tail(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, ta, T)
     for i in range(a1, g1, GROUP):
         if kind == Q5_0:
             pack_q5_0(w, 32, i, panel, scales, 0)

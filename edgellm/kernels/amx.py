@@ -2,31 +2,35 @@
 
 AMX multiplies int8 tiles: C[m, n] += sum_k A[m, k] B[k, n] with A up to 16 rows x 64 bytes
 and B in the "VNNI" layout, row k // 4 holding bytes k % 4 of every column side by side.
-A panel block (panel.py) is that layout already: chunk c holds bytes 4c..4c+3 of the 8
-weight rows, unsigned codes (q8_0's w + 128, q4's 0..15). The default path's activations
-are int16 (act_quant.py); a token's block of 32 is 64 bytes, low and high bytes
-alternating, and loads as one A row as it is stored. Each panel block is expanded once per
-group into two B tiles against those 64 bytes (`_expand`):
+A panel block (panel.py) is that layout already: chunk c holds codes 4c..4c+3 of the 8
+weight rows (q4's 0..15; q8_0's w + 128, taken back to w here). The default path's
+activations are int16 (act_quant.py): a token's block of 32 is 64 bytes, low and high bytes
+alternating, and loads as one A row as it is stored. The blocks of two panels (16 weight
+rows) are expanded once per call into two B tiles against those 64 bytes (`_expand`):
 
-  B_lo row r, column n = (w[n, 2r], 0, w[n, 2r + 1], 0)   the low bytes, unsigned
-  B_hi row r, column n = (0, w[n, 2r], 0, w[n, 2r + 1])   the high bytes, signed
+  B_lo row r, column n = (w[n, 2r], 0, w[n, 2r + 1], 0)   against the low bytes (unsigned)
+  B_hi row r, column n = (0, w[n, 2r], 0, w[n, 2r + 1])   against the high bytes (signed)
 
-so tdpbuud(A, B_lo) + 256 tdpbsud(A, B_hi) is sum_k x[k] w[k] for the block, exactly the
-int32 the vpdpwssd tile sums (each byte product meets a zero in the other tile). The
-block's float work is panel.py's (`scale_block`, the same operations in the same order),
-16 tokens a tile (C: 16 tokens x 8 rows of int32, stored to a 1 KB scratch and read back
-as one <8 x i32> a token), one accumulator chain a token: the results are the vpdpwssd
-panel tile's bit for bit.
+so tdp(A, B_lo) + 256 tdp(A, B_hi) (tdpbuud / tdpbsud for q4's unsigned codes, tdpbusd /
+tdpbssd for q8_0's signed ones) is sum_k x[k] w[k] for the block: each byte product meets a
+zero in the other tile, and the int32 is the one the vpdpwssd panel tile sums. The block's
+float work is panel.py's scale_block on 16 lanes (`_scale`: the same operations, one
+accumulator chain a token), so the results differ from the panel tiles' only where LLVM
+contracts the multiply-adds differently (within 1e-6 of the largest output, tests/
+test_amx.py). A pass runs 32 tokens (two A tiles against the same B tiles, four C tiles:
+all eight tile registers) over every block, the C tiles stored to a stack scratch and read
+back as one <16 x i32> a token, one block multiplied while the one before is scaled; the
+last pass ends at T and overlaps the one before when T % 32 != 0.
 
   amx_tokens_<kind>(panel, scales, xq, xd, xs, xds, out, bx, i, T)
-      out[:T, i:i+8] from panel row 0 and scales row 0; bx uint8 [1, nb * BX_BLOCK], the
-      expanded tiles (scratch); xq int16 [>= T, K]
-Measured (1536x576 q8_0 x 128 tokens, 1 thread): see `AMX` in simd.py for when it is used.
+      out[:T, i:i+16] from panel and scales rows 0 and 1 (rows i..i+7, i+8..i+15, packed
+      by pack_<kind>); bx uint8 [1, >= nb * BX_BLOCK] scratch; xq int16 [>= T, K], T >= 32;
+      xs unused (the panel tiles' signature)
+1536x576 q8_0 x 128 tokens, 1 thread: 1160-1200 us on the panel tiles, 790-850 here.
 The operating system must let the process use AMX's tile state first (Linux:
-arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA), done by simd.amx_permitted()).
-Callers validate shapes (matmul.py): these do not check bounds.
+arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA), simd.amx_permitted()); simd.AMX says whether
+it is used. Callers validate shapes (matmul.py): these do not check bounds.
 """
-
 from __future__ import annotations
 
 from llvmlite import ir
@@ -181,6 +185,7 @@ def _tokens_codegen(kind):
             def scale(bi):  # block bi's sums from cs into the accumulators
                 c = b.gep(cs, [b.mul(b.and_(bi, _i64(1)), _i64(CS_BYTES))])
                 sb = b.mul(bi, _i64(4 * SCALES_BLOCK))
+
                 def both(off):  # the two panels' 8 floats at byte off of their scales
                     halves = [_load(b, r, off, _v(F32, 8)) for r in srows]
                     return _pick(b, halves[0], range(16), halves[1])

@@ -169,14 +169,8 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
         amx_tokens_q4_1(panel, scales, xq, xd, xs, xds, out, bx, i, ta)
         amx_tail(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, ta, T)
     for i in range(a1, g1, GROUP):
-        if kind == Q5_0:
-            pack_q5_0(w, 32, i, panel, scales, 0)
-        elif kind == Q5_1:
-            pack_q5_1(w, 32, i, panel, scales, 0)
-        elif kind == Q4_K:
-            pack_q4_k(w, 256, i, panel, scales, 0)
-        elif kind == Q5_K:
-            pack_q5_k(w, 256, i, panel, scales, 0)
+        if kind != Q6_K:
+            _pack_q4_1_panel(kind, w, i, panel, scales, 0)
         elif q6_k_wide(xq):
             pack_q6_k_wide(w, 256, i, panel, scales, 0)
         else:

@@ -91,14 +91,23 @@ class StopMatcher:
 
 
 def generate_step(model, prompt: np.ndarray, sampler: Sampler, history: list[int],
-                  shift: bool = True, constraint: Constraint | None = None) -> Iterator[int]:
+                  shift: bool = True, constraint: Constraint | None = None,
+                  limit: int | None = None, eos=()) -> Iterator[int]:
     """Prefill `prompt` after what the cache holds, then yield sampled ids forever.
 
     The caller stops the iteration; each id it pulls after the first is decoded (fed to the
     model) before the next is sampled. `history` (prompt so far) grows with each id.
     With a `constraint`, each id is drawn from the tokens its mask allows and consumed by it
     before it is yielded; the next mask is computed while the model runs the id.
+    A server's slot (batch.SlotModel) runs an unconstrained generation ahead of the caller,
+    sampling on its engine (run_ahead): `limit` (the most ids the caller takes) and `eos`
+    (ids it stops at) spare it the rows of ids the caller will not pull past.
     """
+    run_ahead = getattr(model, "run_ahead", None)
+    if constraint is None and run_ahead is not None:
+        logits = model.forward(prompt, want="last", shift=shift)
+        yield from run_ahead(logits, sampler, history, shift, limit, eos)
+        return
     if constraint is None:
         logits = model.forward(prompt, want="last", shift=shift)
         while True:
@@ -140,7 +149,8 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
     detok = StreamingDetokenizer(tokenizer)
     stopper = StopMatcher(stop)
     t0 = time.perf_counter()
-    steps = generate_step(model, prompt, sampler, history, shift, constraint)
+    steps = generate_step(model, prompt, sampler, history, shift, constraint, max_tokens,
+                          tokenizer.eos_ids)
     finish = "length"
     t_first = t0
     if max_tokens <= 0:

@@ -10,7 +10,7 @@ from reference_checks import check_fused_equals_per_operation, decode_fused_or_n
 import edgellm
 from edgellm import numba_setup
 from edgellm.kernels import sync
-from edgellm.kernels.sync import SPIN_TICKS, atomic_add, barrier, ticks
+from edgellm.kernels.sync import CALM, SPIN_TICKS, atomic_add, barrier, new_state, ticks
 
 
 @pytest.mark.parametrize("name", LLAMA_FAMILY)
@@ -177,9 +177,30 @@ def test_barrier_sleeps_and_wakes():
     prev = numba.get_num_threads()
     numba.set_num_threads(2)
     try:
-        state, out = np.zeros(3, np.int64), np.zeros((2, 6), np.int64)
+        state, out = new_state(), np.zeros((2, 6), np.int64)
         _late_rounds(state, out, 20 * SPIN_TICKS, 6)
     finally:
         numba.set_num_threads(prev)
-    assert state.tolist() == [0, 6, 0]
+    assert state[:3].tolist() == [0, 6, 0]
     assert (out == np.arange(6)).all()
+    assert state[3] >= CALM - 1  # the sleeps: short spins for the next barriers
+
+
+@pytest.mark.skipif(numba_setup.THREADING_LAYER != "omp" or not sync._X86,
+                    reason="needs omp's workers and the x86 time-stamp counter")
+def test_barrier_spins_long_until_a_wait_sleeps():
+    """A partner late by a few short spin budgets (a server's request thread preempting a
+    worker) is waited for spinning while no wait has slept lately; after one has, the next
+    CALM barriers spin short and such waits sleep (each sleep renews the count)."""
+    prev = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        calm, out = new_state(), np.zeros((2, 6), np.int64)
+        _late_rounds(calm, out, 4 * SPIN_TICKS, 6)
+        busy = new_state()
+        busy[3] = 10  # a wait slept ten barriers ago
+        _late_rounds(busy, out, 4 * SPIN_TICKS, 6)
+    finally:
+        numba.set_num_threads(prev)
+    assert calm.tolist() == [0, 6, 0, 0]  # no wait slept
+    assert busy[:3].tolist() == [0, 6, 0] and busy[3] >= CALM - 1  # they slept

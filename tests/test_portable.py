@@ -86,7 +86,7 @@ def _barrier_rounds(threads: int, rounds: int) -> np.ndarray:
     import numba
     from numba import njit, prange
 
-    from edgellm.kernels.sync import atomic_add, barrier
+    from edgellm.kernels.sync import atomic_add, barrier, new_state
 
     @njit(parallel=True)
     def run(nt, counter, state, out):
@@ -101,7 +101,7 @@ def _barrier_rounds(threads: int, rounds: int) -> np.ndarray:
     numba.set_num_threads(threads)
     try:
         out = np.zeros((rounds, threads), np.int64)
-        run(threads, np.zeros(1, np.int64), np.zeros(3, np.int64), out)  # sync.py's [3]
+        run(threads, np.zeros(1, np.int64), new_state(), out)
     finally:
         numba.set_num_threads(previous)
     return out

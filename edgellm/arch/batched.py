@@ -27,6 +27,7 @@ from ..kernels.interleave import ILV_BLOCK, ILV_ROWS, interleave
 from ..kernels.linear import embedding
 from ..kernels.schedule import StepScheduler
 from ..kernels.simd import VNNI
+from ..kernels.sync import new_state
 from ..kv_cache import lazy_zeros
 
 _ILV = {ds.Q4_0: "q4_0", ds.Q4_1: "q4_1", ds.Q8_0: "q8_0"}  # the types interleaved
@@ -68,7 +69,7 @@ class BatchDecoder:
         self.xs = np.zeros((R, f.xs.shape[0]), np.int32)
         self.xds = np.zeros((R, f.xds.shape[0]), f32)
         self.kq, self.scores = np.zeros_like(f.kq), np.zeros_like(f.scores)
-        self.state = np.zeros(3, np.int64)
+        self.state = new_state()  # the barrier's (kernels/sync.py)
         self.layers = np.repeat(f.layers[None], R, axis=0)
         self.cos = np.zeros((R, *f.inv_freq.shape), f32)
         self.sin = np.zeros((R, *f.inv_freq.shape), f32)

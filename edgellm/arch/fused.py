@@ -27,6 +27,7 @@ from ..kernels import decode_step as ds
 from ..kernels.jit import is_cached
 from ..kernels.linear import embedding
 from ..kernels.schedule import StepScheduler
+from ..kernels.sync import new_state
 from ..kv_types import kv_row_bytes
 from .steps import Act, Add, Attend, Experts, Linear, Norm
 
@@ -452,7 +453,7 @@ class FusedDecoder:
         # a worker's softmax weights for one KV group's query heads, then a row of stats
         cache = model.cache
         self.scores = np.zeros((nt, group + 1, max(int(cache.caps.max()), group)), f32)
-        self.state = np.zeros(3, np.int64)  # barrier: arrived, generation, sleepers
+        self.state = new_state()  # the barrier's (kernels/sync.py)
         self.layers = np.zeros((len(cache.layers), ds.LAYER_WIDTH), np.int64)
         self.layers[:, ds.LAYER_START] = cache.starts
         self.layers[:, ds.LAYER_CAP] = cache.caps

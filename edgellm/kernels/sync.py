@@ -1,16 +1,22 @@
 """Barrier for kernels that run one parallel region per token (decode_step.py).
 
 Threads of one `prange(n_threads)` region meet at `barrier(state, n_threads)` between
-stages. `state` is int64 [3]: the number of threads arrived, a generation counter that
-the last thread to arrive bumps (a sense-reversing barrier), and the number of threads
-asleep in the kernel. All accesses are sequentially consistent atomics, which also order
-the plain loads and stores around them.
+stages. `state` is int64 [STATE] (new_state()): the number of threads arrived, a
+generation counter that the last thread to arrive bumps (a sense-reversing barrier), the
+number of threads asleep in the kernel, and how many more barriers spin short. All
+accesses are sequentially consistent atomics, which also order the plain loads and stores
+around them.
 
-Waiting: spin (with the CPU's pause hint) for up to SPIN_NS, then sleep on the generation
-word (Linux futex; elsewhere sched_yield in a loop). On a quiet machine every wait ends
-while spinning and no system call is made (the last thread wakes sleepers only when the
-sleeper count says there are some); on a shared machine a waiter whose partner was
-descheduled gives its core away instead of burning its time slice.
+Waiting: spin (with the CPU's pause hint), then sleep on the generation word (Linux futex;
+elsewhere sched_yield in a loop). On a quiet machine every wait ends while spinning and no
+system call is made (the last thread wakes sleepers only when the sleeper count says there
+are some); on a shared machine a waiter whose partner was descheduled gives its core away
+instead of burning its time slice. The spin is long (SPIN_LONG_TICKS, ~0.6-0.8 ms) until a
+wait has had to sleep, then short (SPIN_TICKS) for the next CALM barriers: in a server the
+partner is often preempted for 0.1-0.3 ms (request threads, the clients), and a sleeping
+worker in a virtual machine wakes slowly (the 4-row step in `edgellm serve`, 4 streams:
+p90 7.8-10 -> 6.6-7.6 ms, 438-526 -> 468-576 tok/s), while a busy machine, whose
+partners stay away for whole time slices, keeps the short spin.
 
 Only safe when every iteration of the region runs on its own thread at the same time:
 numba's omp layer does that for prange(n) with n == numba.get_num_threads(); a work-stealing
@@ -22,6 +28,7 @@ from __future__ import annotations
 import platform
 import sys
 
+import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
@@ -33,7 +40,15 @@ _X86 = _ARCH in ("x86_64", "amd64")
 _FUTEX = {("linux", "x86_64"): 202, ("linux", "amd64"): 202, ("linux", "aarch64"): 98,
           ("linux", "arm64"): 98}.get((sys.platform, _ARCH), 0)  # SYS_futex, 0: none
 SPIN_TICKS = 150_000  # x86: spin this many time-stamp counter ticks (~40-75 us) ...
+SPIN_LONG_TICKS = 2_000_000  # ... or this many while no recent wait has slept ...
 SPINS = 2000  # ... elsewhere this many pause hints, before sleeping
+CALM = 64  # barriers that spin short after a wait that slept
+STATE = 4  # the barrier state's length
+
+
+def new_state() -> np.ndarray:
+    """A barrier's state (module docstring): int64 [STATE], zeros."""
+    return np.zeros(STATE, np.int64)
 
 
 
@@ -137,12 +152,17 @@ FUTEX_WAIT, FUTEX_WAKE = 128, 129  # the _PRIVATE variants (threads of one proce
 def _wait(state, gen):
     """Wait until the generation state[1] differs from gen."""
     spins = 0
+    budget = SPIN_TICKS if atomic_add(state, 3, 0) > 0 else SPIN_LONG_TICKS
     t0 = ticks()
     while atomic_add(state, 1, 0) == gen:
         cpu_relax()
         spins += 1
-        if (t0 != 0 and ticks() - t0 > SPIN_TICKS) or (t0 == 0 and spins > SPINS):
+        if (t0 != 0 and ticks() - t0 > budget) or (t0 == 0 and spins > SPINS):
             break
+    if atomic_add(state, 1, 0) == gen:  # the next CALM barriers spin short
+        calm = atomic_add(state, 3, 0)
+        if calm < CALM:
+            atomic_add(state, 3, CALM - calm)
     while atomic_add(state, 1, 0) == gen:  # still waiting: sleep
         atomic_add(state, 2, 1)
         if atomic_add(state, 1, 0) == gen:
@@ -159,6 +179,8 @@ def barrier(state, n_threads):
     gen = atomic_add(state, 1, 0)
     if atomic_add(state, 0, 1) == n_threads - 1:
         atomic_add(state, 0, -n_threads)
+        if atomic_add(state, 3, 0) > 0:  # one fewer short barrier
+            atomic_add(state, 3, -1)
         atomic_add(state, 1, 1)
         if atomic_add(state, 2, 0) > 0:
             futex(state, 1, FUTEX_WAKE, n_threads)

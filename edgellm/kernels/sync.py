@@ -14,8 +14,8 @@ are some); on a shared machine a waiter whose partner was descheduled gives its 
 instead of burning its time slice. The spin is long (SPIN_LONG_TICKS, ~0.6-0.8 ms) until a
 wait has had to sleep, then short (SPIN_TICKS) for the next CALM barriers: in a server the
 partner is often preempted for 0.1-0.3 ms (request threads, the clients), and a sleeping
-worker in a virtual machine wakes slowly (the 4-row step in `edgellm serve`, 4 streams:
-p90 7.8-10 -> 6.6-7.6 ms, 438-526 -> 468-576 tok/s), while a busy machine, whose
+worker in a virtual machine wakes slowly (the 4-row step in `edgellm serve`, 4 streams,
+in-process: p90 6.4-10.4 -> 5.8-6.5 ms, 415-580 -> 541-655 tok/s), while a busy machine, whose
 partners stay away for whole time slices, keeps the short spin.
 
 Only safe when every iteration of the region runs on its own thread at the same time:

@@ -321,9 +321,9 @@ def test_q5_row_group_tiles(kind):
 @pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0"])
 def test_interleaved_tiles(kind):
     """The batched step's interleaved tiles (interleave.itile_<kind>_16x4): on AVX-512 VNNI
-    16 vpdpwssd a block and token (ir.vpdpwssd: not split into vpmaddwd + vpaddd; a chain's
-    first, on zero, is a vpmaddwd), each activation pair broadcast by a load, and no
-    horizontal sums; elsewhere vpmaddwd."""
+    16 vpdpwssd a block and token (inline assembly: not split into vpmaddwd + vpaddd), each
+    activation pair the instruction's broadcast memory operand (ir.vpdpwssd_bcast: no
+    separate broadcast), and no horizontal sums; elsewhere vpmaddwd."""
     from edgellm.kernels import interleave
 
     w = np.zeros((1, interleave.ILV_BLOCK[kind] * 2), np.uint8)
@@ -338,8 +338,9 @@ def test_interleaved_tiles(kind):
 
     asm = probe_asm(probe, w, xq, f, f, out)
     if simd.SIMD_PATH == "vnni":
-        assert asm.count("vpdpwssd") >= max(64, 6 * asm.count("vpmaddwd")), kind
-        assert re.search(r"vpbroadcastd\s+[^\n]*\(%\w+[^\n]*%zmm", asm), kind
+        folded = re.findall(r"vpdpwssd\s+-?\d*\(%\w+\)\{1to16\}, %zmm\d+, %zmm\d+", asm)
+        assert len(folded) >= 64 and asm.count("vpmaddwd") == 0, kind
+        assert asm.count("vpbroadcastd") + asm.count("vbroadcastss") < len(folded) // 4, kind
         assert "vphaddd" not in asm, kind
     else:
         assert re.search(r"vpmaddwd\s[^\n]*%[yz]mm", asm), kind

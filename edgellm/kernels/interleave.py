@@ -48,6 +48,7 @@ from .ir import (
     I8,
     I16,
     I32,
+    I64,
     ORDERED,
     _c,
     _h2f,
@@ -61,6 +62,7 @@ from .ir import (
     _typed,
     _v,
     vpdpwssd,
+    vpdpwssd_bcast,
 )
 from .simd import VNNI
 
@@ -183,12 +185,19 @@ def _itile_codegen(kind, RT):
             mw = _h2f(b, _load(b, p, 32, _v(I16, L))) if kind == "q4_1" else None
             xoff, foff = b.mul(bi, _i64(32 * AB)), b.mul(bi, _i64(4))
             acc = [[zero] * chains for _ in range(RT)]
+            if VNNI and AB == 2:  # the pairs as broadcast memory operands of vpdpwssd
+                at = [b.ptrtoint(b.gep(x, [xoff], inbounds=True), I64) for x in xrows]
+
+                def step(s, k, wv, j):
+                    acc[s][k] = vpdpwssd_bcast(b, acc[s][k], wv, at[s], 4 * j)
+            else:
+                def step(s, k, wv, j):
+                    acc[s][k] = dot(acc[s][k], wv, pair(xrows[s], xoff, j))
             if kind == "q8_0":
                 for j in range(16):
                     wv = b.bitcast(b.sext(_load(b, p, 32 + 32 * j, _v(I8, 2 * L)), v32w), v16i)
                     for s in range(RT):
-                        k = j % chains
-                        acc[s][k] = dot(acc[s][k], wv, pair(xrows[s], xoff, j))
+                        step(s, j % chains, wv, j)
             for c in range(4 if kind != "q8_0" else 0):
                 v = _load(b, p, q0 + 64 * c, v32w)
                 for s4 in range(4):
@@ -196,8 +205,7 @@ def _itile_codegen(kind, RT):
                     wv = b.bitcast(b.and_(u, low) if s4 < 3 else u, v16i)
                     j = 4 * c + s4
                     for s in range(RT):
-                        k = j % chains
-                        acc[s][k] = dot(acc[s][k], wv, pair(xrows[s], xoff, j))
+                        step(s, j % chains, wv, j)
             new = []
             for s in range(RT):
                 tot = acc[s][0]

@@ -323,6 +323,18 @@ def vpdpwssd(b, acc, w, x):
                  [acc, w, x], False)
 
 
+def vpdpwssd_bcast(b, acc, w, base, disp: int):
+    """acc + w . (the i16 pair at byte base + disp, broadcast to every lane), with the
+    broadcast in the instruction's memory operand ({1to16}): one fused micro-op where a
+    separate vbroadcastss and vpdpwssd are two, which the 4-token interleaved tiles were
+    bound by (inline assembly, as vpdpwssd). base: an i64 address; the memory must not
+    change while the kernel runs (the asm is not marked as reading it). VNNI only."""
+    v16i = _v(I32, 16)
+    return b.asm(ir.FunctionType(v16i, [v16i, v16i, I64, I64]),
+                 "vpdpwssd ${4:c}($3){1to16}, $2, $0", "=v,0,v,r,i",
+                 [acc, w, base, _i64(disp)], False)
+
+
 def _hadd(b, u, v):
     """Horizontal pair sums of two <8 x i32> within 128-bit halves (x86 vphaddd)."""
     lo = _pick(b, u, (0, 2, 8, 10, 4, 6, 12, 14), v)

@@ -111,6 +111,12 @@ class _Chain:
         self.sampled += 1
         return token
 
+    def ahead(self, view) -> bool:
+        """Whether the next row may run before the caller takes its token: not the row
+        that fills a context without shift (generate.stream reads the room left after
+        taking a token, and the row run ahead would change its answer)."""
+        return self.shift or view.cache.room() > 1
+
     def ends(self, view, token: int) -> bool:
         """Whether the generation ends at `token` (generate.stream's own tests: an end of
         sequence, the limit, or a full context without shift): its row is never run."""
@@ -156,18 +162,17 @@ class SlotModel(CachedTokens):
             except GeneratorExit:
                 self._unwind(chain, job)
                 raise
-            if job is None:  # the chain ended at token, and the caller wants more
+            if job is None:  # token's row is ours to run: the engine did not queue it
                 logits = self.forward(np.array([token], np.int64), want="last", shift=shift)
                 token = chain.sample(logits)
                 job = self._queue(chain, token)
-                continue
-            token, job = job.wait()
-            if job is None:  # the engine left the next row to us (we were a step behind)
-                job = self._queue(chain, token)
+            else:
+                token, job = job.wait()
 
     def _queue(self, chain: _Chain, token: int):
-        """The decode row of `token`, queued (None where the generation ends at it)."""
-        if chain.ends(self, token):
+        """The decode row of `token`, queued; None where the generation ends at it, or
+        where running it ahead could change what the caller sees (_Chain.ahead)."""
+        if chain.ends(self, token) or not chain.ahead(self):
             return None
         job = _Job(self, np.array([token], np.int64), "last", chain.shift, chain=chain)
         self.batch.enqueue(job)
@@ -406,7 +411,7 @@ class Batch:
                 continue
             nxt = None  # the next row: queued now, unless the request thread is behind
             if not chain.stop and chain.taken >= chain.sampled - 1 \
-                    and not chain.ends(job.view, token):
+                    and not chain.ends(job.view, token) and chain.ahead(job.view):
                 nxt = _Job(job.view, np.array([token], np.int64), "last", chain.shift,
                            chain=chain)
                 queued.append(nxt)

@@ -109,3 +109,33 @@ def test_a_stop_string_takes_the_rows_past_it_off(llm, batch):
     assert slot.model.cache.n_tokens == len(slot.model.tokens)
     again = _tokens(slot, max_tokens=30, temperature=0)  # the prompt's prefix reused
     assert again == full
+
+
+def test_a_full_context_without_shift_ends_as_alone(smollm2, monkeypatch):
+    """shift=False: the stream ends where the context is full ("length"), after as many
+    tokens as the model alone gives (the row that fills the context is not run ahead:
+    generate.stream reads the room left after each token). The request thread is slowed
+    (its detokenizer), so the engine's rows run before it reads the room."""
+    from edgellm import generate
+    messages = [{"role": "user", "content": "Tell me a long story about a dragon."}]
+    ask = dict(max_tokens=200, temperature=0, shift=False)
+    with edgellm.load(smollm2, context=64) as small:
+        with small.stream(messages, **ask) as chunks:
+            alone = [c.token for c in chunks if c.token is not None]
+        add = generate.StreamingDetokenizer.add
+
+        def slow_add(self, token):
+            time.sleep(0.01)
+            return add(self, token)
+
+        monkeypatch.setattr(generate.StreamingDetokenizer, "add", slow_add)
+        b = Batch(small, 2)
+        try:
+            slot = b.slots[0]
+            with slot.stream(messages, **ask) as chunks:
+                chunks = list(chunks)
+            got = [c.token for c in chunks if c.token is not None]
+            assert got == alone and chunks[-1].finish_reason == "length"
+            assert slot.model.cache.n_tokens == len(slot.model.tokens) == 64
+        finally:
+            b.close()

@@ -111,6 +111,13 @@ class _Chain:
         self.sampled += 1
         return token
 
+    def row(self, view, token: int):
+        """The _Job of `token`'s row where it may run before the caller takes `token` (the
+        caller has not stopped, the generation does not end at it, ahead()); else None."""
+        if self.stop or self.ends(view, token) or not self.ahead(view):
+            return None
+        return _Job(view, np.array([token], np.int64), "last", self.shift, chain=self)
+
     def ahead(self, view) -> bool:
         """Whether the next row may run before the caller takes its token: not the row
         that fills a context without shift (generate.stream reads the room left after
@@ -170,12 +177,10 @@ class SlotModel(CachedTokens):
                 token, job = job.wait()
 
     def _queue(self, chain: _Chain, token: int):
-        """The decode row of `token`, queued; None where the generation ends at it, or
-        where running it ahead could change what the caller sees (_Chain.ahead)."""
-        if chain.ends(self, token) or not chain.ahead(self):
-            return None
-        job = _Job(self, np.array([token], np.int64), "last", chain.shift, chain=chain)
-        self.batch.enqueue(job)
+        """The decode row of `token`, queued; None where it may not run ahead (_Chain.row)."""
+        job = chain.row(self, token)
+        if job is not None:
+            self.batch.enqueue(job)
         return job
 
     def _unwind(self, chain: _Chain, job) -> None:
@@ -379,8 +384,9 @@ class Batch:
         finally:
             m.cache, m.tokens = saved
 
-    def _done(self, job: _Job, result) -> None:
-        job.view.expected = True
+    def _done(self, job: _Job, result, expected: bool = True) -> None:
+        """Answer `job`; `expected`: the slot's next row is yet to come (see GATHER_S)."""
+        job.view.expected = expected
         job.finish(result)
 
     def _decode(self, jobs: list[_Job]) -> None:
@@ -402,27 +408,23 @@ class Batch:
         for job, row in zip(jobs, logits):
             chain = job.chain
             if chain is None:
-                answers.append((job, row if job.want == "last" else None))
+                answers.append((job, row if job.want == "last" else None, True))
                 continue
             try:
                 token = chain.sample(row)
             except Exception as e:  # noqa: BLE001 -- the request's own error
                 job.finish(error=e)
                 continue
-            nxt = None  # the next row: queued now, unless the request thread is behind
-            if not chain.stop and chain.taken >= chain.sampled - 1 \
-                    and not chain.ends(job.view, token) and chain.ahead(job.view):
-                nxt = _Job(job.view, np.array([token], np.int64), "last", chain.shift,
-                           chain=chain)
+            # the next row, queued now unless the request thread is a token behind
+            nxt = chain.row(job.view, token) if chain.taken >= chain.sampled - 1 else None
+            if nxt is not None:
                 queued.append(nxt)
-            answers.append((job, (token, nxt)))
+            answers.append((job, (token, nxt), nxt is None))
         if queued:
             with self._cond:
                 self._decodes.extend(queued)
-        for job, answer in answers:  # after the sampling: woken threads contend for the GIL
-            self._done(job, answer)
-            if isinstance(answer, tuple) and answer[1] is not None:
-                job.view.expected = False  # its row is queued already
+        for job, answer, expected in answers:  # after the sampling: woken threads take the GIL
+            self._done(job, answer, expected)
 
     def _prefill_together(self, pairs: list[tuple[_Job, int]]) -> None:
         """The next n tokens of each (job, n) in one pass (prefill_rows): one matrix product

@@ -1,6 +1,12 @@
 """The chat page at / in a real headless Chromium, driven over the DevTools protocol (its
 --remote-debugging-pipe: JSON messages on fds 3 and 4, no extra package): type a message,
-press Enter, see the answer stream in."""
+press Enter, see the answer stream in.
+
+Chromium comes from Debian's packages: where none is installed and the suite runs as root
+with apt-get (a fresh CI machine), the fixture installs it (`apt-get install chromium`,
+~10 s; EDGELLM_NO_APT=1 turns that off), so the README's test command runs this test
+there too. Elsewhere, and when apt-get cannot reach its registry, the test skips saying
+why."""
 
 from __future__ import annotations
 
@@ -30,6 +36,33 @@ def _chromium() -> str | None:
         if path:
             return path
     return None
+
+
+def _apt(*args: str) -> str:
+    """apt-get ARGS, non-interactive: '' on success, else its last line of errors."""
+    cmd = ["apt-get", *args]
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return f"{' '.join(cmd)}: timed out"
+    if done.returncode == 0:
+        return ""
+    return f"{' '.join(cmd)}: " + (done.stderr.strip().splitlines() or
+                                   [f"exit {done.returncode}"])[-1]
+
+
+def _install_chromium() -> str:
+    """Install Debian's chromium with apt-get: '' on success, else why not (one line)."""
+    if os.environ.get("EDGELLM_NO_APT"):
+        return "EDGELLM_NO_APT is set"
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "not root with apt-get"
+    install = ("install", "-y", "-q", "--no-install-recommends", "chromium")
+    why = _apt(*install)
+    if why:  # the package lists may be missing or stale on a fresh machine
+        why = _apt("update", "-q") or _apt(*install)
+    return why or ("" if _chromium() else "apt-get installed no chromium binary")
 
 
 class Browser:
@@ -108,8 +141,11 @@ class Browser:
 def browser():
     binary = _chromium()
     if binary is None:
-        pytest.skip("no Chromium binary found (apt-get install chromium; looked for "
-                    f"{', '.join(CANDIDATES)})")
+        why = _install_chromium()
+        binary = _chromium()
+        if binary is None:
+            pytest.skip(f"no Chromium binary found (looked for {', '.join(CANDIDATES)}) and "
+                        f"none installed ({why})")
     b = Browser(binary)
     yield b
     b.close()

@@ -53,7 +53,8 @@ def _apt(*args: str) -> str:
 
 
 def _install_chromium() -> str:
-    """Install Debian's chromium with apt-get: '' on success, else why not (one line)."""
+    """Install Debian's chromium with apt-get: '' where apt-get succeeded, else why not
+    (one line)."""
     if os.environ.get("EDGELLM_NO_APT"):
         return "EDGELLM_NO_APT is set"
     if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
@@ -62,7 +63,7 @@ def _install_chromium() -> str:
     why = _apt(*install)
     if why:  # the package lists may be missing or stale on a fresh machine
         why = _apt("update", "-q") or _apt(*install)
-    return why or ("" if _chromium() else "apt-get installed no chromium binary")
+    return why
 
 
 class Browser:
@@ -145,7 +146,7 @@ def browser():
         binary = _chromium()
         if binary is None:
             pytest.skip(f"no Chromium binary found (looked for {', '.join(CANDIDATES)}) and "
-                        f"none installed ({why})")
+                        f"none installed ({why or 'apt-get installed no chromium binary'})")
     b = Browser(binary)
     yield b
     b.close()

@@ -43,7 +43,7 @@ def activations(x: np.ndarray, dtype):
     xq = np.zeros((T, K), dtype)
     xd, xs, xds = (np.zeros((T, K // 32), d) for d in (np.float32, np.int32, np.float32))
     act_quant.quantize_rows(x, xq, xd, xs, xds, 0, T)
-    return xq, xd, xds
+    return xq, xd, xs, xds
 
 
 @njit
@@ -68,10 +68,10 @@ def _sixteen(kind: str, RT: int):
     tile = getattr(il, f"itile_{kind}_16x{RT}")
 
     @njit
-    def run(wi, xq, xd, xds, out):
+    def run(wi, xq, xd, xs, xds, out):
         for t in range(0, xq.shape[0] - RT + 1, RT):
             for g in range(wi.shape[0]):
-                tile(wi, g, xq, xd, xds, t, out, 16 * g)
+                tile(wi, g, xq, xd, xs, xds, t, out, 16 * g)
     return run
 
 
@@ -101,6 +101,33 @@ def test_layout_holds_the_rows_codes_and_scales(kind):
         np.testing.assert_array_equal(m, ggml[..., 2:4].copy().view(np.uint16)[..., 0])
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_int8_layout_holds_the_rows_codes_and_scales(kind):
+    """For int8 activations (vpdpbusd's quadruples): q4 chunk c's byte 4l + k holds row l's
+    codes at columns 8c + k (low nibble) and 8c + 4 + k (high); q8_0 chunk j's bytes
+    4l..4l + 3 its codes at columns 4j..4j + 3, plus 128 (unsigned); the scales as for
+    int16."""
+    N, K = 32, 96
+    raw = q_rows(kind, N, K, np.random.default_rng(2), False)
+    wi = il.interleave(raw, kind, np.int8)
+    nb, BB = K // 32, ILV_BLOCK[kind]
+    assert wi.shape == (N // 16, nb * BB)
+    blocks = wi.reshape(N // 16, nb, BB)
+    ggml = raw.reshape(N, nb, -1)
+    hdr = 64 if kind == "q4_1" else 32
+    np.testing.assert_array_equal(blocks[..., :hdr], il.interleave(raw, kind).reshape(
+        N // 16, nb, BB)[..., :hdr])
+    if kind == "q8_0":
+        codes = (blocks[..., 32:] ^ 0x80).reshape(N // 16, nb, 8, 16, 4).transpose(0, 3, 1, 2, 4)
+        np.testing.assert_array_equal(codes.reshape(N, nb, 32), ggml[..., 2:])
+        return
+    quads = blocks[..., hdr:].reshape(N // 16, nb, 4, 16, 4)  # g, b, c, l, k
+    codes = np.stack([quads & 15, quads >> 4], axis=4)  # g, b, c, l, h, k: column 8c + 4h + k
+    codes = codes.transpose(0, 3, 1, 2, 4, 5).reshape(N, nb, 32)
+    qs = ggml[..., hdr // 16:hdr // 16 + 16]
+    np.testing.assert_array_equal(codes, np.concatenate([qs & 15, qs >> 4], axis=-1))
+
+
 def test_rows_not_in_groups_of_16_are_refused():
     with pytest.raises(ValueError, match="groups of 16"):
         il.interleave(np.zeros((24, 40), np.uint8), "q4_1")
@@ -116,17 +143,17 @@ def test_tiles_match_the_product_and_the_q4_tiles_are_the_8x1_tiles(kind, advers
     x = rng.standard_normal((T, K)).astype(np.float32)
     x[1, :64] *= 1e4  # a block far larger than the rest
     x[2, 32:64] = 0.0  # an all-zero activation block
-    xq, xd, xds = activations(x, dtype)
+    xq, xd, xs, xds = activations(x, dtype)
     xr = (xq.astype(np.float64).reshape(T, K // 32, 32) * xd[..., None]).reshape(T, K)
     wd = quant.dequantize(raw, kind, (N, K)).astype(np.float64)
     ref, scale = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
     single = np.full((T, N), np.nan, np.float32)
     _single(CODE[kind], raw, xq, xd, xds, single)
-    wi = il.interleave(raw, kind)
+    wi = il.interleave(raw, kind, dtype)
     first = None
     for RT in (1, 2, 4):
         got = np.full((T, N), np.nan, np.float32)
-        _sixteen(kind, RT)(wi, xq, xd, xds, got)
+        _sixteen(kind, RT)(wi, xq, xd, xs, xds, got)
         assert (np.abs(got - ref) <= 2e-6 * scale + 1e-30).all(), RT
         first = got if first is None else first
         np.testing.assert_array_equal(got, first, err_msg=f"RT={RT}")  # whichever tile

@@ -318,29 +318,33 @@ def test_q5_row_group_tiles(kind):
 
 
 @pytest.mark.skipif(not X86, reason="x86 instructions")
+@pytest.mark.parametrize("dtype", [np.int16, np.int8])
 @pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0"])
-def test_interleaved_tiles(kind):
+def test_interleaved_tiles(kind, dtype):
     """The batched step's interleaved tiles (interleave.itile_<kind>_16x4): on AVX-512 VNNI
-    16 vpdpwssd a block and token (inline assembly: not split into vpmaddwd + vpaddd), each
-    activation pair the instruction's broadcast memory operand (ir.vpdpwssd_bcast: no
-    separate broadcast), and no horizontal sums; elsewhere vpmaddwd."""
+    16 vpdpwssd a block and token for int16 activations, 8 vpdpbusd for int8 ones (inline
+    assembly: not split into vpmaddwd + vpaddd), each activation pair or quadruple the
+    instruction's broadcast memory operand (ir.vpdpwssd_bcast, vpdpbusd_bcast: no separate
+    broadcast), and no horizontal sums; elsewhere vpmaddwd."""
     from edgellm.kernels import interleave
 
     w = np.zeros((1, interleave.ILV_BLOCK[kind] * 2), np.uint8)
     w.flags.writeable = False
-    xq = np.zeros((4, 64), np.int16)
+    xq = np.zeros((4, 64), dtype)
     f = np.zeros((4, 2), np.float32)
+    xs = np.zeros((4, 2), np.int32)
     out = np.zeros((4, 16), np.float32)
     tile = getattr(interleave, f"itile_{kind}_16x4")
 
-    def probe(w, xq, xd, xds, out):
-        tile(w, 0, xq, xd, xds, 0, out, 0)
+    def probe(w, xq, xd, xs, xds, out):
+        tile(w, 0, xq, xd, xs, xds, 0, out, 0)
 
-    asm = probe_asm(probe, w, xq, f, f, out)
+    asm = probe_asm(probe, w, xq, f, xs, f, out)
     if simd.SIMD_PATH == "vnni":
-        folded = re.findall(r"vpdpwssd\s+-?\d*\(%\w+\)\{1to16\}, %zmm\d+, %zmm\d+", asm)
-        assert len(folded) >= 64 and asm.count("vpmaddwd") == 0, kind
+        op, per = ("vpdpwssd", 64) if dtype == np.int16 else ("vpdpbusd", 32)
+        folded = re.findall(op + r"\s+-?\d*\(%\w+\)\{1to16\}, %zmm\d+, %zmm\d+", asm)
+        assert len(folded) >= per and asm.count("vpmaddwd") == 0, kind
         assert asm.count("vpbroadcastd") + asm.count("vbroadcastss") < len(folded) // 4, kind
         assert "vphaddd" not in asm, kind
-    else:
+    elif dtype == np.int16:
         assert re.search(r"vpmaddwd\s[^\n]*%[yz]mm", asm), kind

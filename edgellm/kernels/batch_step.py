@@ -128,34 +128,34 @@ def _groups(kind, w, g, xq, xd, xds, out, n):
 
 
 @kernel
-def _interleaved(kind, wi, g, xq, xd, xds, out, n):
+def _interleaved(kind, wi, g, xq, xd, xs, xds, out, n):
     """out[:n, 16g:16g + 16] = W[16g:16g + 16] @ x[:n] from interleaved group g of W
     (interleave.py): four, two, then one sequence per tile, each row's sums added as the
     one-sequence tile adds them."""
     t, i = 0, g * ILV_ROWS
     while t + 4 <= n:
         if kind == Q4_1:
-            itile_q4_1_16x4(wi, g, xq, xd, xds, t, out, i)
+            itile_q4_1_16x4(wi, g, xq, xd, xs, xds, t, out, i)
         elif kind == Q4_0:
-            itile_q4_0_16x4(wi, g, xq, xd, xds, t, out, i)
+            itile_q4_0_16x4(wi, g, xq, xd, xs, xds, t, out, i)
         else:
-            itile_q8_0_16x4(wi, g, xq, xd, xds, t, out, i)
+            itile_q8_0_16x4(wi, g, xq, xd, xs, xds, t, out, i)
         t += 4
     if t + 2 <= n:
         if kind == Q4_1:
-            itile_q4_1_16x2(wi, g, xq, xd, xds, t, out, i)
+            itile_q4_1_16x2(wi, g, xq, xd, xs, xds, t, out, i)
         elif kind == Q4_0:
-            itile_q4_0_16x2(wi, g, xq, xd, xds, t, out, i)
+            itile_q4_0_16x2(wi, g, xq, xd, xs, xds, t, out, i)
         else:
-            itile_q8_0_16x2(wi, g, xq, xd, xds, t, out, i)
+            itile_q8_0_16x2(wi, g, xq, xd, xs, xds, t, out, i)
         t += 2
     if t < n:
         if kind == Q4_1:
-            itile_q4_1_16x1(wi, g, xq, xd, xds, t, out, i)
+            itile_q4_1_16x1(wi, g, xq, xd, xs, xds, t, out, i)
         elif kind == Q4_0:
-            itile_q4_0_16x1(wi, g, xq, xd, xds, t, out, i)
+            itile_q4_0_16x1(wi, g, xq, xd, xs, xds, t, out, i)
         else:
-            itile_q8_0_16x1(wi, g, xq, xd, xds, t, out, i)
+            itile_q8_0_16x1(wi, g, xq, xd, xs, xds, t, out, i)
 
 
 @kernel
@@ -180,6 +180,7 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, q8_0, q4_0, q4_1, f32
         q0, b0, nb = slot * kmax, slot * (kmax // 32), K // 32
         dst = op[7] if op[7] >= 0 else shared + tid * private + (-1 - op[7])
         xqv, xdv, xdsv = xq[:n, q0:q0 + K], xd[:n, b0:b0 + nb], xds[:n, b0:b0 + nb]
+        xsv = xs[:n, b0:b0 + nb]
         outv = mem[:n, dst:dst + rows]
         at = ilv[0][op[1]]
         if at >= 0 and row0 % ILV_ROWS == 0 and rows % ILV_ROWS == 0:
@@ -188,7 +189,7 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, q8_0, q4_0, q4_1, f32
             lo = at + row0 // ILV_ROWS * gb
             wi = ilv[1][lo:lo + rows // ILV_ROWS * gb].reshape((rows // ILV_ROWS, gb))
             for g in range(r0 // ILV_ROWS, r1 // ILV_ROWS):  # r0, r1 on ALIGN = 16
-                _interleaved(kind, wi, g, xqv, xdv, xdsv, outv, n)
+                _interleaved(kind, wi, g, xqv, xdv, xsv, xdsv, outv, n)
             c0 = r1
         else:
             off, rb = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]

@@ -29,10 +29,22 @@ q8_0's block sum is one integer here where the 4x1 tile keeps 16 partial sums in
 the same products, rounded in another order (a row's result differs from the single step's
 by rounding; 1536x576, 4 tokens, from L2: 107 -> 34 us).
 
-  itile_<q4_0|q4_1|q8_0>_16x<RT>(wi, g, xq, xd, xds, t, out, i)
+For int8 activations (act_type "int8", llama.cpp's) the codes are laid out for vpdpbusd,
+which multiplies four u8 by four i8 a lane (`interleave(w, kind, np.int8)`, same sizes):
+
+  q4:    4 chunks of 64 bytes: byte 4l + k of chunk c holds row l's codes at columns
+         8c + k (low nibble) and 8c + 4 + k (high nibble), k = 0..3
+  q8_0:  8 chunks of 64 bytes: bytes 4l..4l + 3 of chunk j are row l's codes at columns
+         4j..4j + 3, plus 128 (unsigned); the tile takes 128 x the token's block sum xs off
+
+so a chunk's lanes (masked to a nibble, or as they are) meet the token's four activations
+broadcast from memory: 8 vpdpbusd a block and token where int16 takes 16 vpdpwssd, the same
+integer sums (the 4-row tile 1.6x faster from L2, 1536x576).
+
+  itile_<q4_0|q4_1|q8_0>_16x<RT>(wi, g, xq, xd, xs, xds, t, out, i)
       out[t + s, i + r] = row 16g + r of W . token t + s, r < 16, s < RT
-xq int16 (the default path's) or int8 (sign-extended to int16 pairs). vpdpwssd on AVX-512
-VNNI; elsewhere the generic multiply-pair-add IR (vpmaddwd on x86). Callers validate
+xq int16 (the default path's: vpdpwssd) or int8 (vpdpbusd; xs is read only there) on
+AVX-512 VNNI; elsewhere the generic multiply-add IR (vpmaddwd on x86). Callers validate
 shapes (arch/batched.py builds wi from a matrix the fused step checked): no bounds checks.
 """
 
@@ -51,6 +63,7 @@ from .ir import (
     I64,
     ORDERED,
     _c,
+    _dot_acc,
     _h2f,
     _i64,
     _llvm_fn,
@@ -61,6 +74,7 @@ from .ir import (
     _splat,
     _typed,
     _v,
+    vpdpbusd_bcast,
     vpdpwssd,
     vpdpwssd_bcast,
 )
@@ -75,10 +89,10 @@ PF = 2048  # bytes a tile prefetches ahead of its block (q8_0 49152x576, 1 threa
 ILV_BLOCK = {"q4_0": 16 * 2 + 256, "q4_1": 16 * 4 + 256, "q8_0": 16 * 2 + 512}
 
 
-def interleave(w: np.ndarray, kind: str) -> np.ndarray:
+def interleave(w: np.ndarray, kind: str, act=np.int16) -> np.ndarray:
     """ggml q4_0 / q4_1 / q8_0 rows (uint8 [rows, nb * 18 | 20 | 34], rows a multiple of
     16) -> the interleaved groups (uint8 [rows / 16, nb * ILV_BLOCK[kind]], module
-    docstring)."""
+    docstring) for activations of dtype act: int8 ones take q4's byte layout."""
     qs, per_byte = BLOCK_BYTES[kind]  # ggml's block: the header, then the codes
     BB = qs + 32 // per_byte
     rows, nb = w.shape[0], w.shape[1] // BB
@@ -87,20 +101,29 @@ def interleave(w: np.ndarray, kind: str) -> np.ndarray:
     G = rows // ILV_ROWS
     blk = w.reshape(G, ILV_ROWS, nb, BB)
     d = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(G, nb, 32)  # the 16 rows' f16 d
+    if kind == "q8_0" and np.dtype(act) == np.int8:  # chunk j: columns 4j..4j + 3, + 128
+        q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 8, 4).transpose(0, 2, 3, 1, 4) ^ 0x80
+        return np.ascontiguousarray(np.concatenate([d, q.reshape(G, nb, 512)], axis=-1)
+                                    .reshape(G, -1))
     if kind == "q8_0":  # chunk j: rows 0..15's int8 codes at columns 2j, 2j + 1
         q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 16, 2).transpose(0, 2, 3, 1, 4)
         return np.ascontiguousarray(np.concatenate([d, q.reshape(G, nb, 512)], axis=-1)
                                     .reshape(G, -1))
     q = blk[..., qs:qs + 16]  # byte i: columns i (low nibble) and 16 + i (high)
+    parts = [d]
+    if kind == "q4_1":
+        parts.append(blk[..., 2:4].transpose(0, 2, 1, 3).reshape(G, nb, 32))  # and m
+    if np.dtype(act) == np.int8:  # byte 4l + k of chunk c: columns 8c + k, 8c + 4 + k
+        cb = np.concatenate([q & 15, q >> 4], axis=-1).reshape(G, ILV_ROWS, nb, 4, 2, 4)
+        quads = (cb[..., 0, :] | cb[..., 1, :] << 4).transpose(0, 2, 3, 1, 4)  # g, b, c, l, k
+        parts.append(np.ascontiguousarray(quads).reshape(G, nb, 256))
+        return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
     halves = []
     for codes in (q & 15, q >> 4):  # columns 0..15, then 16..31: chunks c = 0, 1, then 2, 3
         cw = codes.astype(np.uint16).reshape(G, ILV_ROWS, nb, 2, 4, 2)  # column 8c + 2s + p
         halves.append(cw[..., 0, :] | cw[..., 1, :] << 4 | cw[..., 2, :] << 8
                       | cw[..., 3, :] << 12)  # [G, l, nb, c, p]: nibble s
     words = np.concatenate(halves, axis=3).transpose(0, 2, 3, 1, 4)  # [G, nb, c, l, p]
-    parts = [d]
-    if kind == "q4_1":
-        parts.append(blk[..., 2:4].transpose(0, 2, 1, 3).reshape(G, nb, 32))  # and m
     parts.append(np.ascontiguousarray(words).view(np.uint8).reshape(G, nb, 256))
     return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
 
@@ -150,12 +173,13 @@ def _itile_codegen(kind, RT):
     chains = 2 if RT > 1 else 4  # integer chains a token (any split: the same sums)
 
     def codegen(ctx, b, sig, args):
-        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
-        g, t, i = args[1], args[5], args[7]
+        w, xq, xd, xs, xds, out = (_Rows(ctx, b, sig.args[k], args[k])
+                                   for k in (0, 2, 3, 4, 5, 7))
+        g, t, i = args[1], args[6], args[8]
         AB = 2 if sig.args[2].dtype == types.int16 else 1
         wrow = w.row(g)
         toks = [b.add(t, _i64(s)) for s in range(RT)]
-        xrows, drows, srows = ([a.row(u) for u in toks] for a in (xq, xd, xds))
+        xrows, drows, srows, irows = ([a.row(u) for u in toks] for a in (xq, xd, xds, xs))
         zero = _c(v16i, [0] * L)
 
         def dot(acc, wv, xv):
@@ -185,20 +209,49 @@ def _itile_codegen(kind, RT):
             mw = _h2f(b, _load(b, p, 32, _v(I16, L))) if kind == "q4_1" else None
             xoff, foff = b.mul(bi, _i64(32 * AB)), b.mul(bi, _i64(4))
             acc = [[zero] * chains for _ in range(RT)]
+            at = [b.ptrtoint(b.gep(x, [xoff], inbounds=True), I64) for x in xrows]
             if VNNI and AB == 2:  # the pairs as broadcast memory operands of vpdpwssd
-                at = [b.ptrtoint(b.gep(x, [xoff], inbounds=True), I64) for x in xrows]
 
                 def step(s, k, wv, j):
                     acc[s][k] = vpdpwssd_bcast(b, acc[s][k], wv, at[s], 4 * j)
             else:
                 def step(s, k, wv, j):
                     acc[s][k] = dot(acc[s][k], wv, pair(xrows[s], xoff, j))
-            if kind == "q8_0":
+            if kind == "q8_0" and AB == 1:  # codes + 128 (u8) by the token's int8 codes
+                for j in range(8):
+                    wv = _load(b, p, 32 + 64 * j, v16i)  # lane l: row l's columns 4j..4j + 3
+                    for s in range(RT):
+                        k = j % chains
+                        if VNNI:
+                            acc[s][k] = vpdpbusd_bcast(b, acc[s][k], wv, at[s], 4 * j)
+                        else:
+                            x4 = _load(b, xrows[s], b.add(xoff, _i64(4 * j)), I32)
+                            acc[s][k] = _dot_acc(b, acc[s][k], b.bitcast(wv, _v(I8, 4 * L)),
+                                                 b.bitcast(_splat(b, x4, L), _v(I8, 4 * L)))
+                for s in range(RT):  # less 128 x the block's code sum: the codes' products
+                    xsum = _splat(b, _load(b, irows[s], foff, I32), L)
+                    acc[s][0] = b.sub(acc[s][0], b.shl(xsum, _c(v16i, [7] * L)))
+            if kind == "q8_0" and AB == 2:
                 for j in range(16):
                     wv = b.bitcast(b.sext(_load(b, p, 32 + 32 * j, _v(I8, 2 * L)), v32w), v16i)
                     for s in range(RT):
                         step(s, j % chains, wv, j)
-            for c in range(4 if kind != "q8_0" else 0):
+            if kind != "q8_0" and AB == 1:  # byte layout: quadruples, vpdpbusd
+                nib = _c(v16i, [0x0F0F0F0F] * L)
+                for c in range(4):
+                    v = _load(b, p, q0 + 64 * c, v16i)
+                    for h, u in enumerate((v, b.lshr(v, _c(v16i, [4] * L)))):
+                        wv = b.and_(u, nib)  # lane l: row l's columns 8c + 4h + k, k < 4
+                        for s in range(RT):
+                            k = (2 * c + h) % chains
+                            if VNNI:
+                                acc[s][k] = vpdpbusd_bcast(b, acc[s][k], wv, at[s],
+                                                           8 * c + 4 * h)
+                            else:
+                                x4 = _load(b, xrows[s], b.add(xoff, _i64(8 * c + 4 * h)), I32)
+                                acc[s][k] = _dot_acc(b, acc[s][k], b.bitcast(wv, _v(I8, 4 * L)),
+                                                     b.bitcast(_splat(b, x4, L), _v(I8, 4 * L)))
+            for c in range(4 if kind != "q8_0" and AB == 2 else 0):
                 v = _load(b, p, q0 + 64 * c, v32w)
                 for s4 in range(4):
                     u = b.lshr(v, _c(v32w, [4 * s4] * (2 * L))) if s4 else v
@@ -222,8 +275,8 @@ def _itile_codegen(kind, RT):
 
 def _make_itile(kind, RT):
     arrays = {0: types.uint8, 2: (types.int8, types.int16), 3: types.float32,
-              4: types.float32, 6: types.float32}
-    return _typed(f"itile_{kind}_16x{RT}", _itile_codegen(kind, RT), arrays, ints=(1, 5, 7))
+              4: types.int32, 5: types.float32, 7: types.float32}
+    return _typed(f"itile_{kind}_16x{RT}", _itile_codegen(kind, RT), arrays, ints=(1, 6, 8))
 
 
 itile_q8_0_16x1 = _make_itile("q8_0", 1)

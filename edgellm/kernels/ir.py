@@ -335,6 +335,16 @@ def vpdpwssd_bcast(b, acc, w, base, disp: int):
                  [acc, w, base, _i64(disp)], False)
 
 
+def vpdpbusd_bcast(b, acc, w, base, disp: int):
+    """acc + w . x as u8 quadruples (<16 x i32> each) times the i8 quadruple x at byte
+    base + disp, broadcast to every lane from the memory operand ({1to16}): vpdpwssd_bcast's
+    int8 twin (four products a lane where it has two), under the same conditions."""
+    v16i = _v(I32, 16)
+    return b.asm(ir.FunctionType(v16i, [v16i, v16i, I64, I64]),
+                 "vpdpbusd ${4:c}($3){1to16}, $2, $0", "=v,0,v,r,i",
+                 [acc, w, base, _i64(disp)], False)
+
+
 def _hadd(b, u, v):
     """Horizontal pair sums of two <8 x i32> within 128-bit halves (x86 vphaddd)."""
     lo = _pick(b, u, (0, 2, 8, 10, 4, 6, 12, 14), v)
@@ -407,6 +417,9 @@ def _typed(name, codegen, arrays, ints):
     if nargs == 10:
         def typer(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
             return check((a0, a1, a2, a3, a4, a5, a6, a7, a8, a9))
+    elif nargs == 9:
+        def typer(typingctx, a0, a1, a2, a3, a4, a5, a6, a7, a8):
+            return check((a0, a1, a2, a3, a4, a5, a6, a7, a8))
     elif nargs == 8:
         def typer(typingctx, a0, a1, a2, a3, a4, a5, a6, a7):
             return check((a0, a1, a2, a3, a4, a5, a6, a7))

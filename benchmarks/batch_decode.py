@@ -2,7 +2,7 @@
 against the single fused step and the per-operation batched rows; runs alternating.
 
     python benchmarks/batch_decode.py --model EDGELLM_FILE [--threads 2] [--rounds 5]
-        [--steps 16] [--context 200]
+        [--steps 16] [--context 200] [--act-type int16]
 
 Each row's cache holds --context tokens of a prompt first. Per round and variant, --steps
 steps from that state; tok/s = rows * steps / time, best round. Prints the ratios issue 24
@@ -38,9 +38,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--act-type", default="int16", choices=["int16", "int8"])
     ap.add_argument("--kv-type", default="f32")
     args = ap.parse_args()
-    llm = edgellm.load(args.model, threads=args.threads, context=1024, kv_type=args.kv_type)
+    llm = edgellm.load(args.model, threads=args.threads, context=1024, kv_type=args.kv_type,
+                       act_type=args.act_type)
     m = llm.model
     if m.fused is None:
         raise SystemExit(f"{args.model}: no fused step, so no batched step")

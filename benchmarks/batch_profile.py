@@ -2,7 +2,7 @@
 one class of op (with the barriers kept), timed on 1, 2 and 4 rows; alternating, best round.
 
     python benchmarks/batch_profile.py --model EDGELLM_FILE [--threads 1] [--rounds 5]
-        [--steps 10] [--context 200] [--kv-type f32]
+        [--steps 10] [--context 200] [--kv-type f32] [--act-type int16]
 
 A cut program computes garbage (its inputs are stale), but each op reads and writes what
 it would in the whole step, so its time is that op class's share. What grows with the rows
@@ -31,9 +31,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--context", type=int, default=200)
+    ap.add_argument("--act-type", default="int16", choices=["int16", "int8"])
     ap.add_argument("--kv-type", default="f32", choices=["f32", "f16", "q8_0"])
     args = ap.parse_args()
-    m = edgellm.load(args.model, threads=args.threads, context=1024, kv_type=args.kv_type).model
+    m = edgellm.load(args.model, threads=args.threads, context=1024, kv_type=args.kv_type,
+                       act_type=args.act_type).model
     if m.fused is None:
         raise SystemExit(f"{args.model}: no fused step, so no batched step")
     m.forward(np.random.default_rng(0).integers(0, m.args.vocab_size, args.context),

@@ -43,6 +43,14 @@ def integer(value: Any, name: str, lo: int, hi: int | None = None,
     return value
 
 
+def choice(value: Any, name: str, options) -> str:
+    """One of `options` (strs)."""
+    if not isinstance(value, str) or value not in options:
+        raise ArgumentError(f"{name} must be one of {', '.join(options)}, got "
+                            f"{_kind(value)} {value!r:.60}")
+    return value
+
+
 def text(value: Any, name: str) -> str:
     """A str that encodes to UTF-8 (no lone surrogates)."""
     if not isinstance(value, str):

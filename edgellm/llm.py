@@ -49,7 +49,7 @@ class LLM:
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
                  context: int | None = None, precise: bool = False, chunk: int = CHUNK,
                  kv_type: str = "f32", prompt_cache_bytes: int = 0, fused: bool = True,
-                 lora=None):
+                 lora=None, act_type: str = "int16"):
         import numba
 
         from .numba_setup import set_threads
@@ -58,6 +58,7 @@ class LLM:
         threads = arguments.integer(threads, "threads", 1, none=True)
         context = arguments.integer(context, "context", 8, 1 << 24, none=True)  # as validate.py
         precise = arguments.flag(precise, "precise")
+        act_type = arguments.choice(act_type, "act_type", tuple(arch.ACT_TYPES))
         fused = arguments.flag(fused, "fused")
         chunk = arguments.integer(chunk, "chunk", 1)
         prompt_cache_bytes = arguments.integer(prompt_cache_bytes, "prompt_cache_bytes", 0)
@@ -73,7 +74,8 @@ class LLM:
             check_model(self.packed)  # every shape against the config, before any kernel
             self._check_context(context)
             self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk,
-                                    kv_type=kv_type, fused=fused)
+                                    kv_type=kv_type, fused=fused,
+                                    act_dtype=arch.ACT_TYPES[act_type])
         except (MemoryError, OSError) as e:
             self.packed.close()
             if isinstance(e, OSError) and e.errno != errno.ENOMEM:
@@ -83,7 +85,7 @@ class LLM:
         except BaseException:
             self.packed.close()
             raise
-        self.precise = precise
+        self.precise, self.act_type = precise, act_type
         self.prompt_cache = PromptCache(self.model, prompt_cache_bytes)
         self._tokenizer: Tokenizer | None = None
         self._template = None  # a chat_template.ChatTemplate, made on first use
@@ -428,7 +430,7 @@ class LLM:
 
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,
          precise: bool = False, kv_type: str = "f32", prompt_cache_bytes: int = 0,
-         fused: bool = True, lora=None) -> LLM:
+         fused: bool = True, lora=None, act_type: str = "int16") -> LLM:
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
     activations for quantized weights (matches the float model; slower); kv_type: how
@@ -439,9 +441,12 @@ def load(path: str | os.PathLike, threads: int | None = None, context: int | Non
     the reference path; the CLI's default is EDGELLM_FUSED). A context beyond the model's
     max_position_embeddings warns (ContextWarning). lora: LoRA adapters applied at run
     time (a PEFT directory or adapter file, or a list of them or of (path, scale) pairs;
-    LLM.set_lora switches them)."""
+    LLM.set_lora switches them). act_type: the integer activations of quantized weights
+    where not precise: "int16" (keeps the float model's greedy answers) or "int8"
+    (llama.cpp's: faster batched decoding in `edgellm serve`; flips near-ties)."""
     return LLM(path, threads=threads, context=context, precise=precise, kv_type=kv_type,
-               prompt_cache_bytes=prompt_cache_bytes, fused=fused, lora=lora)
+               prompt_cache_bytes=prompt_cache_bytes, fused=fused, lora=lora,
+               act_type=act_type)
 
 
 __all__ = ["LLM", "load", "EdgeLLMError"]

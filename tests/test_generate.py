@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from conftest import reference
 
@@ -140,6 +141,19 @@ def test_chat_answers_equal_fresh_generation(converted):
 def run_cli(*args, stdin=None):
     return subprocess.run([sys.executable, "-m", "edgellm", *args], capture_output=True,
                           text=True, input=stdin, timeout=300)
+
+
+def test_cli_act_type_int8_answers_as_the_api(converted):
+    """--act-type int8 (llama.cpp's activations) reaches the model: greedy text as the API's
+    load(act_type="int8") gives it."""
+    model = str(converted("llama", "q4_1"))
+    got = run_cli("generate", "-m", model, "-p", "The", "-n", "8", "--temp", "0",
+                  "--act-type", "int8")
+    assert got.returncode == 0, got.stderr
+    with edgellm.load(model, act_type="int8") as llm:
+        assert llm.model.act_dtype == np.int8
+        want = llm.generate("The", max_tokens=8, temperature=0)
+    assert got.stdout.strip() == want.strip()
 
 
 def test_cli_generate_streams_and_repeats_with_seed(converted):

@@ -134,6 +134,8 @@ def test_bad_api_arguments_are_typed(case, llm):
     ({"threads": 0}, ArgumentError, "threads must be >= 1"),
     ({"context": 4.5}, ArgumentError, "context must be an int"),
     ({"precise": "yes"}, ArgumentError, "precise must be True or False"),
+    ({"act_type": "int4"}, ArgumentError, "act_type must be one of int16, int8, got str"),
+    ({"act_type": None}, ArgumentError, "act_type must be one of int16, int8, got None"),
 ])
 def test_bad_load_arguments_are_typed(kwargs, cls, words, converted):
     kwargs = {"path": converted("llama", "q8_0"), **kwargs}
@@ -189,6 +191,7 @@ def test_ctx_allocation_failure_is_one_line(converted, monkeypatch, capsys):
     (["-p", "a\udcffb"], "argument -p/--prompt: the prompt is not valid UTF-8"),
     (["-p", "hi", "--stop", ""], "argument --stop: a stop string must not be empty"),
     (["-p", "hi", "--system", "\udcff", "--chat"], "argument --system"),
+    (["-p", "hi", "--act-type", "int4"], "argument --act-type: invalid choice: 'int4'"),
 ])
 def test_bad_cli_text_is_a_usage_error(argv, words, converted, capsys):
     rc, _, err = run_cli(edgellm_main, ["generate", "-m", converted("llama", "q8_0"), *argv],

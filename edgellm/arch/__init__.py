@@ -11,6 +11,11 @@ from ..memory_plan import CHUNK
 from .base import Transformer
 from .registry import spec_for, supported
 
+# the integer activations quantized weights meet (not precise): int16 blocks keep the float
+# model's greedy answers; int8 ones are llama.cpp's (faster where the products bound a step:
+# the batched rows of `edgellm serve`; they flip the float model's near-ties)
+ACT_TYPES = {"int16": np.int16, "int8": np.int8}
+
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
           chunk: int = CHUNK, kv_type: str = "f32", fused: bool = True, act_dtype=np.int16):

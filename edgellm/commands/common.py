@@ -93,6 +93,7 @@ def add_model_arguments(p) -> None:
     p.add_argument("--precise", action="store_true",
                    help="float activations for quantized weights: matches the float model "
                         "where int8 rounding would flip a near-tie (slower)")
+    add_act_type_argument(p)
     add_kv_type_argument(p)
 
 
@@ -113,6 +114,15 @@ def add_lora_argument(p) -> None:
                    metavar="DIR[:SCALE]",
                    help="LoRA adapter (a PEFT directory or a convert-model --adapter file), "
                         "scaled by SCALE (default 1); repeat for several at once")
+
+
+def add_act_type_argument(p) -> None:
+    from ..arch import ACT_TYPES
+
+    p.add_argument("--act-type", choices=tuple(ACT_TYPES), default="int16",
+                   help="integer activations of quantized weights: int16 keeps the float "
+                        "model's greedy answers; int8 is llama.cpp's, faster when the "
+                        "server batches streams, and flips near-ties (default: int16)")
 
 
 def add_kv_type_argument(p) -> None:
@@ -175,7 +185,8 @@ def open_model(args, defer_variants: bool = False) -> LLM:
             try:
                 llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise,
                           kv_type=getattr(args, "kv_type", "f32"),
-                          fused=fused_default(), lora=getattr(args, "lora", None))
+                          fused=fused_default(), lora=getattr(args, "lora", None),
+                          act_type=getattr(args, "act_type", "int16"))
             except ContextWarning as w:
                 raise ContextError(str(w)) from None
         if llm.packed.has_tokenizer:  # built before the kernels load: its build's transient
@@ -207,6 +218,7 @@ def _background(args, llm: LLM):
         return None
     spec = dict(path=str(llm.packed.path), threads=llm.threads, context=args.ctx,
                 precise=bool(args.precise), kv_type=getattr(args, "kv_type", "f32"),
+                act_type=getattr(args, "act_type", "int16"),
                 lora=[list(x) for x in args.lora] if getattr(args, "lora", None) else None,
                 fused_env=os.environ.get("EDGELLM_FUSED"))
     return first_run.Background(spec, say)

@@ -51,7 +51,7 @@ class Background:
     """Child processes compiling this model's kernels into the shared kernel cache.
 
     spec: what the children open, as the CLI opened it: path, threads, context, precise,
-    kv_type, lora ([[dir, scale], ...] or None), fused_env (EDGELLM_FUSED's value)."""
+    kv_type, act_type, lora ([[dir, scale], ...] or None), fused_env (EDGELLM_FUSED's value)."""
 
     def __init__(self, spec: dict, say):
         self.spec, self.say = spec, say
@@ -131,7 +131,7 @@ def _run(spec: dict) -> None:
     lora = [tuple(x) for x in spec["lora"]] if spec.get("lora") else None
     with LLM(spec["path"], threads=spec["threads"], context=spec["context"],
              precise=spec["precise"], kv_type=spec["kv_type"], fused=fused_default(),
-             lora=lora) as llm:
+             lora=lora, act_type=spec.get("act_type", "int16")) as llm:
         model = llm.model
         for job in spec["jobs"]:
             if job == "decode":

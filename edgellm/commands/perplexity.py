@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import EdgeLLMError
 from ..perplexity import BOS_MODES, perplexity
-from .common import add_kv_type_argument, add_lora_argument, open_model
+from .common import add_act_type_argument, add_kv_type_argument, add_lora_argument, open_model
 
 
 def add_arguments(p) -> None:
@@ -31,6 +31,7 @@ def add_arguments(p) -> None:
                    help="threads (default: all cores)")
     p.add_argument("--precise", action="store_true",
                    help="float activations for quantized weights (slower)")
+    add_act_type_argument(p)
     add_kv_type_argument(p)
     add_lora_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -10,9 +10,9 @@ llama-server with --parallel the same and --ctx-size room for every slot), warms
 one request and then one on every slot at once (a fresh server's first batch pays for its
 first touches: edgellm's first 4-stream run read 293 tok/s, the next ones 334-359; the
 warm prompts are not the measured ones, whose prefill is then not cached), then for each
-stream count runs that many streams at once, each asking for --tokens tokens (ignore_eos
-where the server has it, temperature 0; edgellm's prompts differ per stream so that no
-stream ends early). Aggregate decode tok/s = tokens streamed after each stream's first (as
+stream count runs that many streams at once, each asking for --tokens tokens (ignore_eos,
+which both servers take, so that no stream ends early whatever the activations' rounding
+picks; temperature 0; the prompts differ per stream). Aggregate decode tok/s = tokens streamed after each stream's first (as
 the server's usage counts them) / (time from the first stream's first token to the last
 stream's end); "while all decode": the content chunks between the last stream's first
 token and the first stream's last, over that time (no stream prefilling or done: streams
@@ -155,7 +155,7 @@ def main() -> None:
             proc, url = start(kind, args, parallel)
             try:
                 model = "x" if kind == "llama-server" else Path(args.model).stem
-                extra = {"ignore_eos": True} if kind == "llama-server" else {}
+                extra = {"ignore_eos": True}
                 measure(url, model, 1, 8, extra, WARM)  # warm: one stream, then every slot
                 measure(url, model, parallel, 8, extra, WARM)
                 for n in args.streams:

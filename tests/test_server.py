@@ -77,6 +77,27 @@ def test_chat_completion_usage_is_the_tokenizers_count(server, llm):
     assert choice.message.content == api["choices"][0]["message"]["content"]
 
 
+def test_ignore_eos_runs_to_max_tokens(server, llm):
+    """llama.cpp's ignore_eos: the end-of-sequence ids banned, so an answer that would end
+    at once (its EOS pushed up by logit_bias) runs to max_tokens instead, as a stream too."""
+    eos = sorted(llm.tokenizer.eos_ids)[0]
+    c = server.client()
+    kw = dict(model="smollm2", messages=ASK, max_tokens=5, temperature=0,
+              logit_bias={str(eos): 100})
+    r = c.chat.completions.create(**kw)
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 0
+    r = c.chat.completions.create(**kw, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+    chunks = list(c.chat.completions.create(**kw, stream=True, extra_body={"ignore_eos": True},
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == 5
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == \
+        r.choices[0].message.content
+    r = c.completions.create(model="smollm2", prompt="The", max_tokens=4, temperature=0,
+                             logit_bias={str(eos): 100}, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
+
+
 def test_stream_equals_the_whole_answer_and_ends_with_done(server):
     c = server.client()
     whole = c.chat.completions.create(model="smollm2", messages=ASK, max_tokens=12,

@@ -13,6 +13,7 @@ Batch (edgellm/batch.py), streaming as server-sent events when asked.
 from __future__ import annotations
 
 import base64
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -148,7 +149,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         kwargs = dict(tools=req.tools, tool_choice=req.tool_choice,
                       response_format=req.response_format, max_tokens=max_tokens,
                       stop=req.stop, parallel_tool_calls=req.parallel_tool_calls,
-                      **_sampling(req))
+                      **_sampling(req, llm.tokenizer.eos_ids))
         plan = await planned(plan_chat_completion, fields, llm, _messages(req), **kwargs)
         slot = await slot_for(plan.ids)
         if not req.stream:
@@ -174,7 +175,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
             raise APIError(400, "prompt is empty", param="prompt")
         ids = await planned(llm.encode_prompt, fields, prompt)
         kwargs = dict(max_tokens=_max_tokens(req.max_tokens, settings), stop=req.stop,
-                      **_sampling(req))
+                      **_sampling(req, llm.tokenizer.eos_ids))
         slot = await slot_for(ids)
         base = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion",
                 "created": int(time.time()), "model": settings.model_id}
@@ -235,7 +236,10 @@ def _max_tokens(value: int | None, settings: Settings) -> int:
     return value
 
 
-def _sampling(req: Sampling) -> dict:
+def _sampling(req: Sampling, eos_ids) -> dict:
+    """The request's sampling fields as LLM.stream_ids takes them; llama.cpp's ignore_eos
+    bans the end-of-sequence ids (as llama-server does: a -inf bias), so a stream runs to
+    max_tokens."""
     out: dict[str, Any] = {}
     for name, key in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
                       ("min_p", "min_p"), ("repeat_penalty", "repetition_penalty"),
@@ -252,6 +256,8 @@ def _sampling(req: Sampling) -> dict:
                                param="logit_bias")
             bias[int(k)] = v
         out["logit_bias"] = bias
+    if req.ignore_eos:
+        out["logit_bias"] = {**out.get("logit_bias", {}), **dict.fromkeys(eos_ids, -math.inf)}
     return out
 
 

@@ -44,6 +44,7 @@ class Sampling(_Body):
     frequency_penalty: float | None = None
     seed: int | None = None
     logit_bias: dict[str, float] | None = None
+    ignore_eos: bool = False  # llama.cpp's: run to max_tokens
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False

@@ -12,11 +12,12 @@ first touches: edgellm's first 4-stream run read 293 tok/s, the next ones 334-35
 warm prompts are not the measured ones, whose prefill is then not cached), then for each
 stream count runs that many streams at once, each asking for --tokens tokens (ignore_eos,
 which both servers take, so that no stream ends early whatever the activations' rounding
-picks; temperature 0; the prompts differ per stream). Aggregate decode tok/s = tokens streamed after each stream's first (as
-the server's usage counts them) / (time from the first stream's first token to the last
-stream's end); "while all decode": the content chunks between the last stream's first
-token and the first stream's last, over that time (no stream prefilling or done: streams
-whose prompts were cached start before the others' prefill, and end before them); TTFT =
+picks; temperature 0; the prompts differ per stream). Aggregate decode tok/s = tokens
+streamed after each stream's first (as the server's usage counts them) / (time from the
+first stream's first token to the last stream's end); "while all decode": the content
+chunks between the last stream's first token and the first stream's last, over that time
+(no stream prefilling or done: streams whose prompts were cached start before the others'
+prefill, and end before them); TTFT =
 median time to the first content chunk. Medians over rounds, and the
 ratios asked for by issue 24: edgellm 4-stream / edgellm 1-stream, edgellm 4-stream /
 llama-server 4-stream, for each --act-types (edgellm serve --act-type; int8 is llama.cpp's

@@ -191,13 +191,8 @@ def _itile_codegen(kind, RT):
                                     _pick(b, prod, range(1, 2 * L, 2))))
 
         def pair(xrow, xoff, j):
-            """The token's activations 2j, 2j + 1 of the block as an i32, in every lane."""
-            if AB == 2:
-                x = _load(b, xrow, b.add(xoff, _i64(4 * j)), I32)
-            else:
-                x = b.bitcast(b.sext(_load(b, xrow, b.add(xoff, _i64(2 * j)), _v(I8, 2)),
-                                     _v(I16, 2)), I32)
-            return _splat(b, x, L)
+            """The token's int16 activations 2j, 2j + 1 of the block as an i32, every lane."""
+            return _splat(b, _load(b, xrow, b.add(xoff, _i64(4 * j)), I32), L)
 
         low = _c(v32w, [15] * (2 * L))
 
@@ -217,17 +212,20 @@ def _itile_codegen(kind, RT):
             else:
                 def step(s, k, wv, j):
                     acc[s][k] = dot(acc[s][k], wv, pair(xrows[s], xoff, j))
+
+            def quad(s, k, wv, disp):
+                """acc + wv's u8 quadruples . the token's int8 activations disp..disp + 3."""
+                if VNNI:
+                    acc[s][k] = vpdpbusd_bcast(b, acc[s][k], wv, at[s], disp)
+                else:
+                    x4 = _splat(b, _load(b, xrows[s], b.add(xoff, _i64(disp)), I32), L)
+                    acc[s][k] = _dot_acc(b, acc[s][k], b.bitcast(wv, _v(I8, 4 * L)),
+                                         b.bitcast(x4, _v(I8, 4 * L)))
             if kind == "q8_0" and AB == 1:  # codes + 128 (u8) by the token's int8 codes
                 for j in range(8):
                     wv = _load(b, p, 32 + 64 * j, v16i)  # lane l: row l's columns 4j..4j + 3
                     for s in range(RT):
-                        k = j % chains
-                        if VNNI:
-                            acc[s][k] = vpdpbusd_bcast(b, acc[s][k], wv, at[s], 4 * j)
-                        else:
-                            x4 = _load(b, xrows[s], b.add(xoff, _i64(4 * j)), I32)
-                            acc[s][k] = _dot_acc(b, acc[s][k], b.bitcast(wv, _v(I8, 4 * L)),
-                                                 b.bitcast(_splat(b, x4, L), _v(I8, 4 * L)))
+                        quad(s, j % chains, wv, 4 * j)
                 for s in range(RT):  # less 128 x the block's code sum: the codes' products
                     xsum = _splat(b, _load(b, irows[s], foff, I32), L)
                     acc[s][0] = b.sub(acc[s][0], b.shl(xsum, _c(v16i, [7] * L)))
@@ -243,14 +241,7 @@ def _itile_codegen(kind, RT):
                     for h, u in enumerate((v, b.lshr(v, _c(v16i, [4] * L)))):
                         wv = b.and_(u, nib)  # lane l: row l's columns 8c + 4h + k, k < 4
                         for s in range(RT):
-                            k = (2 * c + h) % chains
-                            if VNNI:
-                                acc[s][k] = vpdpbusd_bcast(b, acc[s][k], wv, at[s],
-                                                           8 * c + 4 * h)
-                            else:
-                                x4 = _load(b, xrows[s], b.add(xoff, _i64(8 * c + 4 * h)), I32)
-                                acc[s][k] = _dot_acc(b, acc[s][k], b.bitcast(wv, _v(I8, 4 * L)),
-                                                     b.bitcast(_splat(b, x4, L), _v(I8, 4 * L)))
+                            quad(s, (2 * c + h) % chains, wv, 8 * c + 4 * h)
             for c in range(4 if kind != "q8_0" and AB == 2 else 0):
                 v = _load(b, p, q0 + 64 * c, v32w)
                 for s4 in range(4):

@@ -3,7 +3,7 @@
 
     python benchmarks/server_throughput.py --model EDGELLM_FILE --gguf GGUF_FILE
         [--llama-server PATH] [--threads 2] [--streams 1 4] [--tokens 96] [--rounds 3]
-        [--act-types int16 [int8]] [--json OUT]
+        [--variants "" "--act-type int8" ...] [--json OUT]
 
 Each round starts each server (edgellm with --parallel = the most streams asked for,
 llama-server with --parallel the same and --ctx-size room for every slot), warms it with
@@ -20,8 +20,9 @@ chunks between the last stream's first token and the first stream's last, over t
 prefill, and end before them); TTFT =
 median time to the first content chunk. Medians over rounds, and the
 ratios asked for by issue 24: edgellm 4-stream / edgellm 1-stream, edgellm 4-stream /
-llama-server 4-stream, for each --act-types (edgellm serve --act-type; int8 is llama.cpp's
-own activation precision). The load average at start and end is printed with them.
+llama-server 4-stream, for each of --variants (extra `edgellm serve` arguments, one string a
+variant: "--act-type int8 --kv-type f16" is llama.cpp's own precision, int8 activations and
+an f16 KV cache). The load average at start and end is printed with them.
 """
 
 from __future__ import annotations
@@ -74,10 +75,9 @@ def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> Non
 def start(kind: str, args, parallel: int) -> tuple[subprocess.Popen, str]:
     port = _port()
     if kind.startswith("edgellm"):
-        act = kind.partition(" ")[2] or "int16"
         cmd = [sys.executable, "-m", "edgellm", "serve", "-m", args.model, "--port", str(port),
                "--parallel", str(parallel), "-t", str(args.threads), "--ctx", "1024",
-               "--act-type", act]
+               *kind.split()[1:]]
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
     else:
         cmd = [args.llama_server, "-m", args.gguf, "--port", str(port), "--parallel",
@@ -143,11 +143,13 @@ def main() -> None:
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--act-types", nargs="+", default=["int16"], choices=["int16", "int8"])
+    ap.add_argument("--variants", nargs="+", default=[""],
+                    help='edgellm serve arguments, a string a variant ("": the defaults)')
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    ours = ["edgellm" + ("" if a == "int16" else f" {a}") for a in args.act_types]
+    ours = [" ".join(["edgellm", *v.split()]) for v in args.variants]
     kinds = ours + (["llama-server"] if os.access(args.llama_server, os.X_OK) else [])
+    w = max(len(k) for k in kinds)
     results: dict = {k: {n: [] for n in args.streams} for k in kinds}
     load_start = load()
     parallel = max(args.streams)
@@ -162,7 +164,7 @@ def main() -> None:
                 for n in args.streams:
                     m = measure(url, model, n, args.tokens, extra)
                     results[kind][n].append(m)
-                    print(f"round {r + 1} {kind:13s} {n} stream(s): {m['tok_s']:7.1f} tok/s "
+                    print(f"round {r + 1} {kind:{w}s} {n} stream(s): {m['tok_s']:7.1f} tok/s "
                           f"aggregate ({m['all_tok_s']:6.1f} while all decode), TTFT "
                           f"{m['ttft_s'] * 1000:6.0f} ms, tokens {m['tokens']} (load {load()})",
                           flush=True)
@@ -177,7 +179,7 @@ def main() -> None:
           f"streams; load average at start {load_start}, at end {load()}")
     for kind, per in summary.items():
         for n, s in per.items():
-            print(f"  {kind:13s} {n} stream(s): {s['tok_s']:7.1f} tok/s ({s['all_tok_s']:6.1f} "
+            print(f"  {kind:{w}s} {n} stream(s): {s['tok_s']:7.1f} tok/s ({s['all_tok_s']:6.1f} "
                   f"while all decode), TTFT {s['ttft_ms']:6.0f} ms")
     lo, hi = min(args.streams), max(args.streams)
 

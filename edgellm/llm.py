@@ -85,7 +85,7 @@ class LLM:
         except BaseException:
             self.packed.close()
             raise
-        self.precise, self.act_type = precise, act_type
+        self.precise = precise
         self.prompt_cache = PromptCache(self.model, prompt_cache_bytes)
         self._tokenizer: Tokenizer | None = None
         self._template = None  # a chat_template.ChatTemplate, made on first use

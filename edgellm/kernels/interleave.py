@@ -101,19 +101,18 @@ def interleave(w: np.ndarray, kind: str, act=np.int16) -> np.ndarray:
     G = rows // ILV_ROWS
     blk = w.reshape(G, ILV_ROWS, nb, BB)
     d = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(G, nb, 32)  # the 16 rows' f16 d
-    if kind == "q8_0" and np.dtype(act) == np.int8:  # chunk j: columns 4j..4j + 3, + 128
-        q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 8, 4).transpose(0, 2, 3, 1, 4) ^ 0x80
-        return np.ascontiguousarray(np.concatenate([d, q.reshape(G, nb, 512)], axis=-1)
-                                    .reshape(G, -1))
-    if kind == "q8_0":  # chunk j: rows 0..15's int8 codes at columns 2j, 2j + 1
-        q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 16, 2).transpose(0, 2, 3, 1, 4)
+    int8 = np.dtype(act) == np.int8
+    if kind == "q8_0":  # chunk j: rows 0..15's codes at columns 2j, 2j + 1 (int8: 4j..4j + 3,
+        per = 4 if int8 else 2  # plus 128)
+        q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 32 // per, per).transpose(0, 2, 3, 1, 4)
+        q = q ^ 0x80 if int8 else q
         return np.ascontiguousarray(np.concatenate([d, q.reshape(G, nb, 512)], axis=-1)
                                     .reshape(G, -1))
     q = blk[..., qs:qs + 16]  # byte i: columns i (low nibble) and 16 + i (high)
     parts = [d]
     if kind == "q4_1":
         parts.append(blk[..., 2:4].transpose(0, 2, 1, 3).reshape(G, nb, 32))  # and m
-    if np.dtype(act) == np.int8:  # byte 4l + k of chunk c: columns 8c + k, 8c + 4 + k
+    if int8:  # byte 4l + k of chunk c: columns 8c + k, 8c + 4 + k
         cb = np.concatenate([q & 15, q >> 4], axis=-1).reshape(G, ILV_ROWS, nb, 4, 2, 4)
         quads = (cb[..., 0, :] | cb[..., 1, :] << 4).transpose(0, 2, 3, 1, 4)  # g, b, c, l, k
         parts.append(np.ascontiguousarray(quads).reshape(G, nb, 256))

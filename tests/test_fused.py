@@ -186,6 +186,7 @@ def test_barrier_sleeps_and_wakes():
     assert state[3] >= CALM - 1  # the sleeps: short spins for the next barriers
 
 
+@pytest.mark.serial  # another process on the cores makes a spinning wait sleep
 @pytest.mark.skipif(numba_setup.THREADING_LAYER != "omp" or not sync._X86,
                     reason="needs omp's workers and the x86 time-stamp counter")
 def test_barrier_spins_long_until_a_wait_sleeps():

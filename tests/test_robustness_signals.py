@@ -20,6 +20,9 @@ from conftest import TINY
 
 from edgellm.format import PackedModel
 
+# the exits are timed to the second: not beside another worker's compiles
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 PRECIOUS = b"precious: an older model the user keeps"

@@ -22,7 +22,10 @@ median time to the first content chunk. Medians over rounds, and the
 ratios asked for by issue 24: edgellm 4-stream / edgellm 1-stream, edgellm 4-stream /
 llama-server 4-stream, for each of --variants (extra `edgellm serve` arguments, one string a
 variant: "--act-type int8 --kv-type f16" is llama.cpp's own precision, int8 activations and
-an f16 KV cache). The load average at start and end is printed with them.
+an f16 KV cache). The load average at start and end is printed with them, and the CPU time
+per streamed token of the server process and of this one (the openai client), from /proc:
+on two cores every other thread's CPU preempts a step's workers (a worker waits for its
+preempted partner at the next barrier), so the client's share slows both servers' steps.
 """
 
 from __future__ import annotations
@@ -105,8 +108,18 @@ def stream_once(client, model: str, prompt: str, tokens: int, extra: dict) -> di
     return {"start": t0, "first": times[0], "last": times[-1], "times": times, "tokens": n}
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process `pid` so far (None without /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(url: str, model: str, streams: int, tokens: int, extra: dict,
-            prompts: list[str] = PROMPTS) -> dict:
+            prompts: list[str] = PROMPTS, pid: int | None = None) -> dict:
     from openai import OpenAI
 
     client = OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
@@ -116,10 +129,16 @@ def measure(url: str, model: str, streams: int, tokens: int, extra: dict,
         out[i] = stream_once(client, model, prompts[i % len(prompts)], tokens, extra)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    server0, client0 = cpu_seconds(pid) if pid else None, os.times()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    server1, client1 = cpu_seconds(pid) if pid else None, os.times()
+    streamed = sum(r["tokens"] for r in out)
+    server_ms = None if server0 is None or server1 is None else \
+        1000 * (server1 - server0) / streamed
+    client_ms = 1000 * (client1.user + client1.system - client0.user - client0.system) / streamed
     begin = min(r["first"] for r in out)
     end = max(r["last"] for r in out)
     decoded = sum(r["tokens"] - 1 for r in out)  # the first of each came from its prefill
@@ -127,7 +146,13 @@ def measure(url: str, model: str, streams: int, tokens: int, extra: dict,
     together = sum(sum(1 for t in r["times"] if lo < t <= hi) for r in out)
     return {"tok_s": decoded / (end - begin), "all_tok_s": together / (hi - lo),
             "ttft_s": statistics.median(r["first"] - r["start"] for r in out),
-            "tokens": [r["tokens"] for r in out]}
+            "tokens": [r["tokens"] for r in out], "server_cpu_ms": server_ms,
+            "client_cpu_ms": client_ms}
+
+
+def _cpu(m: dict) -> str:
+    server = "?" if m["server_cpu_ms"] is None else f"{m['server_cpu_ms']:.2f}"
+    return f"server {server} ms, client {m['client_cpu_ms']:.2f} ms"
 
 
 def load() -> str:
@@ -162,25 +187,30 @@ def main() -> None:
                 measure(url, model, 1, 8, extra, WARM)  # warm: one stream, then every slot
                 measure(url, model, parallel, 8, extra, WARM)
                 for n in args.streams:
-                    m = measure(url, model, n, args.tokens, extra)
+                    m = measure(url, model, n, args.tokens, extra, pid=proc.pid)
                     results[kind][n].append(m)
                     print(f"round {r + 1} {kind:{w}s} {n} stream(s): {m['tok_s']:7.1f} tok/s "
                           f"aggregate ({m['all_tok_s']:6.1f} while all decode), TTFT "
-                          f"{m['ttft_s'] * 1000:6.0f} ms, tokens {m['tokens']} (load {load()})",
-                          flush=True)
+                          f"{m['ttft_s'] * 1000:6.0f} ms, CPU a token: {_cpu(m)}, tokens "
+                          f"{m['tokens']} (load {load()})", flush=True)
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
-    summary = {k: {n: {"tok_s": statistics.median(m["tok_s"] for m in v),
-                       "all_tok_s": statistics.median(m["all_tok_s"] for m in v),
-                       "ttft_ms": 1000 * statistics.median(m["ttft_s"] for m in v)}
+    def median(v, key):
+        values = [m[key] for m in v if m[key] is not None]
+        return statistics.median(values) if values else None
+
+    summary = {k: {n: {"tok_s": median(v, "tok_s"), "all_tok_s": median(v, "all_tok_s"),
+                       "ttft_ms": 1000 * median(v, "ttft_s"),
+                       "server_cpu_ms": median(v, "server_cpu_ms"),
+                       "client_cpu_ms": median(v, "client_cpu_ms")}
                    for n, v in per.items()} for k, per in results.items()}
     print(f"\nmedians over {args.rounds} rounds, {args.threads} threads, {args.tokens}-token "
           f"streams; load average at start {load_start}, at end {load()}")
     for kind, per in summary.items():
         for n, s in per.items():
             print(f"  {kind:{w}s} {n} stream(s): {s['tok_s']:7.1f} tok/s ({s['all_tok_s']:6.1f} "
-                  f"while all decode), TTFT {s['ttft_ms']:6.0f} ms")
+                  f"while all decode), TTFT {s['ttft_ms']:6.0f} ms, CPU a token: {_cpu(s)}")
     lo, hi = min(args.streams), max(args.streams)
 
     def ratio(a, b):

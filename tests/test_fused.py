@@ -169,6 +169,7 @@ def _late_rounds(state, out, late_ticks, n):
             barrier(state, 2)
 
 
+@pytest.mark.serial  # another process on the cores changes which waits sleep
 @pytest.mark.skipif(numba_setup.THREADING_LAYER != "omp" or not sync._X86,
                     reason="needs omp's workers and the x86 time-stamp counter")
 def test_barrier_sleeps_and_wakes():

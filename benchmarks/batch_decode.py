@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 import edgellm
+from edgellm.arch import ACT_TYPES
 from edgellm.arch.batched import BatchDecoder
 from edgellm.batch import decode_rows
 
@@ -38,7 +39,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--context", type=int, default=200)
-    ap.add_argument("--act-type", default="int16", choices=["int16", "int8"])
+    ap.add_argument("--act-type", default="int16", choices=list(ACT_TYPES))
     ap.add_argument("--kv-type", default="f32")
     args = ap.parse_args()
     llm = edgellm.load(args.model, threads=args.threads, context=1024, kv_type=args.kv_type,

@@ -102,29 +102,33 @@ def interleave(w: np.ndarray, kind: str, act=np.int16) -> np.ndarray:
     blk = w.reshape(G, ILV_ROWS, nb, BB)
     d = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(G, nb, 32)  # the 16 rows' f16 d
     int8 = np.dtype(act) == np.int8
+    parts = [d]
     if kind == "q8_0":  # chunk j: rows 0..15's codes at columns 2j, 2j + 1 (int8: 4j..4j + 3,
         per = 4 if int8 else 2  # plus 128)
         q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 32 // per, per).transpose(0, 2, 3, 1, 4)
-        q = q ^ 0x80 if int8 else q
-        return np.ascontiguousarray(np.concatenate([d, q.reshape(G, nb, 512)], axis=-1)
-                                    .reshape(G, -1))
-    q = blk[..., qs:qs + 16]  # byte i: columns i (low nibble) and 16 + i (high)
-    parts = [d]
-    if kind == "q4_1":
-        parts.append(blk[..., 2:4].transpose(0, 2, 1, 3).reshape(G, nb, 32))  # and m
+        parts.append((q ^ 0x80 if int8 else q).reshape(G, nb, 512))
+    else:
+        if kind == "q4_1":
+            parts.append(blk[..., 2:4].transpose(0, 2, 1, 3).reshape(G, nb, 32))  # and m
+        parts.append(_q4_codes(blk[..., qs:qs + 16], int8))
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
+
+
+def _q4_codes(q: np.ndarray, int8: bool) -> np.ndarray:
+    """A q4 group's codes (uint8 [G, 16 rows, nb, 16], byte i: columns i (low nibble) and
+    16 + i (high)) -> uint8 [G, nb, 256] in 4 chunks of 64 bytes (module docstring)."""
+    G, _, nb, _ = q.shape
     if int8:  # byte 4l + k of chunk c: columns 8c + k, 8c + 4 + k
         cb = np.concatenate([q & 15, q >> 4], axis=-1).reshape(G, ILV_ROWS, nb, 4, 2, 4)
         quads = (cb[..., 0, :] | cb[..., 1, :] << 4).transpose(0, 2, 3, 1, 4)  # g, b, c, l, k
-        parts.append(np.ascontiguousarray(quads).reshape(G, nb, 256))
-        return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
+        return np.ascontiguousarray(quads).reshape(G, nb, 256)
     halves = []
     for codes in (q & 15, q >> 4):  # columns 0..15, then 16..31: chunks c = 0, 1, then 2, 3
         cw = codes.astype(np.uint16).reshape(G, ILV_ROWS, nb, 2, 4, 2)  # column 8c + 2s + p
         halves.append(cw[..., 0, :] | cw[..., 1, :] << 4 | cw[..., 2, :] << 8
                       | cw[..., 3, :] << 12)  # [G, l, nb, c, p]: nibble s
     words = np.concatenate(halves, axis=3).transpose(0, 2, 3, 1, 4)  # [G, nb, c, l, p]
-    parts.append(np.ascontiguousarray(words).view(np.uint8).reshape(G, nb, 256))
-    return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
+    return np.ascontiguousarray(words).view(np.uint8).reshape(G, nb, 256)
 
 
 def _scale(b, kind, AB, tot, drow, srow, foff, dw, mw, acc):
@@ -241,14 +245,15 @@ def _itile_codegen(kind, RT):
                         wv = b.and_(u, nib)  # lane l: row l's columns 8c + 4h + k, k < 4
                         for s in range(RT):
                             quad(s, (2 * c + h) % chains, wv, 8 * c + 4 * h)
-            for c in range(4 if kind != "q8_0" and AB == 2 else 0):
-                v = _load(b, p, q0 + 64 * c, v32w)
-                for s4 in range(4):
-                    u = b.lshr(v, _c(v32w, [4 * s4] * (2 * L))) if s4 else v
-                    wv = b.bitcast(b.and_(u, low) if s4 < 3 else u, v16i)
-                    j = 4 * c + s4
-                    for s in range(RT):
-                        step(s, j % chains, wv, j)
+            if kind != "q8_0" and AB == 2:  # word layout: nibble pairs, vpdpwssd
+                for c in range(4):
+                    v = _load(b, p, q0 + 64 * c, v32w)
+                    for s4 in range(4):
+                        u = b.lshr(v, _c(v32w, [4 * s4] * (2 * L))) if s4 else v
+                        wv = b.bitcast(b.and_(u, low) if s4 < 3 else u, v16i)
+                        j = 4 * c + s4
+                        for s in range(RT):
+                            step(s, j % chains, wv, j)
             new = []
             for s in range(RT):
                 tot = acc[s][0]

@@ -20,8 +20,11 @@ the compiler placed for one row hold for n:
           row through _mv itself. Either way each row's result is its result alone
   ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier
   BARRIER once for all rows
+  NORM QUANT ADD ACT  decode_step's functions for them (_norm_op ..), once per row on row
+          r's arena and activation slots: a call per row and op (~1,100 a 4-row step)
   others  decode_step._worker on a one-op program, once per row: its own code (MOE's
-          barriers, LoRA) on row r's buffers and cache
+          barriers, LoRA) on row r's buffers and cache. (A one-op program for every op had
+          cost the 4-row step 0.4-1.4 ms of ~6: each call made a view of every buffer.)
 
 So a row computes exactly what it computes alone in this step, whatever else is in the
 step: what the single-sequence fused step computes for it, but for the interleaved q8_0
@@ -36,6 +39,8 @@ from numba import prange
 
 from .codegen_int8 import GROUP
 from .decode_step import (
+    ACT,
+    ADD,
     ATTEND,
     BARRIER,
     C_EPS,
@@ -46,16 +51,22 @@ from .decode_step import (
     MAT_KIND,
     MAT_OFF,
     MAT_ROW_BYTES,
+    NORM,
     PROJ,
     Q4_0,
     Q4_1,
     Q8_0,
+    QUANT,
     SLOTS,
     _act,
+    _act_op,
+    _add_op,
     _attend_group,
     _heads,
     _mv,
+    _norm_op,
     _prep_head,
+    _quant_op,
     _row,
     _split,
     _vec,
@@ -295,6 +306,7 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, f
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     k_all, v_all, pos_all, layers, cos, sin = kv
+    eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
     for i in range(prog.shape[0]):
         op = prog[i]
         if op[0] == PROJ:
@@ -304,7 +316,21 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, f
         elif op[0] == ATTEND:
             _attend_batch(tid, nt, op, model, bufs, kv, pos, slots, n, feats[KV_F32],
                           feats[KV_F16], feats[KV_Q8_0])
-        else:
+        elif op[0] == NORM:
+            for r in range(n):
+                _norm_op(op, mem[r], shared, private, tid, params, eps, offset)
+        elif op[0] == QUANT:
+            if not precise:
+                for r in range(n):
+                    _quant_op(op, mem[r], shared, private, tid, xq[r], xd[r], xs[r], xds[r],
+                              ints_all[r])
+        elif op[0] == ADD:
+            for r in range(n):
+                _add_op(op, mem[r], shared, private, tid, nt, consts)
+        elif op[0] == ACT:
+            for r in range(n):
+                _act_op(op, mem[r], shared, private, tid, nt)
+        else:  # the rarer ops (SCALE, SOFTCAP, ROUTE, MOE, LORA_*) as a one-op program
             for r in range(n):
                 c = slots[r]
                 _worker(tid, nt, (prog[i:i + 1], mats, consts, params, ints_all[r], blob, lora),

@@ -12,7 +12,9 @@ first touches: edgellm's first 4-stream run read 293 tok/s, the next ones 334-35
 warm prompts are not the measured ones, whose prefill is then not cached), then for each
 stream count runs that many streams at once, each asking for --tokens tokens (ignore_eos,
 which both servers take, so that no stream ends early whatever the activations' rounding
-picks; temperature 0; the prompts differ per stream). Aggregate decode tok/s = tokens
+picks; temperature 0; the prompts differ per stream and per run: with the one-stream
+run's prompt among the four streams', that stream's cached prompt had started it ~80 ms
+before the others, whose last steps then ran without it). Aggregate decode tok/s = tokens
 streamed after each stream's first (as the server's usage counts them) / (time from the
 first stream's first token to the last stream's end); "while all decode": the content
 chunks between the last stream's first token and the first stream's last, over that time
@@ -48,7 +50,11 @@ LLAMA_SERVER = ("/work/llamacpp/llama_cpp_python-0.3.36/vendor/llama.cpp/build/b
 PROMPTS = ["Tell me a long story about a lighthouse keeper.",
            "Explain how a bicycle works, in detail.",
            "Describe a walk through a forest in autumn.",
-           "Write a letter to a friend about a trip to the sea."]
+           "Write a letter to a friend about a trip to the sea.",
+           "Tell me a long story about a clockmaker's apprentice.",
+           "Explain how a steam engine works, in detail.",
+           "Describe a night in a busy harbour town.",
+           "Write a letter to a friend about learning to sail."]
 WARM = ["Name a colour.", "Name a fruit.", "Name a river.", "Name a city."]
 
 
@@ -186,8 +192,11 @@ def main() -> None:
                 extra = {"ignore_eos": True}
                 measure(url, model, 1, 8, extra, WARM)  # warm: one stream, then every slot
                 measure(url, model, parallel, 8, extra, WARM)
+                used = 0  # each run's prompts new to this server (none cached in a slot)
                 for n in args.streams:
-                    m = measure(url, model, n, args.tokens, extra, pid=proc.pid)
+                    fresh = [PROMPTS[(used + i) % len(PROMPTS)] for i in range(n)]
+                    used += n
+                    m = measure(url, model, n, args.tokens, extra, fresh, pid=proc.pid)
                     results[kind][n].append(m)
                     print(f"round {r + 1} {kind:{w}s} {n} stream(s): {m['tok_s']:7.1f} tok/s "
                           f"aggregate ({m['all_tok_s']:6.1f} while all decode), TTFT "

@@ -224,6 +224,15 @@ class SlotLLM(LLM):
     def embed(self, *args, **kwargs):
         raise ClosedError("a slot generates; embeddings run on the batch (Batch.call)")
 
+    def begin_generation(self) -> None:
+        """The slot has a new request, whose prompt is coming: the engine waits for it (up to
+        GATHER_S) as for a generation's next row, so that requests arriving together prefill
+        in one round and start decoding together. (The engine had started a round on the
+        first prompt to arrive: four requests admitted within 2-7 ms prefilled in two
+        rounds, two streams then ~50 ms ahead of the others, their last steps alone.)"""
+        if self.model is not None:
+            self.model.expected = True
+
     def end_generation(self) -> None:
         """The slot's request is over: the engine no longer waits for its rows."""
         if self.model is not None:  # (None: closed with the batch)
@@ -257,6 +266,7 @@ class Batch:
         self._decodes: list[_Job] = []
         self._prefills: list[_Job] = []  # consumed a chunk at a time, in arrival order
         self._calls: list[_Job] = []
+        self._arriving = 0  # requests being prepared for a slot (arriving())
         self._closed = False
         self.rounds = self.rows = 0  # decode steps run and rows they carried (stats)
         self.mixed = 0  # rounds that ran decode rows and prefill tokens
@@ -291,8 +301,24 @@ class Batch:
                 self._cond.notify_all()
 
     def _coming(self) -> int:
-        """Slots mid-generation whose next row has not come yet (under self._cond)."""
-        return sum(1 for s in self.slots if s.model is not None and s.model.expected)
+        """Slots mid-generation whose next row has not come yet, and (while no decode row
+        waits: nothing in flight is held for them) the requests arriving (under self._cond)."""
+        return sum(1 for s in self.slots if s.model is not None and s.model.expected) + \
+            (0 if self._decodes else self._arriving)
+
+    @contextmanager
+    def arriving(self):
+        """A request being prepared for a slot (its template rendered, its prompt
+        tokenized: 1-7 ms each, four at once), counted while the engine has no decode row:
+        a round of prompts alone waits for it up to GATHER_S, as for an acquired slot
+        (SlotLLM.begin_generation)."""
+        with self._cond:
+            self._arriving += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._arriving -= 1
 
     def call(self, fn: Callable, *args, **kwargs):
         """fn(*args, **kwargs) on the engine thread, between two rounds."""

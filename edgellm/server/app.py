@@ -150,7 +150,8 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                       response_format=req.response_format, max_tokens=max_tokens,
                       stop=req.stop, parallel_tool_calls=req.parallel_tool_calls,
                       **_sampling(req, llm.tokenizer.eos_ids))
-        plan = await planned(plan_chat_completion, fields, llm, _messages(req), **kwargs)
+        with batch.arriving():
+            plan = await planned(plan_chat_completion, fields, llm, _messages(req), **kwargs)
         slot = await slot_for(plan.ids)
         if not req.stream:
             try:
@@ -173,7 +174,8 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
             prompt = prompt[0]
         if isinstance(prompt, str) and not prompt:
             raise APIError(400, "prompt is empty", param="prompt")
-        ids = await planned(llm.encode_prompt, fields, prompt)
+        with batch.arriving():
+            ids = await planned(llm.encode_prompt, fields, prompt)
         kwargs = dict(max_tokens=_max_tokens(req.max_tokens, settings), stop=req.stop,
                       **_sampling(req, llm.tokenizer.eos_ids))
         slot = await slot_for(ids)

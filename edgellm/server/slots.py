@@ -44,6 +44,7 @@ class SlotPool:
         slot = max(self.free, key=score)
         self.free.remove(slot)
         self.last_used[id(slot)] = next(self._clock)
+        slot.begin_generation()
         return slot
 
     async def acquire(self, ids: Sequence[int]):

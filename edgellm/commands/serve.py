@@ -12,8 +12,15 @@ from __future__ import annotations
 import signal
 
 from ..errors import EdgeLLMError
-from .common import (add_lora_argument, add_model_arguments, int_at_least, open_model, say,
-                     text_argument)
+from .common import (
+    add_lora_argument,
+    add_model_arguments,
+    int_at_least,
+    open_model,
+    say,
+    text_argument,
+    warm_on,
+)
 
 GRACE_S = 2  # seconds the streams in flight get at shutdown
 
@@ -63,7 +70,7 @@ def run(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and args.api_key is None:
         say(f"edgellm: warning: serving on {args.host} without --api-key: anyone who can "
             "reach this address can use the model")
-    llm = open_model(args)
+    llm = open_model(args, warm=False)  # warmed on the engine thread (warm_on)
     embedder = None
     try:
         if args.embedding_model is not None:
@@ -71,7 +78,7 @@ def run(args) -> int:
 
             embedder = open_model(argparse.Namespace(**{**vars(args),
                                                         "model": args.embedding_model,
-                                                        "lora": None}))
+                                                        "lora": None}), warm=False)
             embedder.embedder  # noqa: B018 -- refuses a model without pooling now
         settings = Settings(
             model_id=args.alias or _model_id(args.model, llm.packed.path),
@@ -82,6 +89,7 @@ def run(args) -> int:
             embedding_id=None if embedder is None else _model_id(args.embedding_model,
                                                                  embedder.packed.path))
         app = create_app(llm, settings, embedder)
+        warm_on(app.state.batch.call, llm, *([] if embedder is None else [embedder]))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                 timeout_graceful_shutdown=GRACE_S, access_log=False)
         server = uvicorn.Server(config)

@@ -24,7 +24,9 @@ the compiler placed for one row hold for n:
           r's arena and activation slots: a call per row and op (~1,100 a 4-row step)
   others  decode_step._worker on a one-op program, once per row: its own code (MOE's
           barriers, LoRA) on row r's buffers and cache. (A one-op program for every op had
-          cost the 4-row step 0.4-1.4 ms of ~6: each call made a view of every buffer.)
+          cost the 4-row step 3-25%, the more the noisier the host: each call made a
+          view of every buffer; a guess, not verified: the views' reference counts,
+          atomics on counts both workers update.)
 
 So a row computes exactly what it computes alone in this step, whatever else is in the
 step: what the single-sequence fused step computes for it, but for the interleaved q8_0

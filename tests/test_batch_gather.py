@@ -5,6 +5,7 @@ on the machine's speed); rows in flight are never held for a request being prepa
 
 import threading
 import time
+from contextlib import ExitStack
 
 import pytest
 
@@ -71,14 +72,13 @@ def test_rows_in_flight_are_not_held_for_a_request_being_prepared(batch, monkeyp
     monkeypatch.setattr(batch_module, "GATHER_S", 2.0)
     a = batch.slots[0]
     a.begin_generation()
-    tokens, preparing = [], batch.arriving()
-    with a.stream(A, max_tokens=24, temperature=0) as chunks:
+    tokens = []
+    with ExitStack() as preparing, a.stream(A, max_tokens=24, temperature=0) as chunks:
         for c in chunks:
             tokens.append(c.token)
             if len(tokens) == 1:  # prefilled: a request starts being prepared
-                preparing.__enter__()
+                preparing.enter_context(batch.arriving())
                 t0 = time.monotonic()
-    elapsed = time.monotonic() - t0
-    preparing.__exit__(None, None, None)
+        elapsed = time.monotonic() - t0
     assert len([t for t in tokens if t is not None]) == 24
     assert elapsed < 15.0, f"23 decode rounds took {elapsed:.1f} s: held for the request"

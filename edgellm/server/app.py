@@ -112,6 +112,12 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         except EdgeLLMError as e:
             raise from_edgellm(e, fields) from None
 
+    async def prepared(fn, fields: set[str], *args, **kwargs):
+        """planned(fn, ...) for a request's prompt, counted as arriving meanwhile (a round of
+        prompts waits for it: Batch.arriving)."""
+        with batch.arriving():
+            return await planned(fn, fields, *args, **kwargs)
+
     async def slot_for(ids):
         try:
             return await pool.acquire(ids)
@@ -150,8 +156,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                       response_format=req.response_format, max_tokens=max_tokens,
                       stop=req.stop, parallel_tool_calls=req.parallel_tool_calls,
                       **_sampling(req, llm.tokenizer.eos_ids))
-        with batch.arriving():
-            plan = await planned(plan_chat_completion, fields, llm, _messages(req), **kwargs)
+        plan = await prepared(plan_chat_completion, fields, llm, _messages(req), **kwargs)
         slot = await slot_for(plan.ids)
         if not req.stream:
             try:
@@ -174,8 +179,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
             prompt = prompt[0]
         if isinstance(prompt, str) and not prompt:
             raise APIError(400, "prompt is empty", param="prompt")
-        with batch.arriving():
-            ids = await planned(llm.encode_prompt, fields, prompt)
+        ids = await prepared(llm.encode_prompt, fields, prompt)
         kwargs = dict(max_tokens=_max_tokens(req.max_tokens, settings), stop=req.stop,
                       **_sampling(req, llm.tokenizer.eos_ids))
         slot = await slot_for(ids)

@@ -1,0 +1,179 @@
+"""How close the batched step's interleaved tiles are to what the CPU can issue: the bound on
+issue 24's 4 rows / 1 row at the default (int16 activation) precision.
+
+    python benchmarks/tile_bound.py [--rows 184320] [--cols 576] [--reps 7]
+
+Prints one core's vpdpwssd peak (ten independent chains of the instruction alone; then eight
+with two float FMAs an iteration: eight cycles an iteration if the FMAs issue beside it, ten
+if they share its pipes), then the q4_1 interleaved tiles (interleave.py) on 1, 2 and 4
+tokens, int16 and int8 activations: from L2 (1536x576, one thread) and from memory (--rows x
+--cols, the 30 layers' 66 MB by default, numba's threads), as vpdpwssd (vpdpbusd) a second
+and as a share of the peak times the threads (vpdpbusd's peak is vpdpwssd's: one a cycle
+on Zen 4).
+
+Per group of 16 rows and block of 32 columns a token costs 16 vpdpwssd (int16) or 8 vpdpbusd
+(int8), and three float operations on the FMA pipes (q4_1's dx dw, fma(tot, .., acc),
+fma(mw, xds, acc)); the nibble shifts and masks, the int-to-float conversions and the loads
+issue beside vpdpwssd (a C loop, gcc -march=native: 8 vpdpwssd + 2 shifts, 4 ands, or 2 adds
+and a conversion an iteration take 8 cycles; + 2 FMAs, 10). Where the FMAs share its pipes
+the int16 4-token tile's bound is 64 + 12 = 76 cycles a group-block: 84% of the vpdpwssd
+peak, whatever the code.
+
+2026-12-05, the 2-core Zen 4 KVM guest (load ~0.3): peak 3.67 G/s a core (one a cycle), FMAs
+shared (1.00x); int16, 4 tokens: 76% of the peak from L2, 73% from memory (2.48 ms for the
+layers' 66 MB on 2 threads, against 1.30 for 1 token): within 10-13% of the bound, so the
+4-row step (5.2-5.6 ms alone against 1 row's 2.75-3.2) could lose ~0.3 ms at most here.
+int8, 4 tokens: 1.57 ms from memory (42 GB/s: bound by memory, not the dot products).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from edgellm.kernels import batch_step as bs
+from edgellm.kernels.decode_step import Q4_1
+from edgellm.kernels.interleave import interleave
+from edgellm.kernels.ir import F32, I32, _c, _llvm_fn, _v, vpdpwssd
+from edgellm.kernels.simd import VNNI
+
+CHAINS = 10  # independent accumulators: more than the instruction's latency needs
+
+
+def _chains(n_fma: int):
+    """An intrinsic running `count` iterations of CHAINS - n_fma vpdpwssd and n_fma float
+    FMAs, each on its own accumulator; returns the sum of their lanes 0 (so none is dropped)."""
+
+    @intrinsic
+    def run(typingctx, count):
+        sig = types.int64(types.int64)
+
+        def codegen(context, builder, signature, args):
+            v16i, v16f = _v(I32, 16), _v(F32, 16)
+            fma = _llvm_fn(builder, "llvm.fma.v16f32", v16f, [v16f] * 3)
+            w, x = _c(v16i, list(range(16))), _c(v16i, [3] * 16)
+            fa, fb = _c(v16f, [0.999] * 16), _c(v16f, [0.001] * 16)
+            slots = []
+            for j in range(CHAINS):
+                typ = v16f if j < n_fma else v16i
+                s = cgutils.alloca_once(builder, typ)
+                start = 2.0 if typ is v16f else j + 1  # 2.0: not the FMA chain's fixed
+                builder.store(_c(typ, [start] * 16), s)  # point (1.0), which LLVM folds
+                slots.append(s)
+            with cgutils.for_range(builder, args[0]):
+                for j, s in enumerate(slots):
+                    a = builder.load(s)
+                    builder.store(builder.call(fma, [a, fa, fb]) if j < n_fma
+                                  else vpdpwssd(builder, a, w, x), s)
+            total = ir.Constant(ir.IntType(64), 0)
+            for j, s in enumerate(slots):
+                lane = builder.extract_element(builder.load(s), _c(I32, 0))
+                if j < n_fma:
+                    lane = builder.fptosi(lane, I32)
+                total = builder.add(total, builder.sext(lane, ir.IntType(64)))
+            return total
+
+        return sig, codegen
+
+    return run
+
+
+_dp_only, _dp_fma = _chains(0), _chains(2)
+
+
+@njit(cache=False)
+def _peak(count):
+    return _dp_only(count)
+
+
+@njit(cache=False)
+def _shared(count):
+    return _dp_fma(count)
+
+
+@njit(parallel=True, cache=False)
+def _tiles(wi, xq, xd, xs, xds, out, n, nt):
+    """Every group of wi through bs._interleaved, the groups split between nt threads."""
+    G = wi.shape[0]
+    for tid in prange(nt):
+        for g in range(G * tid // nt, G * (tid + 1) // nt):
+            bs._interleaved(Q4_1, wi, g, xq, xd, xs, xds, out, n)
+
+
+@njit(cache=False)
+def _tiles_here(wi, xq, xd, xs, xds, out, n, reps):
+    """reps times every group of wi through bs._interleaved on this thread (no parallel
+    region to start: a small matrix's time is the tiles')."""
+    for _ in range(reps):
+        for g in range(wi.shape[0]):
+            bs._interleaved(Q4_1, wi, g, xq, xd, xs, xds, out, n)
+
+
+def _best(reps: int, fn, *args) -> float:
+    """The least time of reps calls fn(*args), after one call to compile and warm."""
+    fn(*args)
+    best = 1e9
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn(*args)
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _matrix(rows: int, cols: int, act, rng) -> np.ndarray:
+    """A random q4_1 matrix (scales 0.01), interleaved for activations of dtype act."""
+    nb = cols // 32
+    w = rng.integers(0, 256, (rows, nb * 20), dtype=np.uint8)
+    w.reshape(rows, nb, 20)[..., 0:4] = np.frombuffer(np.float16(0.01).tobytes() * 2, np.uint8)
+    return interleave(w, "q4_1", act)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=184320)  # 30 layers' rows of 576 columns
+    ap.add_argument("--cols", type=int, default=576)
+    ap.add_argument("--reps", type=int, default=7)
+    args = ap.parse_args()
+    if not VNNI:
+        raise SystemExit("tile_bound: this CPU has no AVX-512 VNNI: no vpdpwssd to measure")
+    if args.rows % 16 or args.cols % 32:
+        raise SystemExit("tile_bound: --rows must be a multiple of 16 and --cols of 32")
+    count = 20_000_000
+    alone = _best(3, _peak, count)
+    peak, shared = count * CHAINS / alone, _best(3, _shared, count) / alone
+    print(f"vpdpwssd peak, one core: {peak / 1e9:.2f} G/s; {CHAINS - 2} of them + 2 float FMAs "
+          f"take {shared:.2f}x the time of {CHAINS} alone (0.8: other pipes, 1.0: shared)")
+    rng = np.random.default_rng(0)
+    nt = numba.get_num_threads()
+    for act in (np.int16, np.int8):
+        per_token = 16 if act == np.int16 else 8  # instructions a group-block and token
+        for where, rows, threads in (("L2", 1536, 1), ("memory", args.rows, nt)):
+            wi = _matrix(rows, args.cols, act, rng)
+            nb = args.cols // 32
+            lim = 127 if act == np.int8 else 3000
+            xq = rng.integers(-lim, lim, (4, args.cols)).astype(act)
+            xs = np.zeros((4, nb), np.int32)
+            xd, xds = np.ones((4, nb), np.float32), np.ones((4, nb), np.float32)
+            out = np.zeros((4, rows), np.float32)
+            gb = rows // 16 * nb
+            for n in (1, 2, 4):
+                if where == "L2":
+                    t = _best(args.reps, _tiles_here, wi, xq, xd, xs, xds, out, n, 100) / 100
+                else:
+                    t = _best(args.reps, _tiles, wi, xq, xd, xs, xds, out, n, threads)
+                rate = gb * n * per_token / t
+                print(f"  {np.dtype(act).name:5s} {where:6s} {threads} thread(s), {n} token(s): "
+                      f"{t * 1e3:7.3f} ms, {rate / 1e9:5.2f} G dot instructions/s = "
+                      f"{rate / (peak * threads):4.0%} of the peak x threads, "
+                      f"{wi.nbytes / t / 1e9:5.1f} GB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ConstraintError
+from .errors import ArgumentError, ConstraintError
 
 FORMATS = ("hermes", "llama3", "mistral", "generic")
 CALL_WHITESPACE = r"[ \n]{0,2}"  # calls are written compactly: `{"name": "f", "arguments": ...}`
@@ -88,7 +88,11 @@ def chosen(tools: list[dict], tool_choice: Any) -> tuple[str, list[dict]]:
             raise ConstraintError(f"tool_choice {tool_choice!r} needs tools")
         return tool_choice, tools
     if isinstance(tool_choice, Mapping):
-        name = (tool_choice.get("function") or {}).get("name")
+        fn = tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, Mapping) else None
+        if not isinstance(name, str):
+            raise ConstraintError("tool_choice must name a function: {'type': 'function', "
+                                  "'function': {'name': ...}}")
         picked = [t for t in tools if t["function"]["name"] == name]
         if not picked:
             raise ConstraintError(f"tool_choice names function {name!r}, which is not in tools")
@@ -104,13 +108,17 @@ def prepare_messages(messages: Sequence[Mapping], tools: list[dict] | None,
     (HF templates run `tojson` on them); for the generic format, the tools described in the
     system message and earlier calls written as the JSON the model is asked for."""
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         m = dict(m)
         calls = m.get("tool_calls")
         if calls:
             fixed = []
-            for c in calls:
-                fn = dict(c.get("function", c))
+            for j, c in enumerate(calls):
+                fn = c.get("function", c) if isinstance(c, Mapping) else None
+                if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+                    raise ArgumentError(f"messages[{i}].tool_calls[{j}] must be "
+                                        "{'function': {'name': str, 'arguments': ...}}")
+                fn = dict(fn)
                 if isinstance(fn.get("arguments"), str):
                     try:
                         fn["arguments"] = json.loads(fn["arguments"])
@@ -119,8 +127,8 @@ def prepare_messages(messages: Sequence[Mapping], tools: list[dict] | None,
                 fixed.append({**c, "function": fn})
             m["tool_calls"] = fixed
             if fmt == "generic":
-                body = [{"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                        for c in fixed]
+                body = [{"name": c["function"]["name"],
+                         "arguments": c["function"].get("arguments", {})} for c in fixed]
                 m = {"role": "assistant", "content": json.dumps({"tool_calls": body})}
         if m.get("content") is None:
             m["content"] = ""

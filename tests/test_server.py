@@ -20,6 +20,10 @@ import edgellm  # noqa: E402
 
 BERT = FIXTURES / "embed" / "bert-tiny"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]
 
 
 @pytest.fixture(scope="module")
@@ -122,13 +126,9 @@ def test_stream_equals_the_whole_answer_and_ends_with_done(server):
 
 
 def test_tool_call(server):
-    tools = [{"type": "function", "function": {
-        "name": "get_weather", "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]}}}]
     r = server.client().chat.completions.create(
         model="smollm2", messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=tools, tool_choice="required", max_tokens=64, temperature=0)
+        tools=WEATHER, tool_choice="required", max_tokens=64, temperature=0)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     call = choice.message.tool_calls[0]
@@ -194,6 +194,14 @@ def _error(server, path, body, headers=None):
      "response_format"),
     ({"tools": [{"type": "function"}]}, "tools"),
     ({"stop": [""]}, "stop"),
+    ({"logit_bias": {"\u00b2": 1}}, "logit_bias"),  # int() would take it, "1_0", "\u0663"
+    ({"seed": -1}, "seed"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": "x"}]},
+                   *ASK]}, "messages"),
+    ({"tools": WEATHER, "tool_choice": {"type": "function", "function": "get_weather"}},
+     "tool_choice"),
+    ({"tools": WEATHER, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice"),
 ])
 def test_bad_requests_are_400_naming_the_field(server, body, param):
     status, err, _ = _error(server, "/v1/chat/completions",
@@ -203,6 +211,39 @@ def test_bad_requests_are_400_naming_the_field(server, body, param):
     with pytest.raises(openai.BadRequestError):  # as the client sees it
         server.client().chat.completions.create(**{"model": "smollm2", "messages": ASK,
                                                    "max_tokens": 2, **body})
+
+
+def test_bad_sampling_is_400_before_a_slot_or_a_stream(llm):
+    """A value the sampler refuses is answered 400 when the request arrives: not a 200
+    stream ending in an error event, nor a wait (or 503) while the slots are busy."""
+    s = ThreadServer(llm, parallel=1, queue=0)
+    try:
+        busy = s.client().chat.completions.create(model="smollm2", messages=ASK,
+                                                  max_tokens=200, stream=True)
+        next(iter(busy))  # the only slot is taken and nothing may queue
+        for path, body in (("/v1/chat/completions", {"messages": ASK}),
+                           ("/v1/completions", {"prompt": "Hello"})):
+            for bad in ({"temperature": -1}, {"top_p": 0}, {"seed": -1}):
+                for stream in (False, True):
+                    status, err, _ = _error(s, path, {"model": "smollm2", "max_tokens": 2,
+                                                      "stream": stream, **body, **bad})
+                    assert status == 400 and err["param"] == next(iter(bad)), (path, bad, err)
+        with pytest.raises(openai.BadRequestError):
+            s.client().chat.completions.create(model="smollm2", messages=ASK, stream=True,
+                                               temperature=-1)
+        busy.close()
+    finally:
+        s.stop()
+
+
+def test_null_optional_fields_and_bad_json(server):
+    body = {"model": "smollm2", "messages": ASK, "max_tokens": 2, "n": None, "stream": None,
+            "ignore_eos": None, "parallel_tool_calls": None, "stream_options": None,
+            "temperature": None, "logit_bias": None}
+    status, _, raw = request(server.url + "/v1/chat/completions", body)
+    assert status == 200 and json.loads(raw)["choices"][0]["message"]["role"] == "assistant"
+    status, err, _ = _error(server, "/v1/chat/completions", b'{"model": "smollm2", ')
+    assert status == 400 and err["param"] is None and "JSON" in err["message"]
 
 
 def test_unknown_model_is_404_and_a_large_body_413(server):

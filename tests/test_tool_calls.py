@@ -10,7 +10,7 @@ from conftest import TINY
 
 import edgellm
 from edgellm import tool_calls
-from edgellm.errors import ConstraintError
+from edgellm.errors import ArgumentError, ConstraintError
 from edgellm.reasoning import ReasoningSplitter
 
 WEATHER = {"type": "object", "properties": {
@@ -107,6 +107,20 @@ def test_bad_tools_and_choices_refused():
                           {"type": "function", "function": {"name": "nope"}})
     with pytest.raises(ConstraintError, match="needs tools"):
         tool_calls.chosen([], "required")
+    for malformed in ({"type": "function", "function": "f"}, {"type": "function"}):
+        with pytest.raises(ConstraintError, match="must name a function"):
+            tool_calls.chosen(tool_calls.check_tools(TOOLS), malformed)
+
+
+@pytest.mark.parametrize("calls", [[{"function": "f"}], [{"function": None}], ["f"],
+                                   [{"function": {"arguments": "{}"}}]])
+def test_malformed_tool_calls_in_messages_refused(calls):
+    """An assistant message's tool_calls of the wrong shape: a typed error naming it, not
+    a KeyError (or TypeError) from deep inside the template's preparation."""
+    messages = [{"role": "assistant", "content": None, "tool_calls": calls}]
+    for fmt in ("hermes", "generic"):
+        with pytest.raises(ArgumentError, match=r"messages\[0\]\.tool_calls\[0\]"):
+            tool_calls.prepare_messages(messages, None, fmt)
 
 
 # -- reasoning -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -118,6 +119,16 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         with batch.arriving():
             return await planned(fn, fields, *args, **kwargs)
 
+    def sampling_of(req: Sampling, fields: set[str]) -> dict:
+        """The request's sampling fields (_sampling), checked as the sampler will check them:
+        a bad value is a 400 before the request waits for a slot or starts a stream."""
+        out = _sampling(req, llm.tokenizer.eos_ids)
+        try:
+            llm.sampler(**out)
+        except EdgeLLMError as e:
+            raise from_edgellm(e, fields) from None
+        return out
+
     async def slot_for(ids):
         try:
             return await pool.acquire(ids)
@@ -154,8 +165,8 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                                  is not None else req.max_tokens, settings)
         kwargs = dict(tools=req.tools, tool_choice=req.tool_choice,
                       response_format=req.response_format, max_tokens=max_tokens,
-                      stop=req.stop, parallel_tool_calls=req.parallel_tool_calls,
-                      **_sampling(req, llm.tokenizer.eos_ids))
+                      stop=req.stop, parallel_tool_calls=req.parallel_tool_calls is not False,
+                      **sampling_of(req, fields))
         plan = await prepared(plan_chat_completion, fields, llm, _messages(req), **kwargs)
         slot = await slot_for(plan.ids)
         if not req.stream:
@@ -177,11 +188,11 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
             if len(prompt) != 1:
                 raise APIError(400, "prompt: one prompt per request (n=1)", param="prompt")
             prompt = prompt[0]
-        if isinstance(prompt, str) and not prompt:
+        if not prompt:  # "" or []
             raise APIError(400, "prompt is empty", param="prompt")
-        ids = await prepared(llm.encode_prompt, fields, prompt)
         kwargs = dict(max_tokens=_max_tokens(req.max_tokens, settings), stop=req.stop,
-                      **_sampling(req, llm.tokenizer.eos_ids))
+                      **sampling_of(req, fields))
+        ids = await prepared(llm.encode_prompt, fields, prompt)
         slot = await slot_for(ids)
         base = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion",
                 "created": int(time.time()), "model": settings.model_id}
@@ -233,6 +244,9 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
 
 
 # request -> edgellm arguments --------------------------------------------------------
+_TOKEN_ID = re.compile(r"\s*-?[0-9]+\s*")  # a logit_bias key (int() also takes "1_0", "٣")
+
+
 def _max_tokens(value: int | None, settings: Settings) -> int:
     if value is None:
         return min(256, settings.max_tokens)
@@ -257,7 +271,7 @@ def _sampling(req: Sampling, eos_ids) -> dict:
     if req.logit_bias:
         bias = {}
         for k, v in req.logit_bias.items():
-            if not k.strip().lstrip("-").isdigit():
+            if _TOKEN_ID.fullmatch(k) is None:
                 raise APIError(400, f"logit_bias: key {k!r} is not a token id",
                                param="logit_bias")
             bias[int(k)] = v

@@ -55,11 +55,11 @@ def from_edgellm(e: EdgeLLMError, fields: set[str]) -> APIError:
         return APIError(503, msg, "server_error", code="unavailable",
                         headers={"Retry-After": "1"})
     if isinstance(e, ContextError):
-        return APIError(400, msg, param="messages" if "messages" in fields else "prompt",
-                        code="context_length_exceeded")
-    if isinstance(e, ConstraintError):
-        param = "response_format" if "response_format" in fields else \
-            "tools" if "tools" in fields else _param(msg, fields)
+        param = next((f for f in ("messages", "input") if f in fields), "prompt")
+        return APIError(400, msg, param=param, code="context_length_exceeded")
+    if isinstance(e, ConstraintError):  # the field its message starts with, else the one
+        param = _param(msg, fields) or ("response_format" if "response_format" in fields
+                                        else "tools" if "tools" in fields else None)
         return APIError(400, msg, param=param)
     if isinstance(e, TemplateError):
         return APIError(400, msg, param="messages")
@@ -71,6 +71,10 @@ def from_edgellm(e: EdgeLLMError, fields: set[str]) -> APIError:
 def from_validation(errors: list[dict]) -> APIError:
     """The response for pydantic's errors on a request body (the first one)."""
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+        where = first.get("ctx", {}).get("error", "")
+        return APIError(400, f"the request body is not valid JSON{': ' + where if where else ''}"
+                        f" (at character {first['loc'][-1]})")
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     # union members add their type to the path (e.g. "str", "list[str]"): keep field names
     loc = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int")]

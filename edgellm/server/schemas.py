@@ -3,9 +3,10 @@
 Fields OpenAI defines that edgellm does not act on (user, store, metadata, service_tier...)
 are accepted and ignored, as OpenAI's clients send some of them; a field edgellm cannot
 honour (n > 1, logprobs) is refused with 400 naming it. Values are range-checked here
-only where the API has its own bounds (n, stop count, messages); everything edgellm
-itself checks (sampling ranges, tools, response_format, token ids) is checked by
-edgellm.arguments / sampling / constraints, whose typed errors become 400s (errors.py).
+only where the API has its own bounds (n, messages); everything edgellm itself checks
+(sampling ranges, tools, response_format, token ids) is checked by edgellm.arguments /
+sampling / constraints, whose typed errors become 400s (errors.py). An optional field may
+be null, as OpenAI's reference allows and some clients send: null is its default.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: bool | None = False
 
 
 class Message(_Body):
@@ -44,10 +45,10 @@ class Sampling(_Body):
     frequency_penalty: float | None = None
     seed: int | None = None
     logit_bias: dict[str, float] | None = None
-    ignore_eos: bool = False  # llama.cpp's: run to max_tokens
+    ignore_eos: bool | None = False  # llama.cpp's: run to max_tokens
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1)
-    stream: bool = False
+    n: int | None = Field(default=1, ge=1, le=1)
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: Literal[False] | None = None  # not computed: true is refused
 
@@ -58,7 +59,7 @@ class ChatCompletionRequest(Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=0)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: bool | None = True
     response_format: dict[str, Any] | None = None
     top_logprobs: None = None
 
@@ -66,7 +67,7 @@ class ChatCompletionRequest(Sampling):
 class CompletionRequest(Sampling):
     model: str
     prompt: str | list[str] | list[int]
-    echo: Literal[False] = False
+    echo: Literal[False] | None = False
     suffix: None = None
     best_of: int | None = Field(default=None, ge=1, le=1)
 

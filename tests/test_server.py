@@ -254,6 +254,20 @@ def test_unknown_model_is_404_and_a_large_body_413(server):
     big = {"model": "smollm2", "messages": [{"role": "user", "content": "x" * (2 << 20)}]}
     status, err, _ = _error(server, "/v1/chat/completions", big)
     assert status == 413
+    # the same body in chunks (no Content-Length): found too large while read, still 413
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        data = json.dumps(big).encode()
+        conn.request("POST", "/v1/chat/completions", body=iter([data[i:i + 65536] for i in
+                                                                range(0, len(data), 65536)]),
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)
+        r = conn.getresponse()
+        err = json.loads(r.read())["error"]
+        assert r.status == 413 and err["code"] == "request_too_large", err
+    finally:
+        conn.close()
     status, err, _ = _error(server, "/v1/nothing", {})
     assert status == 404
 

@@ -33,7 +33,7 @@ from ..chat_completion import plan_chat_completion, run_plan
 from ..errors import EdgeLLMError
 from ..llm import LLM
 from .errors import APIError, from_edgellm, from_validation
-from .limits import Limits
+from .limits import BodyTooLarge, Limits
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Sampling
 from .slots import QueueFull, SlotPool
 from .streaming import DONE, event, in_thread
@@ -90,6 +90,8 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
+        if isinstance(e, BodyTooLarge):  # a body sent in chunks, found too large while read
+            return JSONResponse(e.error.body(), status_code=e.status_code)
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return JSONResponse(APIError(e.status_code, f"{request.method} {request.url.path}: "
                                      f"{e.detail}", kind).body(), status_code=e.status_code)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import hmac
 import json
 
+from starlette.exceptions import HTTPException
+
 from .errors import APIError
 
 
@@ -42,18 +44,26 @@ class Limits:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body:
-                    raise _TooBig()
+                    if message.get("more_body", False):
+                        await _drain(receive, DRAIN_LIMIT)
+                    raise BodyTooLarge(too_big)
             return message
 
         try:
             await self.app(scope, bounded, send)
-        except _TooBig:
-            await _drain(receive, DRAIN_LIMIT)
+        except BodyTooLarge:  # raised where the app did not answer it itself
             await _reply(send, too_big)
 
 
-class _TooBig(Exception):
-    pass
+class BodyTooLarge(HTTPException):
+    """A body without Content-Length found larger than the limit while read. An HTTP
+    exception, so that FastAPI, reading the body, passes it on (any other exception there
+    becomes its 400 "error parsing the body") to the app's handler, which answers 413 with
+    `error` (app.py)."""
+
+    def __init__(self, error: APIError):
+        super().__init__(413, error.message)
+        self.error = error
 
 
 DRAIN_LIMIT = 64 << 20  # bytes of a refused body read (and dropped) so the client sees 413

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,7 +201,7 @@ def _completion(llm, plan: _Plan) -> dict:
             "usage": _usage(plan, completion)}
 
 
-def _chunks(llm, plan: _Plan) -> Iterator[dict]:
+def _chunks(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> Iterator[dict]:
     base = _base(llm, "chat.completion.chunk")
 
     def chunk(delta: dict, finish: str | None = None, **extra: Any) -> dict:
@@ -220,6 +220,8 @@ def _chunks(llm, plan: _Plan) -> Iterator[dict]:
             yield chunk({"reasoning_content": value})
         elif plan.tool_mode != "none":
             held.append(value)
+            if cancelled is not None and cancelled():
+                return  # closes _events, and with it the generation
         else:
             yield chunk({"content": value})
     if plan.tool_mode != "none":
@@ -260,6 +262,9 @@ def plan_chat_completion(llm, messages, tools=None, tool_choice=None, response_f
                  parallel_tool_calls)
 
 
-def run_plan(llm, plan: _Plan, stream: bool = False):
-    """The chat.completion dict of `plan` run on `llm` (chunk dicts with stream)."""
-    return _chunks(llm, plan) if stream else _completion(llm, plan)
+def run_plan(llm, plan: _Plan, stream: bool = False,
+             cancelled: Callable[[], bool] | None = None):
+    """The chat.completion dict of `plan` run on `llm` (chunk dicts with stream; a stream
+    ends after the token in progress once `cancelled()`, even while it holds tool calls'
+    text back and so yields nothing)."""
+    return _chunks(llm, plan, cancelled) if stream else _completion(llm, plan)

@@ -362,6 +362,30 @@ def test_a_long_prompt_is_prefilled_between_the_decode_steps(server):
     assert batch.mixed - mixed >= chunks - 1
 
 
+def test_a_client_gone_from_a_tool_stream_frees_its_slot(llm):
+    """A stream with tools holds its text back until the end (the calls are parsed there),
+    so it sends nothing for a while: a client that leaves meanwhile still ends it after the
+    token in progress, not after max_tokens."""
+    s = ThreadServer(llm, parallel=1)
+    try:
+        batch = s.app.state.batch
+        rows = batch.rows
+        stream = s.client().chat.completions.create(
+            model="smollm2", messages=ASK, tools=WEATHER, tool_choice="auto", max_tokens=1000,
+            temperature=0, stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))  # the role chunk; then nothing until the end
+        while batch.rows - rows < 8:  # generating
+            threading.Event().wait(0.01)
+        stream.close()
+        health = {"slots_busy": 1}
+        while health["slots_busy"]:
+            threading.Event().wait(0.05)
+            health = json.loads(request(s.url + "/health")[2])
+        assert batch.rows - rows < 500, batch.rows - rows
+    finally:
+        s.stop()
+
+
 def test_cors_only_when_asked(llm, server):
     preflight = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST"}
 

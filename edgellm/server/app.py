@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -178,7 +179,9 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                 pool.release(slot)
             return {**result, "model": settings.model_id}
         usage = req.stream_options is not None and req.stream_options.include_usage
-        chunks = in_thread(run_plan(slot, plan, True), lambda: pool.release(slot))
+        stop = threading.Event()  # the client gone: ends even a stream holding tool calls
+        chunks = in_thread(run_plan(slot, plan, True, stop.is_set),
+                           lambda: pool.release(slot), stop)
         return _sse(_chat_events(chunks, settings.model_id, usage), fields)
 
     @app.post("/v1/completions")

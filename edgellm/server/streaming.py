@@ -23,11 +23,14 @@ def event(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def in_thread(items: Iterator, on_exit: Callable[[], None]) -> AsyncIterator:
-    """`items` (a blocking iterator) pulled by a worker thread; see the module doc."""
+async def in_thread(items: Iterator, on_exit: Callable[[], None],
+                    stop: threading.Event | None = None) -> AsyncIterator:
+    """`items` (a blocking iterator) pulled by a worker thread; see the module doc. `stop`
+    is set when the consumer stops: an iterator that may go a long while without an item
+    (a chat holding its tool calls' text back) checks it itself."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
-    stop = threading.Event()
+    stop = stop or threading.Event()
 
     def hand(kind: str, value: Any = None) -> None:
         try:

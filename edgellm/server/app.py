@@ -76,9 +76,10 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
     if settings.cors:
         from fastapi.middleware.cors import CORSMiddleware
 
+        # any request header: OpenAI's JavaScript client sends its own (x-stainless-*)
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors),
-                           allow_methods=["GET", "POST", "OPTIONS"],
-                           allow_headers=["Authorization", "Content-Type"])
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                           expose_headers=["Retry-After"])
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -95,7 +96,8 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
             return JSONResponse(e.error.body(), status_code=e.status_code)
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         return JSONResponse(APIError(e.status_code, f"{request.method} {request.url.path}: "
-                                     f"{e.detail}", kind).body(), status_code=e.status_code)
+                                     f"{e.detail}", kind).body(), status_code=e.status_code,
+                            headers=e.headers)  # a 405's Allow
 
     def models() -> list[str]:
         return [settings.model_id] + ([settings.embedding_id] if embedder is not None else [])

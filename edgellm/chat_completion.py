@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,16 +179,19 @@ def _usage(plan: _Plan, completion: int) -> dict:
             "total_tokens": len(plan.ids) + completion}
 
 
-def _completion(llm, plan: _Plan) -> dict:
+def _completion(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> dict:
     parts: dict[str, list[str]] = {"reasoning": [], "content": []}
     finish, completion = "length", 0
-    for kind, value in _events(llm, plan):
-        if kind == "finish":
-            finish = value
-        elif kind == "usage":
-            completion = value
-        else:
-            parts[kind].append(value)
+    with closing(_events(llm, plan)) as events:
+        for kind, value in events:
+            if kind == "finish":
+                finish = value
+            elif kind == "usage":
+                completion = value
+            else:
+                parts[kind].append(value)
+                if cancelled is not None and cancelled():
+                    break  # no one waits for the answer: the generation ends here
     content, calls = _finish_tools(plan, "".join(parts["content"]))
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
@@ -264,7 +268,7 @@ def plan_chat_completion(llm, messages, tools=None, tool_choice=None, response_f
 
 def run_plan(llm, plan: _Plan, stream: bool = False,
              cancelled: Callable[[], bool] | None = None):
-    """The chat.completion dict of `plan` run on `llm` (chunk dicts with stream; a stream
-    ends after the token in progress once `cancelled()`, even while it holds tool calls'
-    text back and so yields nothing)."""
-    return _chunks(llm, plan, cancelled) if stream else _completion(llm, plan)
+    """The chat.completion dict of `plan` run on `llm` (chunk dicts with stream). Once
+    `cancelled()` the generation ends after the token in progress (the answer so far), also
+    where nothing is yielded meanwhile: a whole answer, a stream holding tool calls' text."""
+    return _chunks(llm, plan, cancelled) if stream else _completion(llm, plan, cancelled)

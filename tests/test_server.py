@@ -386,6 +386,32 @@ def test_a_client_gone_from_a_tool_stream_frees_its_slot(llm):
         s.stop()
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_a_client_gone_before_a_whole_answer_frees_its_slot(llm, endpoint):
+    """A non-streamed request whose client gives up (here its timeout) ends its generation
+    soon after, rather than running to max_tokens on a slot for no one (the openai client,
+    retrying on a timeout, would otherwise fill the slots with abandoned answers)."""
+    s = ThreadServer(llm, parallel=1)
+    try:
+        batch = s.app.state.batch
+        rows = batch.rows
+        c = s.client().with_options(timeout=0.5)
+        ask = dict(model="smollm2", max_tokens=1000, temperature=0,
+                   extra_body={"ignore_eos": True})
+        with pytest.raises(openai.APITimeoutError):
+            if endpoint == "chat":
+                c.chat.completions.create(messages=ASK, **ask)
+            else:
+                c.completions.create(prompt="Once upon a time", **ask)
+        health = {"slots_busy": 1}
+        while health["slots_busy"]:
+            threading.Event().wait(0.05)
+            health = json.loads(request(s.url + "/health")[2])
+        assert batch.rows - rows < 500, batch.rows - rows
+    finally:
+        s.stop()
+
+
 def test_cors_only_when_asked(llm, server):
     # the headers OpenAI's JavaScript client sends with its requests
     preflight = {"Origin": "http://example.com", "Access-Control-Request-Method": "POST",

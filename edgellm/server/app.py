@@ -12,12 +12,14 @@ Batch (edgellm/batch.py), streaming as server-sent events when asked.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -118,6 +120,18 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         except EdgeLLMError as e:
             raise from_edgellm(e, fields) from None
 
+    async def answered(request: Request, fn, fields: set[str], *args):
+        """planned(fn, *args, cancelled) for a whole answer: when the client leaves before
+        it (a timeout), cancelled() turns true and fn ends its generation after the token
+        in progress, freeing the slot, instead of running to max_tokens for no one."""
+        stop = threading.Event()
+        task = asyncio.ensure_future(planned(fn, fields, *args, stop.is_set))
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and not stop.is_set() and await request.is_disconnected():
+                stop.set()
+        return task.result()
+
     async def prepared(fn, fields: set[str], *args, **kwargs):
         """planned(fn, ...) for a request's prompt, counted as arriving meanwhile (a round of
         prompts waits for it: Batch.arriving)."""
@@ -160,7 +174,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         return resources.files(__package__).joinpath("static/chat.html").read_text("utf-8")
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest):
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(req.model, [settings.model_id])
         fields = set(req.model_fields_set)
         if len(req.messages) > settings.max_messages:
@@ -176,7 +190,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         slot = await slot_for(plan.ids)
         if not req.stream:
             try:
-                result = await planned(run_plan, fields, slot, plan, False)
+                result = await answered(request, run_plan, fields, slot, plan, False)
             finally:
                 pool.release(slot)
             return {**result, "model": settings.model_id}
@@ -187,7 +201,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         return _sse(_chat_events(chunks, settings.model_id, usage), fields)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         check_model(req.model, [settings.model_id])
         fields = set(req.model_fields_set)
         prompt = req.prompt
@@ -205,7 +219,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                 "created": int(time.time()), "model": settings.model_id}
         if not req.stream:
             try:
-                text, finish, n = await planned(_complete, fields, slot, ids, kwargs)
+                text, finish, n = await answered(request, _complete, fields, slot, ids, kwargs)
             finally:
                 pool.release(slot)
             return {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
@@ -251,6 +265,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
 
 
 # request -> edgellm arguments --------------------------------------------------------
+DISCONNECT_POLL_S = 0.25  # how often a whole answer's request checks its client is there
 _TOKEN_ID = re.compile(r"\s*-?[0-9]+\s*")  # a logit_bias key (int() also takes "1_0", "٣")
 
 
@@ -311,8 +326,10 @@ def _usage(prompt: int, completion: int) -> dict:
             "total_tokens": prompt + completion}
 
 
-def _complete(slot, ids: list[int], kwargs: dict) -> tuple[str, str, int]:
-    """(text, finish_reason, tokens generated) of a whole completion on `slot`."""
+def _complete(slot, ids: list[int], kwargs: dict,
+              cancelled: Callable[[], bool]) -> tuple[str, str, int]:
+    """(text, finish_reason, tokens generated) of a whole completion on `slot` (what there
+    is when cancelled() turns true)."""
     parts, finish, n = [], "length", 0
     with slot.stream_ids(ids, **kwargs) as chunks:
         for c in chunks:
@@ -320,6 +337,8 @@ def _complete(slot, ids: list[int], kwargs: dict) -> tuple[str, str, int]:
             n += c.token is not None
             if c.finish_reason is not None:
                 finish = c.finish_reason
+            if cancelled():
+                break
     return "".join(parts), finish, n
 
 

@@ -105,19 +105,19 @@ def token_ids(value: Any, vocab_size: int, name: str = "token ids") -> list[int]
     return out
 
 
-def model_path(value: Any) -> Path:
-    """load(path): a non-empty str or os.PathLike."""
+def file_path(value: Any, name: str = "path") -> Path:
+    """A file's path (load's, a session's): a non-empty str, bytes or os.PathLike."""
     if isinstance(value, (bytes, bytearray)):
         value = os.fsdecode(bytes(value))
     if not isinstance(value, (str, os.PathLike)):
-        raise ArgumentError(f"path must be a str or os.PathLike, got {_kind(value)}")
+        raise ArgumentError(f"{name} must be a str or os.PathLike, got {_kind(value)}")
     path = os.fspath(value)
     if not isinstance(path, str) or not path:
-        raise ArgumentError("path is empty")
+        raise ArgumentError(f"{name} is empty")
     if "\0" in path:
-        raise ArgumentError("path contains a NUL character")
+        raise ArgumentError(f"{name} contains a NUL character")
     try:
         path.encode(errors="surrogateescape")
     except UnicodeEncodeError:
-        raise ArgumentError(f"path {path!r:.80} is not valid Unicode") from None
+        raise ArgumentError(f"{name} {path!r:.80} is not valid Unicode") from None
     return Path(path)

@@ -24,10 +24,11 @@ class ChatSession:
     def __init__(self, llm, system: str | None = None):
         self.llm = llm
         self.system = system
-        self.messages: list[dict] = []
+        self.messages = [{"role": "system", "content": system}] if system else []
         self.cached_text = ""  # the text the model's cache holds (if it holds our tokens)
         self.last_prefill_tokens = 0
-        self.reset()
+        # the model is left alone until the first turn (which keeps what prefix it can):
+        # making a chat takes no turn, so it neither waits nor ends a live stream
 
     def reset(self) -> None:
         """Forget the conversation (the system message stays)."""
@@ -68,44 +69,63 @@ class ChatSession:
         except BaseException:
             llm.lifetime.release(turn)
             raise
-        self.messages.append({"role": "user", "content": message})
         self.last_prefill_tokens = len(ids)
-        return llm.lifetime.stream(turn, self._record(chunks, llm._model(), turn))
+        return llm.lifetime.stream(turn, self._record(chunks, llm._model(), turn, message))
 
-    def _record(self, chunks: Iterator[Chunk], model, turn) -> Iterator[Chunk]:
-        answer = []
+    def _record(self, chunks: Iterator[Chunk], model, turn, message: str) -> Iterator[Chunk]:
+        """The turn's chunks; the user's message and the answer go into .messages once the
+        stream starts, and come off again if it fails before its first token (a prompt past
+        the context, say): a turn that did not happen leaves no trace in the history."""
+        self.messages.append({"role": "user", "content": message})
+        answer, said, failed = [], False, False
         try:
             for chunk in chunks:
                 answer.append(chunk.text)
+                said = said or chunk.token is not None
                 yield chunk
+        except BaseException:
+            failed = not said
+            raise
         finally:  # also when the caller stops early (Ctrl-C): keep what was said
             chunks.close()
-            self.messages.append({"role": "assistant", "content": "".join(answer)})
+            if failed:
+                self.messages.pop()
+            else:
+                self.messages.append({"role": "assistant", "content": "".join(answer)})
             # what the cache holds now, unless the model was closed or taken meanwhile
             self.cached_text = (self.llm.tokenizer.decode(model.tokens)
                                 if turn.ended is None else "")
 
     def save(self, path) -> None:
-        """Save the conversation and the cache that holds it (session.py)."""
+        """Save the conversation and the cache that holds it (session.py), under a turn of
+        the model (the cache must not move while written). If another generation has used
+        the model since this chat's last turn, the cache holds its tokens, not this chat's:
+        it is emptied and the conversation saved without it (prefilled again after load)."""
         from .session import save_session
 
-        save_session(self.llm, path, {"system": self.system, "messages": self.messages})
+        with self.llm.lifetime.exclusive(owner=self) as turn:
+            if turn.previous_owner is not self or not self.cached_text:
+                self.llm._model().reset()
+                self.cached_text = ""
+            save_session(self.llm, path, {"system": self.system, "messages": self.messages})
 
     @classmethod
     def load(cls, llm, path) -> ChatSession:
-        """The conversation saved at `path`, its cache mapped back in (SessionError, and the
-        model unchanged, if the file is bad or belongs to another model or setup)."""
+        """The conversation saved at `path`, its cache mapped back in under a turn of the
+        model (SessionError, and the model unchanged, if the file is bad or belongs to
+        another model or setup)."""
         from .errors import SessionError
         from .session import apply, read_session
 
-        saved = read_session(llm, path)
-        system = (saved.chat or {}).get("system")
-        if saved.chat is None or not (system is None or isinstance(system, str)):
-            raise SessionError(f"{path}: not a chat session (no messages saved)")
-        chat = cls(llm, system)
-        apply(llm, saved)
-        chat.messages = saved.messages
-        chat.cached_text = llm.tokenizer.decode(llm.model.tokens) if saved.tokens else ""
+        chat = cls(llm)
+        with llm.lifetime.exclusive(owner=chat):
+            saved = read_session(llm, path)
+            system = (saved.chat or {}).get("system")
+            if saved.chat is None or not (system is None or isinstance(system, str)):
+                raise SessionError(f"{path}: not a chat session (no messages saved)")
+            apply(llm, saved)
+            chat.system, chat.messages = system, saved.messages
+            chat.cached_text = llm.tokenizer.decode(llm.model.tokens) if saved.tokens else ""
         return chat
 
     def ask(self, message: str, **sampling) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class LLM:
 
         from .numba_setup import set_threads
 
-        path = arguments.model_path(path)
+        path = arguments.file_path(path)
         threads = arguments.integer(threads, "threads", 1, none=True)
         context = arguments.integer(context, "context", 8, 1 << 24, none=True)  # as validate.py
         precise = arguments.flag(precise, "precise")
@@ -398,6 +398,9 @@ class LLM:
         (session.py: atomic, checksummed, bound to this model file, kv_type and context)."""
         from .session import save_session
 
+        if messages is not None and (isinstance(messages, (str, bytes)) or not isinstance(
+                messages, Sequence) or not all(isinstance(m, Mapping) for m in messages)):
+            raise arguments.ArgumentError("messages must be a list of dicts (chat messages)")
         with self.lifetime.exclusive():  # the cache must not move while it is written
             return save_session(self, path, None if messages is None else
                                 {"messages": [dict(m) for m in messages]})

@@ -38,7 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import SessionError
+from . import arguments
+from .errors import ArgumentError, SessionError
 from .kv_cache import CacheState
 from .kv_types import KV_DTYPE
 
@@ -118,9 +119,13 @@ def _live(arrays, written, layers):
 # saving -----------------------------------------------------------------------------
 def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path:
     """Write the model's token ids and KV cache (and `chat`, JSON: messages etc.) to `path`,
-    atomically. Returns the path."""
-    path = Path(path)
+    atomically. Returns the path. ArgumentError for a message load would refuse."""
+    path = arguments.file_path(path, "session path")
     _has_cache(llm, path)
+    for i, m in enumerate((chat or {}).get("messages", [])):
+        if not _is_message(m):
+            raise ArgumentError(f"messages[{i}] must be a dict with a str 'role' and a str, "
+                                f"list or None 'content', got {m!r:.60}")
     model = llm.model
     cache = model.cache
     lay = _layout(cache)
@@ -178,7 +183,7 @@ def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path
 # loading ----------------------------------------------------------------------------
 def read_session(llm, path: str | os.PathLike) -> Session:
     """Read and check a session file for `llm` without changing the model."""
-    path = Path(path)
+    path = arguments.file_path(path, "session path")
     where = str(path)
     _has_cache(llm, path)
     try:
@@ -335,11 +340,16 @@ def _messages(where: str, chat: dict | None) -> list[dict]:
     if chat is None:
         return []
     messages = chat.get("messages", [])
-    if not isinstance(messages, list) or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str) for m in messages):
+    if not isinstance(messages, list) or not all(_is_message(m) for m in messages):
         raise SessionError(f"{where}: the chat's messages are invalid: file is corrupt")
     return messages
+
+
+def _is_message(m) -> bool:
+    """A chat message as save_session writes and load takes it: a str role, and content a
+    str, a list of parts or None (an assistant's tool calls)."""
+    return isinstance(m, dict) and isinstance(m.get("role"), str) \
+        and (m.get("content") is None or isinstance(m.get("content"), (str, list)))
 
 
 def apply(llm, session: Session) -> None:

@@ -213,3 +213,92 @@ def test_another_setup_is_refused_with_a_clear_error(converted, tmp_path, mismat
                                                 "context": "context of 64",
                                                 "model": "another model"}[mismatch]):
             llm.load_session(path)
+
+
+def _paused_stream_in_thread(llm, closed: list):
+    """Another thread's stream, past its first token and paused there (it holds the model's
+    turn) until `release` is set; `closed` gets "stream" when it lets go."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+
+    def run():
+        with llm.stream("Once upon a time", max_tokens=50, temperature=0) as chunks:
+            next(iter(chunks))
+            started.set()
+            release.wait(60)
+            closed.append("stream")
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(60)
+    return t, release
+
+
+def test_chat_save_and_load_wait_for_another_threads_generation(converted, tmp_path):
+    """A chat's save and load take the model's turn: with another thread's stream in
+    progress they wait for it, rather than save its half-moved cache (a corrupt file) or
+    map a session in under its feet (its next tokens garbage)."""
+    import threading
+
+    with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
+        chat = llm.chat()
+        chat.ask("def f(x):", max_tokens=4, temperature=0)
+        for act in ("save", "load"):
+            order: list = []
+            t, release = _paused_stream_in_thread(llm, order)
+            threading.Timer(0.3, release.set).start()
+            if act == "save":
+                chat.save(tmp_path / "chat")
+            else:
+                ChatSession.load(llm, tmp_path / "chat")
+            order.append(act)
+            t.join()
+            assert order == ["stream", act]
+        # the other stream used the model in between: the chat's next save holds no cache
+        # of someone else's (its messages, prefilled again after a load)
+        _greedy(llm, [5, 6, 7], n=3, keep=False)
+        chat.save(tmp_path / "chat2")
+        loaded = ChatSession.load(llm, tmp_path / "chat2")
+        assert loaded.messages == chat.messages and llm.model.tokens == []
+
+
+def test_a_failed_turn_leaves_no_messages_and_making_a_chat_takes_no_turn(converted):
+    from edgellm.errors import ContextError
+
+    with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
+        chat = llm.chat()
+        chat.ask("def f(x):", max_tokens=8, temperature=0)
+        before = list(chat.messages)
+        for _ in range(2):
+            with pytest.raises(ContextError):
+                chat.ask("x " * 80, max_tokens=4, shift=False)  # past the context
+            assert chat.messages == before
+        with llm.stream("def g(y):", max_tokens=6, temperature=0) as chunks:
+            it = iter(chunks)
+            next(it)
+            llm.chat()  # in the same thread: the stream goes on (no SupersededError)
+            assert len([next(it) for _ in range(3)]) == 3
+
+
+def test_session_arguments_are_checked(converted, tmp_path):
+    from edgellm.errors import ArgumentError
+
+    with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
+        for bad in (None, 5, ""):
+            with pytest.raises(ArgumentError, match="session path"):
+                llm.save_session(bad)
+            with pytest.raises(ArgumentError, match="session path"):
+                llm.load_session(bad)
+        for messages in ("abc", [5], {"role": "user"}):
+            with pytest.raises(ArgumentError, match="messages"):
+                llm.save_session(tmp_path / "s", messages=messages)
+        with pytest.raises(ArgumentError, match=r"messages\[0\]"):
+            llm.save_session(tmp_path / "s", messages=[{"content": "no role"}])
+        # what OpenAI's tool-call turns look like saves, and loads back
+        calls = [{"role": "user", "content": "weather?"},
+                 {"role": "assistant", "content": None, "tool_calls": [
+                     {"id": "c1", "type": "function",
+                      "function": {"name": "get", "arguments": "{}"}}]}]
+        llm.save_session(tmp_path / "tools", messages=calls)
+        assert llm.load_session(tmp_path / "tools").messages == calls

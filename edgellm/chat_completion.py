@@ -30,6 +30,7 @@ from typing import Any
 
 from . import arguments, reasoning, tool_calls
 from .errors import ArgumentError, ConstraintError
+from .lifetime import wait_arguments
 
 
 @dataclass
@@ -65,6 +66,11 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
         raise ArgumentError("chat_template_kwargs must be a dict or None, got "
                             f"{type(chat_template_kwargs).__name__}")
     stop = arguments.stops(stop)
+    # the sampling arguments as stream_ids will take them: refused here, at the call (a
+    # stream's first chunk would otherwise come before its error)
+    wait = {k: sampling[k] for k in ("blocking", "timeout") if k in sampling}
+    llm.sampler(**{k: v for k, v in sampling.items() if k not in wait})
+    wait_arguments(wait.get("blocking", True), wait.get("timeout"))
     template = llm.packed.chat_template
     fmt = tool_calls.detect_format(template)
     tools = tool_calls.check_tools(tools) if tools is not None else []

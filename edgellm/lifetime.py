@@ -60,7 +60,7 @@ class Turn:
             raise type(self.ended)(str(self.ended))
 
 
-def _wait_arguments(blocking: Any, timeout: Any) -> float | None:
+def wait_arguments(blocking: Any, timeout: Any) -> float | None:
     """The seconds to wait at most (None: forever), checked."""
     if not isinstance(blocking, bool):
         raise ArgumentError(f"blocking must be True or False, got {blocking!r}")
@@ -100,7 +100,7 @@ class Lifetime:
         """A turn for a new generation (see the module docstring); `owner` (e.g. a chat
         session) is remembered so the next turn's `previous_owner` says whose tokens the
         cache holds."""
-        wait = _wait_arguments(blocking, timeout)
+        wait = wait_arguments(blocking, timeout)
         me = threading.get_ident()
         deadline = None if wait is None else time.monotonic() + wait
         superseded = False

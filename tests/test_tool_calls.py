@@ -10,7 +10,7 @@ from conftest import TINY
 
 import edgellm
 from edgellm import tool_calls
-from edgellm.errors import ArgumentError, ConstraintError
+from edgellm.errors import ArgumentError, ConstraintError, EdgeLLMError
 from edgellm.reasoning import ReasoningSplitter
 
 WEATHER = {"type": "object", "properties": {
@@ -277,6 +277,10 @@ def test_stream_chunks_shape(hermes_llm):
     assert chunks[-1]["usage"]["completion_tokens"] > 0
     with pytest.raises(ConstraintError):  # refused at the call, before the iterator
         hermes_llm.create_chat_completion(ASK, tools=[{"type": "function"}], stream=True)
+    for bad in ({"seed": "x"}, {"foo": 1}, {"logit_bias": {10**9: 1}},
+                {"temperature": float("nan")}, {"blocking": "x"}, {"timeout": -1}):
+        with pytest.raises(EdgeLLMError):  # also the sampling and waiting arguments
+            hermes_llm.create_chat_completion(ASK, stream=True, **bad)
 
 
 def test_completion_shape(generic_llm):

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ContextError, EdgeLLMError, FormatError, ModelKindError
+from . import arguments
+from .errors import ArgumentError, ContextError, FormatError, ModelKindError
 
 POOLING_MODES = ("mean", "cls", "max", "lasttoken", "mean_sqrt_len_tokens", "weightedmean")
 DEFAULT_BATCH = 32  # texts per encoder batch (sentence-transformers' default batch size)
@@ -120,11 +121,13 @@ class Embedder:
         normalize: the model's default (its Normalize module) unless True/False;
         progress: called with the number of texts done after each batch."""
         single = isinstance(texts, str)
-        items = [texts] if single else _check_texts(texts)
+        items = [_check_text(texts)] if single else _check_texts(texts)
         if normalize is not None and not isinstance(normalize, bool):
-            raise EdgeLLMError(f"normalize must be True, False or None, got {normalize!r}")
+            raise ArgumentError(f"normalize must be True, False or None, got {normalize!r}")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise EdgeLLMError(f"batch_size must be an int >= 1, got {batch_size!r}")
+            raise ArgumentError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if progress is not None and not callable(progress):
+            raise ArgumentError(f"progress must be a callable or None, got {progress!r:.40}")
         D = self.llm.args.hidden_size
         out = np.zeros((len(items), D), np.float32)
         step = batch_size if self.encoder else 1
@@ -158,15 +161,14 @@ class Embedder:
         return out
 
 
-def _check_text(text) -> str:
-    if not isinstance(text, str):
-        raise EdgeLLMError(f"texts must be strings, got {type(text).__name__}")
-    return text
+def _check_text(text, name: str = "text") -> str:
+    """A str of valid Unicode (ArgumentError naming it otherwise: a lone surrogate too)."""
+    return arguments.text(text, name)
 
 
 def _check_texts(texts) -> list[str]:
     if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Sequence) and \
             not hasattr(texts, "__iter__"):
-        raise EdgeLLMError(f"texts must be a string or a list of strings, got "
-                           f"{type(texts).__name__}")
-    return [_check_text(t) for t in texts]
+        raise ArgumentError(f"texts must be a string or a list of strings, got "
+                            f"{type(texts).__name__}")
+    return [_check_text(t, f"texts[{i}]") for i, t in enumerate(texts)]

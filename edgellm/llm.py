@@ -361,18 +361,21 @@ class LLM:
 
     # embeddings ------------------------------------------------------------------
     def embed(self, texts, normalize: bool | None = None, batch_size: int = 32,
-              progress=None) -> np.ndarray:
+              progress=None, *, blocking: bool = True,
+              timeout: float | None = None) -> np.ndarray:
         """Sentence embeddings, as sentence-transformers' encode computes them: float32
         [N, D] for a list of texts, [D] for one string. normalize: the model's default
         (its Normalize module) unless True/False. Texts longer than the model's
-        max_seq_length are truncated. See edgellm/embed.py."""
-        with self.lifetime.exclusive():  # the model is ours for the call (lifetime.py)
+        max_seq_length are truncated. blocking, timeout: waiting for another thread's
+        generation, as LLM.stream. See edgellm/embed.py."""
+        with self.lifetime.exclusive(blocking, timeout):  # the model is ours for the call
             return self.embedder.embed(texts, normalize=normalize, batch_size=batch_size,
                                        progress=progress)
 
-    def token_embeddings(self, text: str) -> np.ndarray:
+    def token_embeddings(self, text: str, *, blocking: bool = True,
+                         timeout: float | None = None) -> np.ndarray:
         """float32 [L, D]: the final hidden state of each of `text`'s L tokens."""
-        with self.lifetime.exclusive():
+        with self.lifetime.exclusive(blocking, timeout):
             return self.embedder.token_embeddings(text)
 
     @property

@@ -12,7 +12,7 @@ import pytest
 from conftest import FIXTURES, TINY
 
 import edgellm
-from edgellm.errors import ContextError, EdgeLLMError, ModelKindError, SourceError
+from edgellm.errors import ArgumentError, ContextError, EdgeLLMError, ModelKindError, SourceError
 
 EMBED = FIXTURES / "embed"
 
@@ -119,8 +119,16 @@ def test_encoder_refuses_to_generate_and_plain_decoder_to_embed(packed, converte
             llm.generate("hello")
         with pytest.raises(ModelKindError, match="encoder"):
             llm.logits([2, 3])
-        with pytest.raises(EdgeLLMError, match="strings"):
+        with pytest.raises(ArgumentError, match=r"texts\[0\] must be a str"):
             llm.embed([1, 2])
+        with pytest.raises(ArgumentError, match=r"texts\[1\] is not valid Unicode"):
+            llm.embed(["ok", "\udcff"])  # a lone surrogate: the tokenizer's TypeError before
+        with pytest.raises(ArgumentError, match="text is not valid Unicode"):
+            llm.token_embeddings("\udcff")
+        with pytest.raises(ArgumentError, match="progress"):
+            llm.embed(["a"], progress=5)  # refused before the work, not after it
+        with pytest.raises(ArgumentError, match="blocking"):
+            llm.embed("a", blocking="no")
         with pytest.raises(EdgeLLMError, match="batch_size"):
             llm.embed(["a"], batch_size=0)
         with pytest.raises(ContextError, match="vocabulary"):

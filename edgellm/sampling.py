@@ -44,6 +44,11 @@ _MAX_DRAWS = 8  # rejection draws before the fallback (top_p >= 0.5: fails < 0.4
 
 
 _F32_MAX = float(np.finfo(np.float32).max)
+# bounds that keep the processed float32 logits finite (beyond them a value only overflows,
+# and the overflow would be blamed on the model's weights): far past any useful setting
+_BIAS_MAX = 1e30  # |logit_bias|
+_PENALTY_MIN = 1e-6  # repetition_penalty within [1e-6, 1e6]
+_ADDITIVE_MAX = 1e6  # |presence_penalty|, |frequency_penalty| (times counts <= the context)
 
 
 def _finite(name: str, value: object) -> float:
@@ -77,21 +82,26 @@ class SamplingParams:
             raise SamplingError(f"top_p must be in (0, 1], got {self.top_p}")
         if not 0 <= _finite("min_p", self.min_p) <= 1:
             raise SamplingError(f"min_p must be in [0, 1], got {self.min_p}")
-        if _finite("repetition_penalty", self.repetition_penalty) <= 0:
-            raise SamplingError(
-                f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not _PENALTY_MIN <= _finite("repetition_penalty", self.repetition_penalty) \
+                <= 1 / _PENALTY_MIN:
+            raise SamplingError(f"repetition_penalty must be in [{_PENALTY_MIN:g}, "
+                                f"{1 / _PENALTY_MIN:g}], got {self.repetition_penalty}")
         ctx = self.repetition_context
         if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1):
             raise SamplingError(f"repetition_context must be an int >= 1 or None, got {ctx!r}")
-        _finite("presence_penalty", self.presence_penalty)
-        _finite("frequency_penalty", self.frequency_penalty)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if abs(_finite(name, getattr(self, name))) > _ADDITIVE_MAX:
+                raise SamplingError(f"{name} must be within +-{_ADDITIVE_MAX:g}, got "
+                                    f"{getattr(self, name)}")
         if not isinstance(self.logit_bias, Mapping):
             raise SamplingError("logit_bias must be a mapping {token_id: bias}")
         for key, value in self.logit_bias.items():
             if isinstance(key, bool) or not isinstance(key, (int, np.integer)):
                 raise SamplingError(f"logit_bias keys must be token ids, got {key!r}")
-            if value != -math.inf:  # -inf bans the id (OpenAI's -100 only discourages it)
-                _finite(f"logit_bias[{key}]", value)
+            if value != -math.inf and abs(_finite(f"logit_bias[{key}]", value)) > _BIAS_MAX:
+                # -inf bans the id (OpenAI's -100 only discourages it)
+                raise SamplingError(f"logit_bias[{key}] must be within +-{_BIAS_MAX:g} (or "
+                                    f"-inf, a ban), got {value}")
         if self.seed is not None and (isinstance(self.seed, bool)
                                       or not isinstance(self.seed, int) or self.seed < 0):
             raise SamplingError(f"seed must be an int >= 0 or None, got {self.seed!r}")

@@ -434,7 +434,7 @@ USAGE_CASES = [
     ("--temp", "warm", "expected a number"), ("--top-p", "2", "top_p must be in (0, 1]"),
     ("--top-p", "0", "top_p must be in (0, 1]"), ("--min-p", "1.5", "min_p must be in [0, 1]"),
     ("--top-k", "-1", "top_k must be an int >= 0"), ("--top-k", "2.5", "expected an integer"),
-    ("--repeat-penalty", "0", "repetition_penalty must be > 0"),
+    ("--repeat-penalty", "0", "repetition_penalty must be in [1e-06"),
     ("--presence-penalty", "inf", "finite"), ("--seed", "-3", "seed must be"),
     ("-n", "-1", "must be >= 0"), ("-t", "0", "must be >= 1"), ("-t", "100000", "at most"),
     ("--ctx", "4", "must be >= 8"),

@@ -278,3 +278,20 @@ def test_from_generation_config():
          "repetition_penalty": 1.1}, seed=3)
     assert (p.temperature, p.top_k, p.top_p, p.min_p, p.repetition_penalty, p.seed) == \
         (0.6, 50, 0.9, 0.0, 1.1, 3)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"logit_bias": {5: 1e39}}, "logit_bias[5] must be within"),
+    ({"repetition_penalty": 1e-40}, "repetition_penalty must be in"),
+    ({"presence_penalty": 1e35}, "presence_penalty must be within"),
+    ({"frequency_penalty": -1e35}, "frequency_penalty must be within"),
+])
+def test_values_that_would_overflow_the_logits_are_refused(kwargs, words):
+    """Finite, but past what float32 logits take: they would become +inf in the sampler,
+    whose non-finite check blames the model's weights; refused up front instead."""
+    with pytest.raises(SamplingError) as e:
+        SamplingParams(**kwargs)
+    assert words in str(e.value)
+    SamplingParams(logit_bias={5: -math.inf, 6: 1e30}, repetition_penalty=1e-6,
+                   presence_penalty=1e6)  # a ban, and the bounds themselves, stay allowed
+

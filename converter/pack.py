@@ -23,8 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from edgellm import format as fmt
-from edgellm import quant, quant_k
-from edgellm import tokenizer_store
+from edgellm import output_file, quant, quant_k, tokenizer_store
 from edgellm.errors import EdgeLLMError, FormatError, QuantizationError, SourceError
 from edgellm.validate import check_model
 
@@ -221,6 +220,7 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
     """
     out = Path(out)
     _check_out(out, source)
+    out = output_file.target(out, SourceError)  # a symlink's file; never a device
     if block_size not in quant.BLOCK_SIZES:
         raise QuantizationError(f"block size {block_size} is not one of {quant.BLOCK_SIZES}")
     planned = _plan(source, recipe, block_size, types)

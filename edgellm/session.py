@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import arguments
+from . import arguments, output_file
 from .errors import ArgumentError, SessionError
 from .kv_cache import CacheState
 from .kv_types import KV_DTYPE
@@ -120,7 +120,7 @@ def _live(arrays, written, layers):
 def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path:
     """Write the model's token ids and KV cache (and `chat`, JSON: messages etc.) to `path`,
     atomically. Returns the path. ArgumentError for a message load would refuse."""
-    path = arguments.file_path(path, "session path")
+    path = output_file.target(arguments.file_path(path, "session path"), SessionError)
     _has_cache(llm, path)
     for i, m in enumerate((chat or {}).get("messages", [])):
         if not _is_message(m):

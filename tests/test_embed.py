@@ -4,6 +4,8 @@ against numpy, the sentence-transformers config reader, and the errors."""
 
 import json
 import math
+import os
+import stat
 import subprocess
 import sys
 
@@ -267,9 +269,21 @@ def test_embed_command(packed, tmp_path):
              stdin=text.encode())
     assert r.returncode == 0, r.stderr
     assert np.abs(np.load(tmp_path / "e.npy") - ref["embeddings"]).max() < 1e-4
-    for bad in (["-f", tmp_path / "missing.txt"], ["-o", tmp_path / "no" / "dir.npy", "x"]):
+    os.mkfifo(tmp_path / "fifo")  # a device or FIFO is refused, not replaced by the rename
+    for bad in (["-f", tmp_path / "missing.txt"], ["-o", tmp_path / "no" / "dir.npy", "x"],
+                ["-o", tmp_path / "fifo", "x"]):
         r = _cli("embed", "-m", model, *bad)
         assert r.returncode == 1 and len(r.stderr.decode().strip().splitlines()) == 1, r.stderr
+    assert stat.S_ISFIFO((tmp_path / "fifo").lstat().st_mode)
+    (tmp_path / "link.npy").symlink_to(tmp_path / "e.npy")  # written through, the link kept
+    old = os.umask(0o022)
+    try:
+        r = _cli("embed", "-m", model, "--format", "npy", "-o", tmp_path / "link.npy", "x")
+    finally:
+        os.umask(old)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "link.npy").is_symlink() and np.load(tmp_path / "e.npy").shape[0] == 1
+    assert (tmp_path / "e.npy").stat().st_mode & 0o777 == 0o644  # the umask's, not 0600
     r = _cli("generate", "-m", model, "-p", "hello")
     assert r.returncode == 1 and b"encoder" in r.stderr.splitlines()[-1]
     assert not (TINY / "bert-tiny").exists()  # the decoder fixtures' loops never see these

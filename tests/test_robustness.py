@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -690,6 +691,23 @@ def test_output_is_a_directory_or_the_source(tmp_path, capsys):
     before = shard.read_bytes()
     rc, _, err = run_cli(convert_main, [tmp_path / "hf", shard, "-q"], capsys)
     assert rc == 1 and shard.read_bytes() == before
+
+
+def test_output_that_is_a_device_or_a_symlink(tmp_path, capsys):
+    """OUT is written to a temporary file and renamed over it: a FIFO or a device there
+    (as root, /dev/null) would be replaced by a regular file, so it is refused; a symlink
+    there is followed (its file written, the link kept) rather than replaced."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    rc, _, err = run_cli(convert_main, [TINY / "llama", fifo, "-q"], capsys)
+    assert rc == 1
+    assert_error_line(err, "convert-model: error:", fifo, "is a FIFO, not a regular file")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    link = tmp_path / "link.edgellm"
+    link.symlink_to(tmp_path / "real.edgellm")
+    rc, _, err = run_cli(convert_main, [TINY / "llama", link, "-q"], capsys)
+    assert rc == 0, err
+    assert link.is_symlink() and (tmp_path / "real.edgellm").stat().st_size > 0
 
 
 def test_source_files_that_are_not_regular_files(tmp_path, capsys):

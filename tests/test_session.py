@@ -295,6 +295,9 @@ def test_session_arguments_are_checked(converted, tmp_path):
                 llm.save_session(tmp_path / "s", messages=messages)
         with pytest.raises(ArgumentError, match=r"messages\[0\]"):
             llm.save_session(tmp_path / "s", messages=[{"content": "no role"}])
+        os.mkfifo(tmp_path / "fifo")  # the rename would replace it with a regular file
+        with pytest.raises(SessionError, match="is a FIFO"):
+            llm.save_session(tmp_path / "fifo")
         # what OpenAI's tool-call turns look like saves, and loads back
         calls = [{"role": "user", "content": "weather?"},
                  {"role": "assistant", "content": None, "tool_calls": [

@@ -102,19 +102,19 @@ def _write_npy(vectors, path) -> None:
 
 
 def _atomic_write(path: str, write) -> None:
-    """Write to a temporary file next to `path`, then rename: never a half-written file."""
+    """Write to a temporary file next to `path` (the file a symlink there names; refused if
+    it is a device: output_file.py), then rename: never a half-written file. The file gets
+    the umask's mode, as any other the command writes."""
     import os
-    import tempfile
 
-    folder = os.path.dirname(os.path.abspath(path))
+    from ..output_file import target
+
+    out = target(path, EdgeLLMError)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.")
-    except OSError as e:
-        raise EdgeLLMError(f"{path}: cannot write: {e.strerror or e}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
+        with open(tmp, "wb") as f:
             write(f)
-        os.replace(tmp, path)
+        os.replace(tmp, out)
     except BaseException as e:
         try:
             os.unlink(tmp)

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import format as fmt
+from .. import output_file
 from ..errors import AdapterError, FormatError
 from . import Adapter, LoraModule
 
@@ -25,7 +26,7 @@ VERSION = 1
 
 def write_adapter(adapter: Adapter, out: str | os.PathLike) -> int:
     """Write `adapter` to `out`; returns the file's size in bytes."""
-    out = Path(out)
+    out = output_file.target(Path(out), AdapterError)  # a symlink's file; never a device
     arrays = []
     for name, m in sorted(adapter.modules.items()):
         arrays += [(f"{name}.lora_A", m.A), (f"{name}.lora_B", m.B)]

@@ -253,6 +253,14 @@ def _interrupted(out: str | None, before) -> int:
     return 130
 
 
+def _quiet_stdout() -> None:
+    """After stdout failed: send the rest of it nowhere (no second error at exit)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def _say(message: str) -> None:
     print(" ".join(str(message).split()), file=sys.stderr)
 
@@ -292,6 +300,13 @@ def main(argv: list[str] | None = None) -> int:
         return _interrupted(out, before)
     except MemoryError:
         _say("convert-model: error: out of memory")
+        return 1
+    except OSError as e:  # printing the summary (reads and OUT's writes are wrapped): a
+        # closed pipe or a full stdout fails the command only if OUT was not written
+        _quiet_stdout()
+        if out is not None and _identity(out) != before:
+            return 0
+        _say(f"convert-model: error: cannot write the output: {e.strerror or e}")
         return 1
     except Exception as e:
         if len(INTERRUPTS) > interrupts:  # an interrupt a library turned into an error

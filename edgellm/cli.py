@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 runtime error (one line on stderr), 2 usage error, 130 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import signal
@@ -83,6 +84,14 @@ def _main(argv: list[str] | None) -> int:
     except MemoryError:
         error("edgellm: error: out of memory")
         return 1
+    except OSError as e:  # the machine's, not a bug (reads are wrapped where they happen)
+        if e.errno in OUTPUT_ERRNOS or e.errno is None:  # numpy: a short write, no errno
+            _quiet_stdout()
+            error(f"edgellm: error: cannot write the output: {e.strerror or e}")
+        else:
+            error(f"edgellm: error: {e.strerror or e}"
+                  + (f": {e.filename}" if e.filename else ""))
+        return 1
     except Exception as e:  # a bug: one line for the user, the traceback on request
         if os.environ.get("EDGELLM_DEBUG"):
             raise
@@ -96,6 +105,9 @@ def _main(argv: list[str] | None) -> int:
         return 1
     finally:
         restore_signals(handlers, argv is None)
+
+
+OUTPUT_ERRNOS = (errno.EPIPE, errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a failed write
 
 
 def _exit_now(code: int) -> None:

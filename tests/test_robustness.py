@@ -693,6 +693,26 @@ def test_output_is_a_directory_or_the_source(tmp_path, capsys):
     assert rc == 1 and shard.read_bytes() == before
 
 
+def test_a_failed_stdout_is_one_line_and_a_written_output_still_succeeds(llama_q8, tmp_path):
+    """stdout on a full device: one line, exit 1 (not an 'internal error'); convert-model's
+    summary to a pipe closed early: OUT was written, so the command succeeded."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([sys.executable, "-m", "edgellm", "info", str(llama_q8)],
+                               stdout=full, stderr=subprocess.PIPE, text=True, env=env,
+                               timeout=300)
+        assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+            "edgellm: error: cannot write the output: No space left on device"], r.stderr
+    out = tmp_path / "o.edgellm"
+    p = subprocess.Popen([sys.executable, "-m", "converter", str(TINY / "llama"), str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p.stdout.close()  # the reader leaves at once (`convert-model ... | true`)
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 0 and "error" not in err, err
+    assert PackedModel(out).tensors
+
+
 def test_output_that_is_a_device_or_a_symlink(tmp_path, capsys):
     """OUT is written to a temporary file and renamed over it: a FIFO or a device there
     (as root, /dev/null) would be replaced by a regular file, so it is refused; a symlink

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import EdgeLLMError
+from .errors import EdgeLLMError, ModelKindError
 
 BOS_MODES = ("auto", "always", "never")
 
@@ -149,6 +149,10 @@ def evaluate(logits_fn: Callable[[np.ndarray], np.ndarray], chunks: np.ndarray,
 def perplexity(llm, text: str, ctx: int = 512, chunks: int | None = None, bos: str = "auto",
                progress: Callable[[int, int, float], None] | None = None) -> PerplexityResult:
     """Perplexity of `llm` (an edgellm.LLM whose context is at least ctx) on `text`."""
+    if not getattr(llm._model(), "generates", True):
+        raise ModelKindError(f"{llm.packed.path}: {llm.packed.architecture} is an encoder: it "
+                             "computes embeddings, not the next token's probabilities "
+                             "(perplexity needs a decoder)")
     if llm.context < ctx:
         raise EdgeLLMError(f"the model was opened with a context of {llm.context}, "
                            f"smaller than ctx {ctx}")

@@ -286,4 +286,7 @@ def test_embed_command(packed, tmp_path):
     assert (tmp_path / "e.npy").stat().st_mode & 0o777 == 0o644  # the umask's, not 0600
     r = _cli("generate", "-m", model, "-p", "hello")
     assert r.returncode == 1 and b"encoder" in r.stderr.splitlines()[-1]
+    (tmp_path / "t.txt").write_text(text * 20)  # perplexity too: an error, not a bug
+    r = _cli("perplexity", "-m", model, "-f", tmp_path / "t.txt", "--ctx", "64")
+    assert r.returncode == 1 and b"encoder" in r.stderr.splitlines()[-1], r.stderr
     assert not (TINY / "bert-tiny").exists()  # the decoder fixtures' loops never see these

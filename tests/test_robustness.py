@@ -463,6 +463,25 @@ def test_usage_errors_exit_2(capsys):
         assert "usage:" in err and "Traceback" not in err
     rc, _, err = run_cli(convert_main, ["a", "b", "--quant", "q3"], capsys)
     assert rc == 2 and "invalid choice" in err
+    from edgellm.cli import build_parser  # parsed only: a regression would start serving
+
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["serve", "--port", "70000"])  # it bound 70000 - 65536
+    assert e.value.code == 2 and "argument --port: must be <= 65535" in capsys.readouterr().err
+
+
+def test_checked_before_the_work(llama_q8, tmp_path, capsys):
+    """What would fail at the end is refused at the start: chat's --session FILE where it
+    cannot be written (the conversation would be lost when saved), info's --ctx beyond the
+    model's positions (a plan for a context generate refuses)."""
+    for where in (tmp_path / "no" / "x.session", tmp_path):
+        rc, out, err = chat_cli(["-m", llama_q8, "-n", "2", "--session", where], "hi\n",
+                                capsys)
+        assert rc == 1 and not out  # no answer: refused before the chat
+        assert_error_line(err, "edgellm: error:", where)
+    rc, _, err = run_cli(edgellm_main, ["info", llama_q8, "--ctx", "10000000"], capsys)
+    assert rc == 1
+    assert_error_line(err, "--ctx 10000000: the model takes 8 to")
 
 
 def test_out_of_range_sampling_through_the_api(converted):

@@ -43,6 +43,8 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    if args.session:
+        _check_writable(args.session)
     with open_model(args) as llm:
         session = _open_session(llm, args)
         interactive = sys.stdin.isatty()
@@ -54,6 +56,24 @@ def run(args) -> int:
             if args.session:
                 session.save(args.session)
     return 0
+
+
+def _check_writable(path: str) -> None:
+    """--session FILE is written when the chat ends: a path it cannot be written to (a
+    missing directory, a read-only one, a device) is refused before the chat starts, not
+    after the conversation is over."""
+    import tempfile
+
+    from ..errors import EdgeLLMError
+    from ..output_file import target
+
+    folder = target(path, EdgeLLMError).parent
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise EdgeLLMError(f"{path}: the session could not be saved there: "
+                           f"{e.strerror or e}") from None
 
 
 def _open_session(llm, args):

@@ -15,8 +15,8 @@ from ..sampling import SamplingParams
 MIN_CONTEXT = 8  # as arch/base.py's Transformer requires
 
 
-def int_at_least(lo: int, what: str = "an integer"):
-    """argparse type: an int >= lo (anything else is a usage error, exit code 2)."""
+def int_at_least(lo: int, what: str = "an integer", hi: int | None = None):
+    """argparse type: an int >= lo (and <= hi) (anything else is a usage error, exit 2)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -24,6 +24,8 @@ def int_at_least(lo: int, what: str = "an integer"):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if value < lo:
             raise argparse.ArgumentTypeError(f"must be >= {lo}, got {value}")
+        if hi is not None and value > hi:
+            raise argparse.ArgumentTypeError(f"must be <= {hi}, got {value}")
         return value
     return parse
 

@@ -17,6 +17,7 @@ from ..format import PackedModel
 from ..kv_types import KV_TYPES
 from ..memory_plan import default_context, largest_context, plan
 from ..validate import check_model
+from .common import MIN_CONTEXT
 
 
 def add_arguments(p) -> None:
@@ -95,6 +96,10 @@ def _memory(packed: PackedModel, args, ctx_arg: str | None, max_memory: str | No
             ctx = int(ctx_arg)
         except ValueError:
             raise FormatError(f"--ctx must be a number or 'auto', not {ctx_arg!r}") from None
+        limit = args.max_position_embeddings  # as generate refuses it: a plan for a context
+        if not MIN_CONTEXT <= ctx <= limit:   # no command would run is no answer
+            raise EdgeLLMError(f"--ctx {ctx}: the model takes {MIN_CONTEXT} to {limit} "
+                               "tokens (max_position_embeddings)")
     memory = plan(packed, args, ctx, kv_type).to_json()
     if budget is not None:
         memory["budget"] = budget

@@ -29,7 +29,8 @@ def add_arguments(p) -> None:
     add_model_arguments(p)
     add_lora_argument(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=int_at_least(0), default=8080, help="port (default: 8080)")
+    p.add_argument("--port", type=int_at_least(0, hi=65535), default=8080,
+                   help="port (default: 8080)")
     p.add_argument("--parallel", type=int_at_least(1), default=1,
                    help="slots: requests generated at once, in one batched step (default: 1)")
     p.add_argument("--queue", type=int_at_least(0), default=64,

@@ -49,3 +49,11 @@ def test_command_keeps_scipy_out(converted):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("scipy loaded: False rc 0"), r.stdout
+
+
+def test_memory_sizes_read_and_shown():
+    from edgellm.commands.info import _mb, parse_size
+
+    assert parse_size("1TB") == 2**40 and parse_size("1.5G") == 3 * 2**29  # T: was refused
+    assert parse_size("512MB") == 512 * 2**20 and parse_size("100") == 100
+    assert _mb(1024) == "1024 bytes" and _mb(3 * 2**20) == "3.0 MiB"  # not "0.0 MiB" for 1KB

@@ -36,9 +36,9 @@ def add_arguments(p) -> None:
 
 
 def parse_size(text: str) -> int:
-    """'512MB', '1.5GB', '800M' -> bytes (powers of 1024)."""
+    """'512MB', '1.5GB', '800M', '1T' -> bytes (powers of 1024)."""
     t = text.strip().upper().rstrip("B")
-    mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(t[-1:], 1)
+    mult = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}.get(t[-1:], 1)
     try:
         size = int(float(t[:-1] if mult > 1 else t) * mult)
     except (ValueError, OverflowError):
@@ -143,7 +143,7 @@ def _type_info(packed: PackedModel, type_name: str) -> dict:
 
 
 def _mb(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**17 else f"{n} bytes"  # not '0.0 MiB' for 1KB
 
 
 def run(args) -> int:

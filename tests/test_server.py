@@ -450,3 +450,27 @@ def test_serve_warns_on_a_public_address_without_a_key(tmp_path):
                                                     "PYTHONPATH": str(ROOT)}, timeout=120)
     assert "warning: serving on 0.0.0.0 without --api-key" in done.stderr
     assert done.returncode == 1 and "Traceback" not in done.stderr
+
+
+def test_serve_refuses_an_address_it_cannot_bind_before_loading(tmp_path):
+    """An address in use or an unknown host: one line naming it and why, before the model
+    loads (the model here does not even exist), not uvicorn's log and a guess."""
+    import subprocess
+    import sys
+
+    from server_helpers import ROOT, free_socket
+
+    taken = free_socket()
+    taken.listen()
+    try:
+        for where in (["--port", str(taken.getsockname()[1])],
+                      ["--host", "no-such-host.invalid", "--api-key", "k"]):
+            done = subprocess.run([sys.executable, "-m", "edgellm", "serve", *where,
+                                   "-m", str(tmp_path / "missing.edgellm")],
+                                  capture_output=True, text=True, cwd=ROOT, timeout=120,
+                                  env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 1 and len(lines) == 1, done.stderr
+            assert lines[0].startswith("edgellm: error: cannot serve on "), lines
+    finally:
+        taken.close()

@@ -71,6 +71,7 @@ def run(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and args.api_key is None:
         say(f"edgellm: warning: serving on {args.host} without --api-key: anyone who can "
             "reach this address can use the model")
+    sock = _bind(args.host, args.port)  # before the models load: a bad address fails now
     llm = open_model(args, warm=False)  # warmed on the engine thread (warm_on)
     embedder = None
     try:
@@ -97,10 +98,12 @@ def run(args) -> int:
         stepper = app.state.batch.stepper
         copy = 0 if stepper is None else stepper.ilv[1].nbytes
         extra = f", {copy / 1e6:.0f} MB of interleaved weights" if copy else ""
-        say(f"edgellm: serving {settings.model_id} at http://{args.host}:{args.port}/ "
+        host, port = sock.getsockname()[:2]  # the port bound (--port 0: the system's pick)
+        say(f"edgellm: serving {settings.model_id} at http://{_url_host(args.host)}:{port}/ "
             f"({args.parallel} slot{'s' * (args.parallel > 1)}{extra}; Ctrl-C stops)")
-        _serve(server)
+        _serve(server, sock)
     finally:
+        sock.close()
         llm.close()
         if embedder is not None:
             embedder.close()
@@ -108,9 +111,37 @@ def run(args) -> int:
     return 0
 
 
-def _serve(server) -> None:
-    """server.run() with SIGINT/SIGTERM asking it to stop (a second one: at once), not
-    re-raised afterwards: a requested stop is a clean exit."""
+def _bind(host: str, port: int):
+    """A listening-ready TCP socket bound to host:port (as uvicorn binds one), or one line
+    saying why not: an unknown host, an address in use, a port that needs root."""
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, UnicodeError) as e:  # socket.gaierror is an OSError
+        raise EdgeLLMError(f"cannot serve on {host}:{port}: {_reason(e)}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise EdgeLLMError(f"cannot serve on {host}:{port}: {_reason(e)}") from None
+    return sock
+
+
+def _reason(e: BaseException) -> str:
+    return getattr(e, "strerror", None) or str(e) or type(e).__name__
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
+
+
+def _serve(server, sock) -> None:
+    """server.run() on `sock` with SIGINT/SIGTERM asking it to stop (a second one: at
+    once), not re-raised afterwards: a requested stop is a clean exit."""
     from contextlib import nullcontext
 
     def stop(signum, frame):
@@ -121,12 +152,11 @@ def _serve(server) -> None:
     server.capture_signals = nullcontext  # uvicorn would re-raise the signal at the end
     old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        server.run(sockets=[sock])
     except SystemExit:  # uvicorn's answer to a failed startup (it logged why)
         server.started = False
     finally:
         for s, h in old.items():
             signal.signal(s, h)
     if not server.started:
-        raise EdgeLLMError(f"cannot serve on {server.config.host}:{server.config.port} "
-                           "(address in use?)")
+        raise EdgeLLMError(f"cannot serve on {server.config.host}:{server.config.port}")

@@ -28,9 +28,9 @@ def warmups(monkeypatch):
 
 def test_serve_warms_its_model_on_the_engine_thread(smollm2, warmups, monkeypatch):
     served = []
-    monkeypatch.setattr(serve, "_serve", lambda server: served.append(server))
+    monkeypatch.setattr(serve, "_serve", lambda server, sock: served.append(server))
     assert main(["serve", "-m", str(smollm2), "--parallel", "2", "-t", "1",
-                 "--ctx", "256"]) == 0
+                 "--ctx", "256", "--port", "0"]) == 0  # bound (a free port), never served
     assert len(served) == 1
     assert warmups == ["edgellm-engine"]
 

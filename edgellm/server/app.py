@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import math
 import re
 import threading
@@ -126,10 +127,16 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         in progress, freeing the slot, instead of running to max_tokens for no one."""
         stop = threading.Event()
         task = asyncio.ensure_future(planned(fn, fields, *args, stop.is_set))
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and not stop.is_set() and await request.is_disconnected():
-                stop.set()
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if not task.done() and not stop.is_set() and await request.is_disconnected():
+                    stop.set()
+        except asyncio.CancelledError:  # the handler cancelled (a shutdown): the generation
+            stop.set()  # ends too, and the caller frees the slot only once it has
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(task)
+            raise
         return task.result()
 
     async def prepared(fn, fields: set[str], *args, **kwargs):

@@ -199,6 +199,7 @@ class LLM:
                                           f"{type(messages).__name__}")
         if not all(isinstance(m, dict) for m in messages):
             raise arguments.ArgumentError("messages must be a list of dicts")
+        messages = [_chat_message(i, m) for i, m in enumerate(messages)]
         if self._template is None:
             if not self.packed.chat_template:
                 raise TemplateError(f"{self.packed.path}: the model has no chat template")
@@ -432,6 +433,23 @@ class LLM:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _chat_message(i: int, m: dict) -> dict:
+    """Message i as templates take it: a str role (ArgumentError naming it otherwise, not a
+    Jinja error from inside the template), and OpenAI's content parts, text only, joined
+    into one string (templates concatenate content as a str)."""
+    if not isinstance(m.get("role"), str):
+        raise arguments.ArgumentError(f"messages[{i}] needs a str 'role', got "
+                                      f"{m.get('role')!r:.40}")
+    content = m.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in content):
+            raise arguments.ArgumentError(f"messages[{i}].content: only text parts "
+                                          "({'type': 'text', 'text': ...}) are supported")
+        return {**m, "content": "".join(p["text"] for p in content)}
+    return m
 
 
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,

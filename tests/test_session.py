@@ -281,6 +281,23 @@ def test_a_failed_turn_leaves_no_messages_and_making_a_chat_takes_no_turn(conver
             assert len([next(it) for _ in range(3)]) == 3
 
 
+def test_chat_messages_are_checked_and_text_parts_joined(converted):
+    """A message without a str role: ArgumentError naming it (it had been a Jinja error
+    from inside the template); OpenAI's content parts, text only, render as their text."""
+    from edgellm.errors import ArgumentError
+
+    with LLM(converted("gemma3"), context=CTX, chunk=16) as llm:
+        for bad, words in (([{"content": "hi"}], r"messages\[0\] needs a str 'role'"),
+                           ([{"role": "user", "content": [{"type": "image_url"}]}],
+                            r"messages\[0\]\.content: only text parts")):
+            with pytest.raises(ArgumentError, match=words):
+                llm.apply_chat_template(bad)
+        parts = [{"role": "user", "content": [{"type": "text", "text": "def "},
+                                              {"type": "text", "text": "f(x):"}]}]
+        assert llm.apply_chat_template(parts) == llm.apply_chat_template(
+            [{"role": "user", "content": "def f(x):"}])
+
+
 def test_session_arguments_are_checked(converted, tmp_path):
     from edgellm.errors import ArgumentError
 

@@ -302,6 +302,8 @@ class LLM:
         if max_tokens is None:
             max_tokens = int(self.packed.generation_config.get("max_new_tokens")
                              or DEFAULT_MAX_TOKENS)
+        if isinstance(max_tokens, np.integer) and not isinstance(max_tokens, np.bool_):
+            max_tokens = int(max_tokens)  # a numpy int, as the sampling values take them
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise SamplingError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         if not getattr(model, "generates", True):

@@ -58,6 +58,10 @@ def _finite(name: str, value: object) -> float:
     return float(value)
 
 
+_NUMBERS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+            "repetition_context", "presence_penalty", "frequency_penalty", "seed")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """What to sample with; validated on construction (ids against vocab in `Sampler`)."""
@@ -74,6 +78,10 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in _NUMBERS:  # numpy scalars (np.float32(0.5), np.int64(3)) as Python's
+            value = getattr(self, name)
+            if isinstance(value, (np.integer, np.floating)):
+                object.__setattr__(self, name, value.item())
         if _finite("temperature", self.temperature) < 0:
             raise SamplingError(f"temperature must be >= 0, got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:

@@ -295,3 +295,14 @@ def test_values_that_would_overflow_the_logits_are_refused(kwargs, words):
     SamplingParams(logit_bias={5: -math.inf, 6: 1e30}, repetition_penalty=1e-6,
                    presence_penalty=1e6)  # a ban, and the bounds themselves, stay allowed
 
+
+def test_numpy_scalars_are_numbers():
+    """np.float32(0.5), np.int64(3): what a numpy pipeline hands over; taken as the Python
+    numbers they are (np.bool_ is still not a number)."""
+    p = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(5), seed=np.int32(3),
+                       top_p=np.float64(0.9))
+    assert (p.temperature, p.top_k, p.seed, p.top_p) == (0.5, 5, 3, 0.9)
+    assert type(p.top_k) is int and type(p.temperature) is float
+    with pytest.raises(SamplingError):
+        SamplingParams(temperature=np.True_)
+

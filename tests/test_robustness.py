@@ -470,6 +470,15 @@ def test_usage_errors_exit_2(capsys):
     assert e.value.code == 2 and "argument --port: must be <= 65535" in capsys.readouterr().err
 
 
+def test_a_resumed_chat_says_it_keeps_its_system_message(llama_q8, tmp_path, capsys):
+    session = tmp_path / "c.session"
+    rc, _, err = chat_cli(["-m", llama_q8, "-n", "2", "--session", session], "hi\n", capsys)
+    assert rc == 0 and session.exists(), err
+    rc, _, err = chat_cli(["-m", llama_q8, "-n", "2", "--session", session, "--system",
+                           "be brief"], "hi\n", capsys)
+    assert rc == 0 and "--system is not used" in err, err
+
+
 def test_checked_before_the_work(llama_q8, tmp_path, capsys):
     """What would fail at the end is refused at the start: chat's --session FILE where it
     cannot be written (the conversation would be lost when saved), info's --ctx beyond the
@@ -482,6 +491,11 @@ def test_checked_before_the_work(llama_q8, tmp_path, capsys):
     rc, _, err = run_cli(edgellm_main, ["info", llama_q8, "--ctx", "10000000"], capsys)
     assert rc == 1
     assert_error_line(err, "--ctx 10000000: the model takes 8 to")
+    # --system without --chat had been dropped without a word (checked before the model)
+    rc, _, err = run_cli(edgellm_main, ["generate", "-m", "/nonexistent.edgellm", "-p", "hi",
+                                        "--system", "be brief"], capsys)
+    assert rc == 1
+    assert_error_line(err, "--system", "needs --chat")
 
 
 def test_out_of_range_sampling_through_the_api(converted):

@@ -84,6 +84,9 @@ def _open_session(llm, args):
         chat = ChatSession.load(llm, args.session)
         print(f"(resumed {args.session}: {len(chat.messages)} messages, "
               f"{len(llm.model.tokens)} tokens)", file=sys.stderr)
+        if args.system is not None and args.system != chat.system:
+            print("edgellm: warning: --system is not used: the resumed conversation keeps "
+                  "its own system message", file=sys.stderr)
         return chat
     return llm.chat(system=args.system)
 

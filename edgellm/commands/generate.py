@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 
+from ..errors import EdgeLLMError
 from .common import (
     add_lora_argument,
     add_model_arguments,
@@ -79,6 +80,8 @@ def constraint_kwargs(args) -> dict:
 
 
 def run(args) -> int:
+    if args.system is not None and not args.chat:  # it had been dropped without a word
+        raise EdgeLLMError("--system is the chat template's system message: it needs --chat")
     prompt = read_stdin_text() if args.prompt == "-" else args.prompt
     constraint = constraint_kwargs(args)
     with open_model(args, defer_variants=True) as llm:

@@ -142,7 +142,11 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
     """
     prompt = np.asarray(prompt, dtype=np.int64)
     if not shift and model.cache.room() < prompt.size + 1:
-        raise ContextError(f"prompt of {prompt.size} tokens does not fit the context of "
+        held = len(model.tokens)  # the prompt's start the cache already holds, if any
+        raise ContextError(f"prompt of {held + prompt.size} tokens does not fit the context "
+                           f"of {model.context} ({prompt.size} after the {held} the cache "
+                           f"holds; room for {model.cache.room()})" if held else
+                           f"prompt of {prompt.size} tokens does not fit the context of "
                            f"{model.context} (room for {model.cache.room()})")
     stats = Stats(prompt_tokens=int(prompt.size))
     history = list(prompt) if history is None else history

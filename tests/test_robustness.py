@@ -523,6 +523,10 @@ def test_prompt_longer_than_the_context(converted, capsys):
         with pytest.raises(ContextError) as e:
             llm.generate(ids, max_tokens=3, shift=False)
         one_line(e.value, "prompt of 40 tokens does not fit the context of 16")
+        llm.generate(ids[:4], max_tokens=1, temperature=0)  # the cache now holds 4 of them
+        with pytest.raises(ContextError) as e:  # counted whole: not "prompt of 36 tokens"
+            llm.generate(ids, max_tokens=3, shift=False)
+        one_line(e.value, "prompt of 40 tokens does not fit the context of 16 (36 after the 4")
         assert isinstance(llm.generate(ids, max_tokens=3, temperature=0), str)
     prompt = "the quick brown fox jumps over the lazy dog " * 10
     rc, _, err = run_cli(edgellm_main, ["generate", "-m", path, "--ctx", "16", "-p", prompt,

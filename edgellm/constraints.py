@@ -193,7 +193,12 @@ class ConstraintEngine:
         matcher = llg.LLMatcher(self.tokenizer, spec.grammar, log_level=0)
         if matcher.is_error():
             raise ConstraintError(_describe(spec.kind, matcher.get_error()))
-        return Constraint(matcher, self.vocab_size, spec.kind, overlap)
+        constraint = Constraint(matcher, self.vocab_size, spec.kind, overlap)
+        constraint.fill()  # the first mask: a grammar whose language is empty stops here
+        if matcher.is_error():  # (e.g. the regex [^\s\S]: it had ended as an empty "stop")
+            raise ConstraintError(f"{_WHAT.get(spec.kind, spec.kind)} matches no output at "
+                                  "all: no text can satisfy it")
+        return constraint
 
 
 def _describe(kind: str, message: str) -> str:
@@ -208,8 +213,10 @@ def _describe(kind: str, message: str) -> str:
         where = "" if kind in ("regex", "choices") else \
             f"line {m.group(1)}, column {m.group(2)}: "
         text = where + text[m.end():]
-    what = {"json": "response_format", "json_schema": "json_schema", "tools": "tool schema"}
-    return f"{what.get(kind, kind)} is not supported: {text}"
+    return f"{_WHAT.get(kind, kind)} is not supported: {text}"
+
+
+_WHAT = {"json": "response_format", "json_schema": "json_schema", "tools": "tool schema"}
 
 
 class Constraint:

@@ -203,6 +203,7 @@ def test_max_tokens_ends_with_length(llm):
     ({"response_format": {"type": "xml"}}, ["xml"]),
     ({"response_format": {"type": "json_schema"}}, ["json_schema"]),
     ({"regex": "a", "choices": ["a"]}, ["at most one"]),
+    ({"regex": r"[^\s\S]"}, ["regex", "matches no output"]),  # had ended as an empty "stop"
 ])
 def test_invalid_constraints_refused_before_any_token(llm, kwargs, words):
     before = list(llm.model.tokens)

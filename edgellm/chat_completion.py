@@ -24,7 +24,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,8 +104,10 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
                  stop=stop, sampling=sampling)
 
 
-def _events(llm, plan: _Plan) -> Iterator[tuple[str, str]]:
-    """("reasoning" | "content", text) pieces, then ("finish", reason) and ("usage", n)."""
+def _events(llm, plan: _Plan,
+            cancelled: Callable[[], bool] | None = None) -> Iterator[tuple[str, str]]:
+    """("reasoning" | "content", text) pieces, then ("finish", reason) and ("usage", n).
+    Once `cancelled()` (checked after each token) the generation ends there."""
     splitter = reasoning.ReasoningSplitter(inside=plan.inside)
     ids = list(plan.ids)
     # With a constraint, a thinking model thinks freely first: open the block for it (a
@@ -144,6 +145,8 @@ def _events(llm, plan: _Plan) -> Iterator[tuple[str, str]]:
                         and not plan.stop:
                     switch, last = "close", None  # EOS while thinking: the answer is due
                 break
+            if cancelled is not None and cancelled():
+                break  # no one waits for the rest
             if splitter.inside and plan.max_reasoning_tokens is not None \
                     and reasoning_tokens >= plan.max_reasoning_tokens:
                 switch = "close"
@@ -188,16 +191,13 @@ def _usage(plan: _Plan, completion: int) -> dict:
 def _completion(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> dict:
     parts: dict[str, list[str]] = {"reasoning": [], "content": []}
     finish, completion = "length", 0
-    with closing(_events(llm, plan)) as events:
-        for kind, value in events:
-            if kind == "finish":
-                finish = value
-            elif kind == "usage":
-                completion = value
-            else:
-                parts[kind].append(value)
-                if cancelled is not None and cancelled():
-                    break  # no one waits for the answer: the generation ends here
+    for kind, value in _events(llm, plan, cancelled):
+        if kind == "finish":
+            finish = value
+        elif kind == "usage":
+            completion = value
+        else:
+            parts[kind].append(value)
     content, calls = _finish_tools(plan, "".join(parts["content"]))
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
@@ -221,7 +221,7 @@ def _chunks(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> It
     yield chunk({"role": "assistant", "content": ""})
     held: list[str] = []
     finish = "length"
-    for kind, value in _events(llm, plan):
+    for kind, value in _events(llm, plan, cancelled):
         if kind == "finish":
             finish = value
         elif kind == "usage":
@@ -230,8 +230,6 @@ def _chunks(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> It
             yield chunk({"reasoning_content": value})
         elif plan.tool_mode != "none":
             held.append(value)
-            if cancelled is not None and cancelled():
-                return  # closes _events, and with it the generation
         else:
             yield chunk({"content": value})
     if plan.tool_mode != "none":

@@ -147,7 +147,8 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
 
     def sampling_of(req: Sampling, fields: set[str]) -> dict:
         """The request's sampling fields (_sampling), checked as the sampler will check them:
-        a bad value is a 400 before the request waits for a slot or starts a stream."""
+        a bad value is a 400 before the request waits for a slot or starts a stream (a
+        chat's are checked by plan_chat_completion)."""
         out = _sampling(req, llm.tokenizer.eos_ids)
         try:
             llm.sampler(**out)
@@ -192,7 +193,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         kwargs = dict(tools=req.tools, tool_choice=req.tool_choice,
                       response_format=req.response_format, max_tokens=max_tokens,
                       stop=req.stop, parallel_tool_calls=req.parallel_tool_calls is not False,
-                      **sampling_of(req, fields))
+                      **_sampling(req, llm.tokenizer.eos_ids))  # checked by the planning
         plan = await prepared(plan_chat_completion, fields, llm, _messages(req), **kwargs)
         slot = await slot_for(plan.ids)
         if not req.stream:
@@ -311,19 +312,13 @@ def _sampling(req: Sampling, eos_ids) -> dict:
 
 
 def _messages(req: ChatCompletionRequest) -> list[dict]:
-    """The messages as the chat template takes them (text parts joined)."""
+    """The messages as plain dicts, OpenAI's "developer" role as the templates' "system"
+    (content parts: joined, or refused by name, by LLM.apply_chat_template)."""
     out = []
-    for i, m in enumerate(req.messages):
+    for m in req.messages:
         d = m.model_dump(exclude_none=True)
         if d["role"] == "developer":
             d["role"] = "system"
-        if isinstance(d.get("content"), list):
-            parts = d["content"]
-            if any(p.get("type") != "text" or not isinstance(p.get("text"), str)
-                   for p in parts):
-                raise APIError(400, f"messages[{i}].content: only text parts are supported",
-                               param="messages")
-            d["content"] = "".join(p["text"] for p in parts)
         out.append(d)
     return out
 

@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from edgellm.errors import INTERRUPTS, catch_signals, restore_signals
+from edgellm.errors import INTERRUPTS, catch_signals, quiet_stdout, restore_signals
 
 
 def open_source(path: str):
@@ -253,14 +253,6 @@ def _interrupted(out: str | None, before) -> int:
     return 130
 
 
-def _quiet_stdout() -> None:
-    """After stdout failed: send the rest of it nowhere (no second error at exit)."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass
-
-
 def _say(message: str) -> None:
     print(" ".join(str(message).split()), file=sys.stderr)
 
@@ -303,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except OSError as e:  # printing the summary (reads and OUT's writes are wrapped): a
         # closed pipe or a full stdout fails the command only if OUT was not written
-        _quiet_stdout()
+        quiet_stdout()
         if out is not None and _identity(out) != before:
             return 0
         _say(f"convert-model: error: cannot write the output: {e.strerror or e}")

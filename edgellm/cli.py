@@ -18,6 +18,7 @@ from .errors import (
     Interrupted,
     catch_signals,
     is_panic,
+    quiet_stdout,
     restore_signals,
 )
 
@@ -79,14 +80,14 @@ def _main(argv: list[str] | None) -> int:
         error(f"edgellm: error: {e}")
         return 1
     except BrokenPipeError:
-        _quiet_stdout()
+        quiet_stdout()
         return 1
     except MemoryError:
         error("edgellm: error: out of memory")
         return 1
     except OSError as e:  # the machine's, not a bug (reads are wrapped where they happen)
         if e.errno in OUTPUT_ERRNOS or e.errno is None:  # numpy: a short write, no errno
-            _quiet_stdout()
+            quiet_stdout()
             error(f"edgellm: error: cannot write the output: {e.strerror or e}")
         else:
             error(f"edgellm: error: {e.strerror or e}"
@@ -126,10 +127,3 @@ def error(message: str) -> None:
     """Print `message` to stderr as one line."""
     print(" ".join(str(message).split()), file=sys.stderr)
 
-
-def _quiet_stdout() -> None:
-    """After a closed pipe: send what is left of stdout nowhere (no error at exit)."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):
-        pass

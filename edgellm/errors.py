@@ -136,6 +136,18 @@ def restore_signals(handlers: dict, exiting: bool) -> None:
             signal.signal(sig, handler)
 
 
+def quiet_stdout() -> None:
+    """After stdout failed (a closed pipe, a full disk): send what is left of it nowhere,
+    so that no second error comes at exit (the command lines' main())."""
+    import os
+    import sys
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def is_panic(e: BaseException) -> bool:
     """Whether `e` is a Rust library's panic (pyo3's PanicException: a BaseException, so
     `except Exception` misses it). `tokenizers` panics on some malformed tokenizer.json."""

@@ -231,18 +231,23 @@ class Constraint:
         self.mask = np.zeros((vocab_size + 31) // 32, np.int32)
         self.overlap = overlap
         self._pending: Future | None = None
+        self._fresh = False  # mask is the current state's (compile's first: not again)
 
     def _fill_now(self) -> None:
         self._m.unsafe_compute_mask_ptr(self.mask.ctypes.data, self.mask.nbytes)
+        self._fresh = True
 
     def fill(self) -> None:
         """Compute the mask of the tokens allowed next (blocking)."""
         self.wait()
-        self._fill_now()
+        if not self._fresh:
+            self._fill_now()
 
     def fill_async(self) -> None:
         """Start computing the next mask (in a worker thread if `overlap`); wait() for it."""
         self.wait()
+        if self._fresh:
+            return
         if self.overlap:
             self._pending = _worker().submit(self._fill_now)
         else:
@@ -257,6 +262,7 @@ class Constraint:
     def advance(self, token: int) -> None:
         """Consume a sampled token (one the mask allowed)."""
         self.wait()
+        self._fresh = False
         if not self._m.consume_token(int(token)):
             raise ConstraintError(f"token {token} is not allowed by the {self.kind} constraint"
                                   f": {_first_line(self._m.get_error())}")

@@ -98,7 +98,7 @@ def run(args) -> int:
         stepper = app.state.batch.stepper
         copy = 0 if stepper is None else stepper.ilv[1].nbytes
         extra = f", {copy / 1e6:.0f} MB of interleaved weights" if copy else ""
-        host, port = sock.getsockname()[:2]  # the port bound (--port 0: the system's pick)
+        port = sock.getsockname()[1]  # the port bound (--port 0: the system's pick)
         say(f"edgellm: serving {settings.model_id} at http://{_url_host(args.host)}:{port}/ "
             f"({args.parallel} slot{'s' * (args.parallel > 1)}{extra}; Ctrl-C stops)")
         _serve(server, sock)

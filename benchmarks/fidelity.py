@@ -86,13 +86,13 @@ def references(gguf: str, n: int, work: Path) -> dict:
 def edgellm_greedy(path: str, mode: str, refs: dict, n: int) -> dict:
     """{name: greedy ids} of edgellm in `mode` (int16 | int8 | precise, "/KV_TYPE")."""
     import edgellm
-    from edgellm import arch
+    from edgellm import loader
 
     mode, _, kv_type = mode.partition("/")
     kv_type = kv_type or "f32"
     llm = edgellm.load(path, precise=mode == "precise", context=1024, kv_type=kv_type)
     if mode == "int8":
-        llm.model = arch.build(llm.packed, context=1024, act_dtype=np.int8, kv_type=kv_type)
+        llm.model = loader.build(llm.packed, context=1024, act_dtype=np.int8, kv_type=kv_type)
     m = llm.model
     eos = set(llm.packed.config.get("eos_token_ids", []) or []) | {2}
     out = {}

@@ -31,12 +31,12 @@ CHILD = r"""
 import json, statistics, sys
 import numpy as np
 import edgellm
-from edgellm import arch
+from edgellm import loader
 from edgellm.commands.bench import measure
 path, mode, threads, P, N = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 llm = edgellm.load(path, threads=threads, precise=mode == "precise", context=P + N + 16)
 if mode == "int8":
-    llm.model = arch.build(llm.packed, context=P + N + 16, act_dtype=np.int8)
+    llm.model = loader.build(llm.packed, context=P + N + 16, act_dtype=np.int8)
 measure(llm, 8, 2, seed=0)
 runs = [measure(llm, P, N, seed=r + 1) for r in range(3)]
 print(json.dumps({"pp": statistics.median(r[0] for r in runs),

@@ -118,7 +118,7 @@ def _check_quality_arguments(ap: argparse.ArgumentParser, args) -> None:
 def _convert(source, args, recipe: str) -> None:
     """Calibrate, plan the types for a target, convert, and report, as the flags ask."""
     from .pack import convert
-    from .quantizers import searcher
+    from .searcher import searcher
     from .recipes import K_REPORTED, SEARCHED
 
     target = args.target_size is not None or args.target_bpw is not None

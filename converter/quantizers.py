@@ -237,25 +237,3 @@ def _pack_nibbles(q: np.ndarray) -> np.ndarray:
     q = q.astype(np.uint8)
     half = q.shape[-1] // 2
     return (q[:, :half] | (q[:, half:] << 4)).astype(np.uint8)
-
-
-def searcher(col_weights: dict[str, np.ndarray] | None = None,
-             moments: dict[str, np.ndarray] | None = None):
-    """A quantize(values, type_name, block_size, name=...) for pack.convert that searches,
-    with each tensor's calibration column weights (by name) where there are some; tensors
-    with input second moments in `moments` (calibrate.collect) are quantized by GPTQ
-    (converter/gptq.py) instead."""
-    weights = col_weights or {}
-    moments = moments or {}
-
-    def run(values: np.ndarray, type_name: str, block_size: int = quant.DEFAULT_BLOCK,
-            name: str = "tensor") -> np.ndarray:
-        h = moments.get(name)
-        if h is not None and quant.qtype(type_name).quantized:
-            from .gptq import gptq_quantize
-
-            return gptq_quantize(values, h, type_name, block_size, name)
-        return quantize(values, type_name, block_size, name, weights.get(name))
-
-    run.calibrated = bool(weights or moments)  # measured on the unfolded model: no folding
-    return run

@@ -92,14 +92,6 @@ class ModelArgs:
         if self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers:
             raise FormatError("model config: layer_types does not list every layer")
 
-    @property
-    def family(self) -> str:
-        """The architecture family serving this model_type (arch/registry.py)."""
-        from .arch.registry import spec_for
-
-        spec = spec_for(self.model_type)
-        return spec.family if spec is not None else self.model_type
-
     def layer_window(self, layer: int) -> int:
         """Sliding-window length of `layer` (0 = full attention)."""
         if not self.sliding_window or not self.use_sliding_window:

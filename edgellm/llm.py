@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from . import arch, arguments
+from . import arch, arguments, loader
 from .errors import (
     ClosedError,
     ContextError,
@@ -71,11 +71,11 @@ class LLM:
         self.packed = PackedModel(path)
         self.lifetime = Lifetime(str(self.packed.path))
         try:
-            check_model(self.packed)  # every shape against the config, before any kernel
+            args = check_model(self.packed)  # every shape against the config, before any kernel
             self._check_context(context)
-            self.model = arch.build(self.packed, precise=precise, context=context, chunk=chunk,
-                                    kv_type=kv_type, fused=fused,
-                                    act_dtype=arch.ACT_TYPES[act_type])
+            self.model = loader.build(self.packed, precise=precise, context=context,
+                                      chunk=chunk, kv_type=kv_type, fused=fused,
+                                      act_dtype=arch.ACT_TYPES[act_type], args=args)
         except (MemoryError, OSError) as e:
             self.packed.close()
             if isinstance(e, OSError) and e.errno != errno.ENOMEM:

@@ -10,7 +10,7 @@ import edgellm
 from converter import norm_fold
 from converter.hf_source import open_hf
 from converter.pack import convert
-from converter.quantizers import searcher
+from converter.searcher import searcher
 from edgellm.format import PackedModel
 
 

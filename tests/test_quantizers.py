@@ -12,7 +12,8 @@ from converter.cli import main as convert_main
 from converter.gptq import gptq_quantize
 from converter.hf_source import open_hf
 from converter.pack import convert
-from converter.quantizers import importance, quantize, searcher, weighted_error
+from converter.quantizers import importance, quantize, weighted_error
+from converter.searcher import searcher
 from converter.recipes import choose_type
 from edgellm import format as fmt
 from edgellm import quant

@@ -57,11 +57,11 @@ def test_default_path_keeps_the_float_models_answers(smollm2, record_property):
 def test_int8_activations_match_llama_cpp_precision(smollm2):
     """act_dtype=int8 (llama.cpp's activations, the default before): top-1 at 35 of the 37
     prompt positions, as llama.cpp's; the two misses are the reference's near-ties."""
-    from edgellm import arch
+    from edgellm import loader
 
     ref = REF["logits"].astype(np.float32)
     with edgellm.load(smollm2) as llm:
-        llm.model = arch.build(llm.packed, act_dtype=np.int8)
+        llm.model = loader.build(llm.packed, act_dtype=np.int8)
         logits = llm.logits(REF["input_ids"])
     agree = int((logits.argmax(-1) == ref.argmax(-1)).sum())
     assert agree >= 35  # llama.cpp: 35

@@ -18,10 +18,11 @@ ACT_TYPES = {"int16": np.int16, "int8": np.int8}
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
-          chunk: int = CHUNK, kv_type: str = "f32", fused: bool = True, act_dtype=np.int16):
-    """The runnable model of a packed file; fused: decode through the fused step where the
-    model's weights allow it (arch/fused.py; it reads every kv_type's cache), else the
-    per-operation path. act_dtype: the integer activations of
+          chunk: int = CHUNK, kv_type: str = "f32", act_dtype=np.int16,
+          args: ModelArgs | None = None):
+    """The model a packed file describes, without its fused decode step (the loader,
+    edgellm/loader.py, attaches that). args: the file's config as validate.check_model
+    parsed it (parsed here when not given). act_dtype: the integer activations of
     quantized weights when not precise (int16, or int8 as llama.cpp: faster, and it flips
     the float model's near-ties)."""
     model_type = packed.architecture
@@ -30,13 +31,9 @@ def build(packed: PackedModel, precise: bool = False, context: int | None = None
         raise UnsupportedArchitectureError(
             f"{packed.path}: architecture {model_type!r} is not supported "
             f"(supported: {', '.join(supported())})")
-    args = ModelArgs.from_dict(packed.config)
+    if args is None:
+        args = ModelArgs.from_dict(packed.config)
     if not issubclass(spec.model, Transformer):  # encoders (bert.py): no KV cache
         return spec.model(packed, args, precise=precise, context=context, chunk=chunk)
-    model = spec.model(packed, args, precise=precise, context=context, chunk=chunk,
-                       kv_type=kv_type, act_dtype=act_dtype)
-    if fused:  # decoders: one compiled step per token
-        from .fused import FusedDecoder
-
-        model.fused = FusedDecoder.build(model, act_dtype=model.act_dtype)
-    return model
+    return spec.model(packed, args, precise=precise, context=context, chunk=chunk,
+                      kv_type=kv_type, act_dtype=act_dtype)

@@ -131,7 +131,7 @@ class Transformer(CachedTokens):
         self.tokens: list[int] = []  # the ids the cache holds, in order
         self.runner = StepRunner(self)
         self._layer_steps: list | None = None
-        self.fused = None  # a FusedDecoder, where arch.build made one (arch/fused.py)
+        self.fused = None  # its fused decode step, where the loader made one (loader.py)
         self.variants_due = False  # warmup(variants=False) compiled: warm_variants is due
         self.lora: dict = {}  # weight name -> lora.attach.Delta added to its output
 
@@ -398,8 +398,6 @@ class Transformer(CachedTokens):
         values were computed without them)."""
         self.lora = dict(deltas)
         if self.fused is not None:
-            from .fused import FusedDecoder
-
-            self.fused = FusedDecoder.build(self, self.fused.threads, self.act_dtype)
+            self.fused = type(self.fused).build(self, self.fused.threads, self.act_dtype)
         self.reset()
 

@@ -11,6 +11,7 @@ from ..errors import ArgumentError, ContextError, ContextWarning, SamplingError
 from ..llm import LLM
 from ..pull import resolve
 from ..sampling import SamplingParams
+from .decode_path import fused_default
 
 MIN_CONTEXT = 8  # as arch/base.py's Transformer requires
 
@@ -158,19 +159,6 @@ def sampling_kwargs(args) -> dict:
 
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def fused_default() -> bool:
-    """The CLI's one environment choice of the decode path: EDGELLM_FUSED=0 decodes through
-    the per-operation path (load(fused=False)); =all through the fused step compiled with
-    every op, one kernel for every model (as the test suite runs it: arch/fused.py);
-    anything else, or unset, the fused step compiled for the model's own ops."""
-    value = os.environ.get("EDGELLM_FUSED", "1").strip()
-    if value == "all":
-        from ..arch.fused import FusedDecoder
-
-        FusedDecoder.prune = False
-    return value != "0"
 
 
 def open_model(args, defer_variants: bool = False, warm: bool = True) -> LLM:

@@ -126,7 +126,7 @@ def _run(spec: dict) -> None:
     if spec.get("fused_env") is not None:
         os.environ["EDGELLM_FUSED"] = spec["fused_env"]
     from ..llm import LLM
-    from .common import fused_default
+    from .decode_path import fused_default
 
     lora = [tuple(x) for x in spec["lora"]] if spec.get("lora") else None
     with LLM(spec["path"], threads=spec["threads"], context=spec["context"],

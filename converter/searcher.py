@@ -1,0 +1,32 @@
+"""The quantize function convert-model hands pack.convert when it searches: per tensor, GPTQ
+(gptq.py) where calibration measured the tensor's input moments, else the searched scales of
+quantizers.py weighted by the tensor's calibration column weights."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgellm import quant
+
+from .gptq import gptq_quantize
+from .quantizers import quantize
+
+
+def searcher(col_weights: dict[str, np.ndarray] | None = None,
+             moments: dict[str, np.ndarray] | None = None):
+    """A quantize(values, type_name, block_size, name=...) for pack.convert that searches,
+    with each tensor's calibration column weights (by name) where there are some; tensors
+    with input second moments in `moments` (calibrate.collect) are quantized by GPTQ
+    (converter/gptq.py) instead."""
+    weights = col_weights or {}
+    moments = moments or {}
+
+    def run(values: np.ndarray, type_name: str, block_size: int = quant.DEFAULT_BLOCK,
+            name: str = "tensor") -> np.ndarray:
+        h = moments.get(name)
+        if h is not None and quant.qtype(type_name).quantized:
+            return gptq_quantize(values, h, type_name, block_size, name)
+        return quantize(values, type_name, block_size, name, weights.get(name))
+
+    run.calibrated = bool(weights or moments)  # measured on the unfolded model: no folding
+    return run

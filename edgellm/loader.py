@@ -1,0 +1,28 @@
+"""The loader: a packed file's model (arch/) with its fused decode step attached.
+
+arch/ describes models and never imports the step; this is where the two meet.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import arch
+from .config import ModelArgs
+from .format import PackedModel
+from .memory_plan import CHUNK
+
+
+def build(packed: PackedModel, precise: bool = False, context: int | None = None,
+          chunk: int = CHUNK, kv_type: str = "f32", fused: bool = True, act_dtype=np.int16,
+          args: ModelArgs | None = None):
+    """The runnable model of a packed file (arch.build's arguments); fused: decoders decode
+    through the fused step (one compiled step per token, arch/fused.py) where the model's
+    weights allow it, else through the per-operation path."""
+    model = arch.build(packed, precise=precise, context=context, chunk=chunk,
+                       kv_type=kv_type, act_dtype=act_dtype, args=args)
+    if fused and isinstance(model, arch.Transformer):
+        from .arch.fused import FusedDecoder
+
+        model.fused = FusedDecoder.build(model, act_dtype=model.act_dtype)
+    return model

@@ -338,14 +338,22 @@ class LLM:
                    constraint)))
 
     def _naming_the_file(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
-        """`chunks`, with NaN or infinite logits (corrupt weights) blamed on the file."""
+        """`chunks`, with NaN or infinite logits blamed on the LoRA adapters when some are
+        active (the base's weights are checksummed, an adapter's size is not), else on
+        the model file (corrupt weights)."""
         try:
             yield from chunks
         except NonFiniteLogitsError as e:
+            what = str(e).replace("logits contain ", "")
+            active = [path for path, scale in self.lora if scale != 0.0]
+            if active:
+                raise NonFiniteLogitsError(
+                    f"{', '.join(active)}: the model computed {what} logits with this LoRA "
+                    f"adapter{'s' if len(active) > 1 else ''}: its weights are probably too "
+                    "large (try without it: set_lora(None), no --lora)") from None
             raise NonFiniteLogitsError(
-                f"{self.packed.path}: the model computed {str(e).replace('logits contain ', '')}"
-                " logits: its weights are probably corrupt (edgellm info --verify checks "
-                "them)") from None
+                f"{self.packed.path}: the model computed {what} logits: its weights are "
+                "probably corrupt (edgellm info --verify checks them)") from None
 
     def stream(self, prompt, **kwargs) -> Stream[Chunk]:
         """Stream the continuation of `prompt` (str, chat messages or ids) as Chunks with

@@ -458,3 +458,23 @@ def test_session_arguments_are_checked(converted, tmp_path):
                       "function": {"name": "get", "arguments": "{}"}}]}]
         llm.save_session(tmp_path / "tools", messages=calls)
         assert llm.load_session(tmp_path / "tools").messages == calls
+
+
+def test_chat_command_session_file_follows_the_tokens(converted, tmp_path):
+    """`edgellm chat --session FILE` at the model's whole context (256) writes the tokens'
+    slots only; the file resumes the conversation."""
+    path = tmp_path / "c.session"
+    cmd = [sys.executable, "-m", "edgellm", "chat", "-m", str(converted("qwen3")), "--ctx",
+           "256", "-n", "3", "--temp", "0", "--session", str(path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(cmd, input="hi\n", env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    raw = path.read_bytes()
+    tokens = len(_load_tokens(raw))
+    with LLM(converted("qwen3"), context=64) as llm:
+        row = llm.model.cache.k_all[0].nbytes
+        layers = len(llm.model.cache.layers)
+    assert len(raw) <= _data_start(raw) + 2 * (tokens * layers * row + 64) + 8 * tokens * layers
+    r = subprocess.run(cmd, input="more\n", env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "(resumed" in r.stderr, r.stderr

@@ -316,18 +316,18 @@ def _check(llm, where: str, header: dict, version: int, f, data_start: int, size
     if data_start + lay["end"] > size:
         raise SessionError(f"{where}: file is truncated ({size} bytes, the cache needs "
                            f"{data_start + lay['end']})")
-    k, v, stored_pos = _read_regions(where, f, cache, lay, live, data_start, kv_type)
-    if zlib.crc32(np.concatenate(stored_pos).tobytes()) != crcs["pos"]:
+    k, v, stored_pos, got = _read_regions(where, f, cache, lay, live, data_start, kv_type)
+    if got["pos"] != crcs["pos"]:
         raise SessionError(f"{where}: checksum mismatch in the slot positions: file is corrupt")
     pos = [p[:n].astype(np.int64) for p, n in zip(stored_pos, live)]
     if any(p.size and (p.min() < -1 or p.max() >= max(next_pos, 1)) for p in pos):
         raise SessionError(f"{where}: slot positions out of range: file is corrupt")
-    ks = [k[start:start + n] for start, n in zip(cache.starts.tolist(), live)]
-    vs = [v[start:start + n] for start, n in zip(cache.starts.tolist(), live)]
-    for name, arrays in (("k", ks), ("v", vs)):
-        if _crc(arrays) != crcs[name]:
+    for name in ("k", "v"):
+        if got[name] != crcs[name]:
             raise SessionError(f"{where}: checksum mismatch in the {name.upper()} cache: "
                                "file is corrupt")
+    ks = [k[start:start + n] for start, n in zip(cache.starts.tolist(), live)]
+    vs = [v[start:start + n] for start, n in zip(cache.starts.tolist(), live)]
     state = CacheState(ks, vs, pos, written, next_pos, n_tokens)
     messages = _messages(where, chat)
     return Session(path, list(tokens), state, k, v, chat, messages)
@@ -336,36 +336,48 @@ def _check(llm, where: str, header: dict, version: int, f, data_start: int, size
 def _read_regions(where: str, f, cache, lay: dict, live: list[int], data_start: int,
                   kv_type: str):
     """K, V [slots, n_kv, width] (the cache's shapes, new anonymous memory: only the read
-    slots cost pages) holding each layer's `live` slots read from the file, and each
-    layer's stored positions ([live]; version 1: [slots], unwritten ones -1)."""
+    slots cost pages) holding each layer's `live` slots read from the file, each layer's
+    stored positions ([live]; version 1: [slots], unwritten ones -1), and the crc32 of
+    what was read of each region {"k", "v", "pos"} (as the header's cover them)."""
     slots = int(sum(int(c) for c in cache.caps))
     shape = (slots, lay["n_kv"], lay["width"])
     dtype = KV_DTYPE[kv_type]
     k, v = lazy_zeros(shape, dtype), lazy_zeros(shape, dtype)
     per_slot = lay["n_kv"] * lay["width"] * lay["item"]
-    for arr, off in ((k, lay["k_offset"]), (v, lay["v_offset"])):
+    crcs = {}
+    for name, arr, off in (("k", k, lay["k_offset"]), ("v", v, lay["v_offset"])):
+        crc = 0
         for start, stored, n in zip(cache.starts.tolist(), lay["starts"], live):
-            _read_into(where, f, data_start + off + stored * per_slot, arr[start:start + n])
-    pos = []
+            crc = _read_into(where, f, data_start + off + stored * per_slot,
+                             arr[start:start + n], crc)
+        crcs[name] = crc
+    pos, crc = [], 0
     for stored, n in zip(lay["starts"], lay["counts"]):
         p = np.empty(n, "<i8")
-        _read_into(where, f, data_start + lay["pos_offset"] + stored * 8, p)
+        crc = _read_into(where, f, data_start + lay["pos_offset"] + stored * 8, p, crc)
         pos.append(p)
-    return k, v, pos
+    crcs["pos"] = crc
+    return k, v, pos, crcs
 
 
-def _read_into(where: str, f, offset: int, out: np.ndarray) -> None:
-    """Fill the contiguous array `out` with the file's bytes at `offset` (SessionError if
-    the file ends first: it may have shrunk since its size was checked)."""
+READ_CHUNK = 1 << 20  # read and checksum a chunk while it is in the cache
+
+
+def _read_into(where: str, f, offset: int, out: np.ndarray, crc: int) -> int:
+    """Fill the contiguous array `out` with the file's bytes at `offset`; returns `crc`
+    continued over them (SessionError if the file ends first: it may have shrunk since
+    its size was checked)."""
     view = _bytes(out)
     f.seek(offset)
     done = 0
     while done < len(view):
-        got = f.readinto(view[done:])
+        got = f.readinto(view[done:done + READ_CHUNK])
         if not got:
             raise SessionError(f"{where}: file is truncated (it ended at byte "
                                f"{offset + done} while being read)")
+        crc = zlib.crc32(view[done:done + got], crc)
         done += got
+    return crc
 
 
 def _messages(where: str, chat: dict | None) -> list[dict]:

@@ -115,7 +115,7 @@ class ChatSession:
 
     @classmethod
     def load(cls, llm, path, parse_special: bool = False) -> ChatSession:
-        """The conversation saved at `path`, its cache mapped back in under a turn of the
+        """The conversation saved at `path`, its cache read back in under a turn of the
         model (SessionError, and the model unchanged, if the file is bad or belongs to
         another model or setup)."""
         from .errors import SessionError

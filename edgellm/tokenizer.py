@@ -176,13 +176,14 @@ class Tokenizer:
                 specials = {t.content: (i, t) for i, t in
                             self._tok.get_added_tokens_decoder().items()
                             if t.special and t.content}
-                aliases = {}
-                for content, (i, t) in specials.items():
-                    alias = f"\ue000{nonce}.{i}\ue001"
-                    backend.add_tokens([tokenizers.AddedToken(
-                        alias, single_word=t.single_word, lstrip=t.lstrip, rstrip=t.rstrip,
-                        normalized=t.normalized, special=False)])
-                    aliases[content] = (alias, backend.token_to_id(alias), i)
+                names = {content: f"\ue000{nonce}.{i}\ue001"
+                         for content, (i, _) in specials.items()}
+                backend.add_tokens([tokenizers.AddedToken(  # at once: one matcher rebuilt
+                    names[content], single_word=t.single_word, lstrip=t.lstrip,
+                    rstrip=t.rstrip, normalized=t.normalized, special=False)
+                    for content, (_, t) in specials.items()])
+                aliases = {content: (alias, backend.token_to_id(alias), specials[content][0])
+                           for content, alias in names.items()}
                 backend.encode_special_tokens = True
                 pattern = re.compile("|".join(re.escape(c) for c in sorted(
                     specials, key=len, reverse=True))) if specials else None

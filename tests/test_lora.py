@@ -257,6 +257,20 @@ def test_malformed_configs_name_the_field(base, tmp_path, config, message):
     assert str(d / "adapter_config.json") in str(err.value) and "\n" not in str(err.value)
 
 
+def test_malformed_configs_through_the_command_line(base, tmp_path):
+    """One line naming the field, exit 1, for the cases that raised untyped errors."""
+    for i, (config, words) in enumerate((
+            ({"target_modules": "model.(layers"}, "'target_modules'"),
+            ({"rank_pattern": {"q_proj": 0}}, "'rank_pattern': 'q_proj' maps to 0"),
+            ({"layers_to_transform": "0"}, "'layers_to_transform' is '0'"))):
+        d = edited(tmp_path / str(i), config)
+        r = subprocess.run([sys.executable, "-m", "edgellm", "generate", "-m",
+                            str(base("llama")), "-p", "x", "-n", "1", "--lora", str(d)],
+                           cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert words in r.stderr and "Traceback" not in r.stderr
+
+
 def test_deeply_nested_config_and_header_are_adapter_errors(base, tmp_path):
     """JSON nested deeper than the parser recurses: RecursionError before."""
     d = edited(tmp_path, {"lora_dropout": 0.0})

@@ -218,8 +218,8 @@ class SlotLLM(LLM):
     def constraint_engine(self):
         return self.parent.constraint_engine
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
-        return self.parent.apply_chat_template(messages, add_generation_prompt, **kwargs)
+    def _chat_text(self, *args, **kwargs):  # apply_chat_template, encode_chat: the parent's
+        return self.parent._chat_text(*args, **kwargs)
 
     def embed(self, *args, **kwargs):
         raise ClosedError("a slot generates; embeddings run on the batch (Batch.call)")

@@ -21,9 +21,10 @@ class ChatSession:
     ClosedError.
     """
 
-    def __init__(self, llm, system: str | None = None):
+    def __init__(self, llm, system: str | None = None, parse_special: bool = False):
         self.llm = llm
         self.system = system
+        self.parse_special = parse_special  # special-token text in messages: tokens, not text
         self.messages = [{"role": "system", "content": system}] if system else []
         self.cached_text = ""  # the text the model's cache holds (if it holds our tokens)
         self.last_prefill_tokens = 0
@@ -37,14 +38,17 @@ class ChatSession:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
         self.cached_text = ""
 
-    def _new_tokens(self, text: str, turn) -> list[int]:
-        """The ids to prefill so that the cache holds `text` (under `turn`)."""
-        model, tok = self.llm._model(), self.llm.tokenizer
+    def _new_tokens(self, text: str, literal: list[tuple[int, int]], turn) -> list[int]:
+        """The ids to prefill so that the cache holds `text` (under `turn`), the special
+        tokens' text inside the `literal` spans read as text."""
+        model, llm = self.llm._model(), self.llm
         if turn.previous_owner is not self:  # another generation used the cache since
             self.cached_text = ""
         if self.cached_text and text.startswith(self.cached_text) and model.tokens:
-            return tok.encode(text[len(self.cached_text):])
-        ids = tok.encode(text)
+            cut = len(self.cached_text)
+            return llm._encode(text[cut:], literal=[(a - cut, b - cut) for a, b in literal
+                                                    if a >= cut])
+        ids = llm._encode(text, literal=literal)
         common = 0
         for a, b in zip(model.tokens, ids):
             if a != b:
@@ -60,11 +64,11 @@ class ChatSession:
         blocking, timeout: as LLM.stream."""
         arguments.text(message, "message")
         llm = self.llm
-        text = llm.apply_chat_template(self.messages + [{"role": "user", "content": message}],
-                                       add_generation_prompt=True)
+        text, literal = llm._chat_text(self.messages + [{"role": "user", "content": message}],
+                                       True, self.parse_special)
         turn = llm.lifetime.acquire(blocking, timeout, owner=self)
         try:
-            ids = self._new_tokens(text, turn)
+            ids = self._new_tokens(text, literal, turn)
             chunks = llm.stream_ids(ids, keep_cache=True, _turn=turn, **sampling)
         except BaseException:
             llm.lifetime.release(turn)
@@ -110,14 +114,14 @@ class ChatSession:
             save_session(self.llm, path, {"system": self.system, "messages": self.messages})
 
     @classmethod
-    def load(cls, llm, path) -> ChatSession:
-        """The conversation saved at `path`, its cache mapped back in under a turn of the
+    def load(cls, llm, path, parse_special: bool = False) -> ChatSession:
+        """The conversation saved at `path`, its cache read back in under a turn of the
         model (SessionError, and the model unchanged, if the file is bad or belongs to
         another model or setup)."""
         from .errors import SessionError
         from .session import apply, read_session
 
-        chat = cls(llm)
+        chat = cls(llm, parse_special=parse_special)
         with llm.lifetime.exclusive(owner=chat):
             saved = read_session(llm, path)
             system = (saved.chat or {}).get("system")

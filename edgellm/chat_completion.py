@@ -3,7 +3,7 @@
     llm.create_chat_completion(messages, tools=None, tool_choice=None, response_format=None,
                                stream=False, max_tokens=None, stop=(), enable_thinking=None,
                                chat_template_kwargs=None, max_reasoning_tokens=None,
-                               parallel_tool_calls=True, **sampling)
+                               parallel_tool_calls=True, parse_special=False, **sampling)
 
 returns {"id", "object": "chat.completion", "created", "model", "choices": [{"index": 0,
 "message": {"role": "assistant", "content", "tool_calls"?, "reasoning_content"?},
@@ -16,7 +16,8 @@ Everything is checked, the prompt rendered and the constraint compiled before th
 token (errors raise at the call, also with stream=True). A generation may run in phases on
 one KV cache: thinking free, then the answer under the constraint (response_format or a
 tool call); max_reasoning_tokens closes the thinking block by writing "</think>" for the
-model.
+model. Special-token text inside the messages (and tools) is tokenized as text, so that
+no message can forge a turn; parse_special=True reads it as the tokens (LLM.encode_chat).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
         raise ArgumentError("chat_template_kwargs must be a dict or None, got "
                             f"{type(chat_template_kwargs).__name__}")
     stop = arguments.stops(stop)
+    parse_special = arguments.flag(sampling.pop("parse_special", False), "parse_special")
     # the sampling arguments as stream_ids will take them: refused here, at the call (a
     # stream's first chunk would otherwise come before its error)
     wait = {k: sampling[k] for k in ("blocking", "timeout") if k in sampling}
@@ -81,8 +83,9 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
     msgs = tool_calls.prepare_messages(messages, use_tools, fmt)
     if use_tools and fmt != "generic":
         kwargs["tools"] = use_tools
-    text = llm.apply_chat_template(msgs, add_generation_prompt=True, **kwargs)
-    ids = llm._encode(text)  # the template wrote the special tokens
+    # the template's special tokens are tokens; the messages' are text unless parse_special
+    text, literal = llm._chat_text(msgs, True, parse_special, **kwargs)
+    ids = llm._encode(text, literal=literal)
     spec = spec_from(response_format=response_format)
     if use_tools:
         if spec is not None and mode == "required":

@@ -31,6 +31,7 @@ import functools
 import json
 import math
 import re
+import secrets
 import sys
 import threading
 import time
@@ -248,6 +249,27 @@ def memory_cap(extra_bytes: int) -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
+def _map_strings(value: Any, fn) -> Any:
+    """value with fn applied to every str in it (dict values, list and tuple items)."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {k: _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def _any_string(value: Any, test) -> bool:
+    if isinstance(value, str):
+        return bool(test(value))
+    if isinstance(value, Mapping):
+        return any(_any_string(v, test) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_any_string(v, test) for v in value)
+    return False
+
+
 def _special_value(value: Any) -> Any:
     """tokenizer_config stores a token as a string or {"content": ...}; lists of either."""
     if isinstance(value, Mapping) and "content" in value:
@@ -306,6 +328,60 @@ class ChatTemplate:
         """
         with self._lock:
             return self._render(messages, add_generation_prompt, tools, documents, extra)
+
+    def render_literal(self, messages: Sequence[Mapping[str, Any]], specials: Sequence[str],
+                       add_generation_prompt: bool = True,
+                       tools: Sequence[Mapping[str, Any]] | None = None,
+                       documents: Sequence[Mapping[str, Any]] | None = None,
+                       **extra: Any) -> tuple[str, list[tuple[int, int]]]:
+        """render(), and the spans [(start, end), ...] of the output where the text of a
+        special token (one of `specials`) came from the caller's strings (messages, tools,
+        documents, extra) rather than from the template: what the tokenizer must read as
+        text. The text is render()'s exactly.
+
+        How: each special token in the caller's strings is replaced by a unique marker
+        before rendering and put back after, its span noted."""
+        specials, found = self._special_pattern(tuple(specials))
+        inputs = (messages, tools, documents, extra)
+        try:
+            if found is None or not _any_string(inputs, found.search):
+                return self.render(messages, add_generation_prompt, tools, documents,
+                                   **extra), []
+            nonce = secrets.token_hex(8)
+            index = {s: i for i, s in enumerate(specials)}
+
+            def mark(text: str) -> str:
+                return found.sub(lambda m: f"\ue000{nonce}.{index[m.group(0)]}\ue001", text)
+
+            messages, tools, documents, extra = _map_strings(inputs, mark)
+        except RecursionError:
+            raise TemplateError("messages are nested too deeply to render") from None
+        text = self.render(messages, add_generation_prompt, tools, documents, **extra)
+        # the marker as it is, or as JSON with ensure_ascii writes it
+        marker = re.compile(rf"\ue000{nonce}\.(\d+)\ue001|\\ue000{nonce}\.(\d+)\\ue001")
+        out, spans, last, at = [], [], 0, 0
+        for m in marker.finditer(text):
+            token = specials[int(m.group(1) or m.group(2))]
+            out += [text[last:m.start()], token]
+            at += m.start() - last
+            spans.append((at, at + len(token)))
+            at += len(token)
+            last = m.end()
+        out.append(text[last:])
+        text = "".join(out)
+        if nonce in text.lower():
+            raise TemplateError("the chat template changed a message's text around a special "
+                                "token in a way edgellm cannot follow (parse_special=True "
+                                "reads every special token's text as the token)")
+        return text, spans
+
+    @functools.lru_cache(maxsize=4)  # noqa: B019 (templates live as long as their model)
+    def _special_pattern(self, specials: tuple[str, ...]):
+        """specials longest first (leftmost-longest, as the tokenizer matches), and a
+        pattern finding any of them (None if there are none)."""
+        specials = sorted({s for s in specials if s}, key=len, reverse=True)
+        return specials, (re.compile("|".join(re.escape(s) for s in specials))
+                          if specials else None)
 
     def _render(self, messages, add_generation_prompt, tools, documents, extra) -> str:
         env = self._env

@@ -20,7 +20,7 @@ normalize: v / max(||v||, 1e-12), as torch.nn.functional.normalize.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -167,8 +167,13 @@ def _check_text(text, name: str = "text") -> str:
 
 
 def _check_texts(texts) -> list[str]:
-    if isinstance(texts, (bytes, bytearray)) or not isinstance(texts, Sequence) and \
-            not hasattr(texts, "__iter__"):
-        raise ArgumentError(f"texts must be a string or a list of strings, got "
-                            f"{type(texts).__name__}")
+    """A list or tuple of str. Anything else is refused by type rather than iterated: a
+    dict would embed its keys, a set in no stated order, a generator be used up by the
+    check; bytes need decoding."""
+    if not isinstance(texts, (list, tuple)):
+        hint = (" (decode bytes to str first)" if isinstance(texts, (bytes, bytearray))
+                else "" if isinstance(texts, Mapping) or not hasattr(texts, "__iter__")
+                else " (pass a list of its texts)")
+        raise ArgumentError(f"texts must be a str or a list of str, got "
+                            f"{type(texts).__name__}{hint}")
     return [_check_text(t, f"texts[{i}]") for i, t in enumerate(texts)]

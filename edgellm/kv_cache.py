@@ -230,7 +230,7 @@ class KVCache:
 
     def adopt(self, k_all, v_all, st: CacheState) -> None:
         """Use the arrays k_all, v_all [slots, n_kv, width] (every layer's slots in order, as
-        the cache's own; e.g. mapped from a session file) in place of the cache's own,
+        the cache's own; e.g. read from a session file) in place of the cache's own,
         holding `st` (whose k/v are ignored)."""
         self.k_all, self.v_all = k_all, v_all
         for layer, (lk, lv, _), pos, written in zip(self.layers, self._parts(k_all, v_all),

@@ -191,9 +191,28 @@ class LLM:
 
     def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool = True,
                             **kwargs) -> str:
-        """The prompt string for chat `messages`, as transformers' apply_chat_template."""
+        """The prompt string for chat `messages`, as transformers' apply_chat_template.
+        (Its special-token text is the template's and the messages' alike: encode_chat
+        tokenizes the messages' as text.)"""
+        return self._chat_text(messages, add_generation_prompt, True, **kwargs)[0]
+
+    def encode_chat(self, messages: Sequence[dict], add_generation_prompt: bool = True,
+                    parse_special: bool = False, **kwargs) -> list[int]:
+        """The token ids of chat `messages` with the chat template applied. The template's
+        special tokens (<|im_start|>...) are control tokens; the same text inside the
+        messages (their content, names, tools...) is tokenized as text, so that no message
+        can forge a turn, unless parse_special=True (text the caller means as tokens)."""
+        text, literal = self._chat_text(messages, add_generation_prompt, parse_special,
+                                        **kwargs)
+        return self._encode(text, literal=literal)
+
+    def _chat_text(self, messages, add_generation_prompt: bool, parse_special: bool,
+                   **kwargs) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered chat and the spans of special-token text in it that came from the
+        messages (none with parse_special): ChatTemplate.render_literal."""
         self.lifetime.check()
         arguments.flag(add_generation_prompt, "add_generation_prompt")
+        parse_special = arguments.flag(parse_special, "parse_special")
         if isinstance(messages, (str, bytes, bytearray)) or not isinstance(messages, Sequence):
             raise arguments.ArgumentError(f"messages must be a list of dicts, got "
                                           f"{type(messages).__name__}")
@@ -211,20 +230,27 @@ class LLM:
             except TemplateError as e:
                 raise TemplateError(f"{self.packed.path}: {e}") from None
         try:
-            return self._template.render(messages, add_generation_prompt=add_generation_prompt,
-                                         **kwargs)
+            if parse_special:
+                return self._template.render(
+                    messages, add_generation_prompt=add_generation_prompt, **kwargs), []
+            return self._template.render_literal(
+                messages, self.tokenizer.special_texts,
+                add_generation_prompt=add_generation_prompt, **kwargs)
         except TemplateError as e:
             raise TemplateError(f"{self.packed.path}: {e}") from None
 
-    def encode_prompt(self, prompt) -> list[int]:
-        """A prompt -> ids: a string (special tokens added as the tokenizer says), chat
-        messages (the template applied), or token ids as they are."""
+    def encode_prompt(self, prompt, parse_special: bool = False) -> list[int]:
+        """A prompt -> ids: a string (special tokens added as the tokenizer says, and its
+        special-token text read as tokens: the caller wrote it), chat messages (encode_chat:
+        the template applied; special-token text in the messages read as text unless
+        parse_special), or token ids as they are."""
         self.lifetime.check()
+        parse_special = arguments.flag(parse_special, "parse_special")
         if isinstance(prompt, str):
             return self._encode(prompt, add_special_tokens=True)
         if isinstance(prompt, (list, tuple)) and prompt \
                 and all(isinstance(m, dict) for m in prompt):
-            return self._encode(self.apply_chat_template(prompt))
+            return self.encode_chat(prompt, parse_special=parse_special)
         if isinstance(prompt, (list, tuple, np.ndarray)):
             return arguments.token_ids(prompt, self.args.vocab_size, "prompt token ids")
         raise arguments.ArgumentError(
@@ -233,9 +259,12 @@ class LLM:
             + (" (decode bytes to str first)" if isinstance(prompt, (bytes, bytearray))
                else ""))
 
-    def _encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+    def _encode(self, text: str, add_special_tokens: bool = False,
+                literal: Sequence[tuple[int, int]] = ()) -> list[int]:
+        """text -> ids, special-token text inside the `literal` spans read as text."""
         text = arguments.text(text, "prompt")
         ids = native(self.tokenizer.encode, text, add_special_tokens=add_special_tokens,
+                     literal=literal,
                      error=lambda m: TokenizerError(f"{self.packed.path}: the tokenizer "
                                                     f"failed: {m}"))
         return self._in_vocab(ids)
@@ -280,8 +309,8 @@ class LLM:
     def create_chat_completion(self, messages, **kwargs):
         """OpenAI's chat.completion dict for chat `messages` (chat.completion.chunk dicts
         with stream=True). kwargs: tools, tool_choice, response_format, stream, max_tokens,
-        stop, enable_thinking, chat_template_kwargs, max_reasoning_tokens and sampling (see
-        edgellm/chat_completion.py)."""
+        stop, enable_thinking, chat_template_kwargs, max_reasoning_tokens, parse_special
+        (see encode_chat) and sampling (see edgellm/chat_completion.py)."""
         from .chat_completion import create_chat_completion
 
         return create_chat_completion(self, messages, **kwargs)
@@ -338,24 +367,34 @@ class LLM:
                    constraint)))
 
     def _naming_the_file(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
-        """`chunks`, with NaN or infinite logits (corrupt weights) blamed on the file."""
+        """`chunks`, with NaN or infinite logits blamed on the LoRA adapters when some are
+        active (the base's weights are checksummed, an adapter's size is not), else on
+        the model file (corrupt weights)."""
         try:
             yield from chunks
         except NonFiniteLogitsError as e:
+            what = str(e).replace("logits contain ", "")
+            active = [path for path, scale in self.lora if scale != 0.0]
+            if active:
+                raise NonFiniteLogitsError(
+                    f"{', '.join(active)}: the model computed {what} logits with this LoRA "
+                    f"adapter{'s' if len(active) > 1 else ''}: its weights are probably too "
+                    "large (try without it: set_lora(None), no --lora)") from None
             raise NonFiniteLogitsError(
-                f"{self.packed.path}: the model computed {str(e).replace('logits contain ', '')}"
-                " logits: its weights are probably corrupt (edgellm info --verify checks "
-                "them)") from None
+                f"{self.packed.path}: the model computed {what} logits: its weights are "
+                "probably corrupt (edgellm info --verify checks them)") from None
 
-    def stream(self, prompt, **kwargs) -> Stream[Chunk]:
+    def stream(self, prompt, parse_special: bool = False, **kwargs) -> Stream[Chunk]:
         """Stream the continuation of `prompt` (str, chat messages or ids) as Chunks with
         .text and .token; the last also has .finish_reason and .stats. kwargs: max_tokens,
         stop, shift, temperature, top_k, top_p, min_p, repetition_penalty,
         presence_penalty, frequency_penalty, logit_bias, seed; one constraint of
         response_format, json_schema, regex, grammar (Lark or GBNF), choices; blocking,
-        timeout (waiting for another thread's generation). The stream holds the model until
-        it is exhausted or closed: README "Threads and lifetimes"."""
-        return self.stream_ids(self.encode_prompt(prompt), **kwargs)
+        timeout (waiting for another thread's generation); parse_special: chat messages'
+        special-token text read as the tokens (default: as text; see encode_chat). The
+        stream holds the model until it is exhausted or closed: README "Threads and
+        lifetimes"."""
+        return self.stream_ids(self.encode_prompt(prompt, parse_special), **kwargs)
 
     def generate(self, prompt, **kwargs) -> str:
         """The whole continuation of `prompt` as one string (see `stream`)."""
@@ -390,14 +429,15 @@ class LLM:
             self._embedder = Embedder(self)
         return self._embedder
 
-    def chat(self, system: str | None = None):
-        """A multi-turn ChatSession that keeps its KV cache across turns."""
+    def chat(self, system: str | None = None, parse_special: bool = False):
+        """A multi-turn ChatSession that keeps its KV cache across turns; parse_special:
+        its messages' special-token text read as the tokens (default: as text)."""
         from .chat import ChatSession
 
         self.lifetime.check()
         if system is not None:
             arguments.text(system, "system")
-        return ChatSession(self, system)
+        return ChatSession(self, system, arguments.flag(parse_special, "parse_special"))
 
     def save_session(self, path: str | os.PathLike, messages: Sequence[dict] | None = None):
         """Save the token ids and KV cache as they stand (and `messages`) to `path`

@@ -1,9 +1,9 @@
 """Sessions on disk: a model's token ids and KV cache as they stand (and a chat's messages),
-saved to one file and mapped back in.
+saved to one file and read back in.
 
 Layout (integers little-endian), as the model file's (format.py):
   0   8  magic b"EDGESESS"
-  8   4  format version (u32)
+  8   4  format version (u32): 2 (1 still loads)
   12  4  flags (u32, 0)
   16  8  header length in bytes (u64)
   24  32 sha256 of the header bytes
@@ -11,16 +11,20 @@ Layout (integers little-endian), as the model file's (format.py):
   64  .. header: UTF-8 JSON: the model's identity (its header's sha256 and file size), the
          cache's kv_type, context, per-layer slots/windows/write counts, next position,
          token ids, optional chat, and the three regions below with their crc32s
-  ..     regions, each at a 64-byte boundary: K and V (every layer's [cap, n_kv, width]
-         slots of the stored type, layer after layer; only written slots are written, the
-         rest is a hole that reads as zeros), then the slot positions (int64 [cap] per layer)
+  ..     regions, each at a 64-byte boundary: K and V (each layer's n = min(written, slots)
+         written slots [n, n_kv, width] of the stored type, layer after layer), then the
+         slot positions (int64 [n] per layer). So a file holds the positions in use, not
+         the whole context. (Version 1 stored every layer's [slots, ...] in full, the
+         unwritten part a hole, and [slots] positions per layer.)
 
 Saving writes a temporary file beside the target and renames it over the target. Loading
-checks everything (identity, cache type and context, sizes against the file length and
-against the model's shapes, checksums) before it changes anything, then maps the K and V
-regions copy-on-write (np.frombuffer over mmap.ACCESS_COPY) in place of the cache's own
-arrays: nothing is copied, pages are read as attention touches them, and new tokens write
-private pages. Any problem is a SessionError (one line) and the model stays as it was.
+checks the header (identity, cache type and context, sizes against the file length and
+against the model's shapes) before it reads, reads the regions into new arrays of the
+cache's shapes (anonymous memory: only what is read costs pages) and checks their
+checksums, all before it changes anything; the arrays then take the place of the cache's
+own. The loaded session owns its memory: the file may be truncated, overwritten or deleted
+afterwards without effect. Any problem is a SessionError (one line) and the model stays as
+it was.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import mmap
 import os
 import stat
 import struct
@@ -40,11 +43,12 @@ import numpy as np
 
 from . import arguments, output_file
 from .errors import ArgumentError, SessionError
-from .kv_cache import CacheState
+from .kv_cache import CacheState, lazy_zeros
 from .kv_types import KV_DTYPE
 
 MAGIC = b"EDGESESS"
-VERSION = 1
+VERSION = 2
+VERSIONS = (1, 2)  # what loads
 ALIGN = 64
 PREAMBLE = struct.Struct("<8sIIQ32s8s")  # 64 bytes
 MAX_HEADER_BYTES = 1 << 28
@@ -56,7 +60,7 @@ class Session:
 
     path: Path
     tokens: list[int]
-    state: CacheState  # positions and counts (k/v: the live slots of the mapped regions)
+    state: CacheState  # positions and counts (k/v: the live slots of the arrays below)
     k: np.ndarray  # [slots, n_kv, width]: every layer's slots in order (KVCache.k_all)
     v: np.ndarray
     chat: dict | None = None
@@ -83,18 +87,22 @@ def model_identity(llm) -> dict:
     return ident
 
 
-def _layout(cache) -> dict:
-    """The shapes a session of `cache` has: what a file must match, whatever it claims."""
+def _layout(cache, live: list[int], version: int = VERSION) -> dict:
+    """The regions a session of `cache` holding `live` [layers] written slots has: what a
+    file must match, whatever it claims. Per layer, where its slots start in the K (and V)
+    region and in the positions region, in slots."""
     layer = cache.layers[0]
     n_kv, width = layer.k.shape[1], layer.k.shape[2]
     item = KV_DTYPE[cache.kv_type].itemsize
-    slots = int(sum(int(c) for c in cache.caps))
+    stored = live if version >= 2 else [int(c) for c in cache.caps]
+    starts = np.concatenate([[0], np.cumsum(stored)[:-1]]).astype(int).tolist()
+    slots = int(sum(stored))
     kv_bytes = slots * n_kv * width * item
-    k_off = 0
     v_off = _align(kv_bytes)
     pos_off = v_off + _align(kv_bytes)
     return {"n_kv": n_kv, "width": width, "item": item, "kv_bytes": kv_bytes,
-            "k_offset": k_off, "v_offset": v_off, "pos_offset": pos_off,
+            "k_offset": 0, "v_offset": v_off, "pos_offset": pos_off, "starts": starts,
+            "counts": stored,
             "pos_bytes": slots * 8, "end": pos_off + slots * 8}
 
 
@@ -128,11 +136,12 @@ def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path
                                 f"list or None 'content', got {m!r:.60}")
     model = llm.model
     cache = model.cache
-    lay = _layout(cache)
     st = cache.state(copy=False)
     k_live = _live([layer.k for layer in cache.layers], st.written, cache.layers)
     v_live = _live([layer.v for layer in cache.layers], st.written, cache.layers)
-    pos = np.concatenate([layer.pos for layer in cache.layers]).astype("<i8")
+    pos = np.concatenate(_live([layer.pos for layer in cache.layers], st.written,
+                               cache.layers)).astype("<i8")
+    lay = _layout(cache, [p.shape[0] for p in k_live])
     header = {
         "model": model_identity(llm),
         "kv_type": cache.kv_type,
@@ -160,11 +169,9 @@ def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path
                                   b"\0" * 8))
             f.write(raw)
             for parts, off in ((k_live, lay["k_offset"]), (v_live, lay["v_offset"])):
-                start = data_start + off
-                for layer, part in zip(cache.layers, parts):  # unwritten slots: a hole
-                    f.seek(start)
+                f.seek(data_start + off)
+                for part in parts:  # layer after layer, the written slots only
                     f.write(_bytes(part))
-                    start += layer.cap * lay["n_kv"] * lay["width"] * lay["item"]
             f.seek(data_start + lay["pos_offset"])
             f.write(pos.tobytes())
             f.truncate(data_start + lay["end"])
@@ -201,9 +208,9 @@ def read_session(llm, path: str | os.PathLike) -> Session:
             if version > VERSION:
                 raise SessionError(f"{where}: written by a newer edgellm (session format "
                                    f"version {version}; this one reads {VERSION})")
-            if version != VERSION:
+            if version not in VERSIONS:
                 raise SessionError(f"{where}: session format version {version} is not "
-                                   f"supported (this edgellm reads {VERSION})")
+                                   f"supported (this edgellm reads {VERSIONS})")
             if hlen > min(MAX_HEADER_BYTES, st.st_size - PREAMBLE.size):
                 raise SessionError(f"{where}: header length {hlen} runs past the end of the "
                                    f"file ({st.st_size} bytes): truncated or corrupt")
@@ -211,10 +218,10 @@ def read_session(llm, path: str | os.PathLike) -> Session:
             if hashlib.sha256(raw).digest() != digest:
                 raise SessionError(f"{where}: header checksum mismatch: file is corrupt")
             header = _json(where, raw)
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if st.st_size else None
+            return _check(llm, where, header, version, f, _align(PREAMBLE.size + hlen),
+                          os.fstat(f.fileno()).st_size, path)
     except OSError as e:
         raise SessionError(f"{where}: cannot read: {e.strerror or e}") from None
-    return _check(llm, where, header, mm, _align(PREAMBLE.size + hlen), st.st_size, path)
 
 
 def _json(where: str, raw: bytes) -> dict:
@@ -239,7 +246,10 @@ def _field(where: str, obj, name: str, kind, lo: int | None = None, hi: int | No
     return v
 
 
-def _check(llm, where: str, header: dict, mm, data_start: int, size: int, path: Path) -> Session:
+def _check(llm, where: str, header: dict, version: int, f, data_start: int, size: int,
+           path: Path) -> Session:
+    """The session of a file whose header `header` checked out: the header's fields checked
+    against the model, then the regions read from `f` and checked against their crc32s."""
     model = llm.model
     cache = model.cache
     ident = model_identity(llm)
@@ -263,7 +273,6 @@ def _check(llm, where: str, header: dict, mm, data_start: int, size: int, path: 
     if not isinstance(layers, list) or len(layers) != len(cache.layers):
         raise SessionError(f"{where}: header field 'layers' does not match the model's "
                            f"{len(cache.layers)} layers: file is corrupt")
-    lay = _layout(cache)
     n_tokens = _field(where, header, "n_tokens", int, 0, 1 << 40)
     next_pos = _field(where, header, "next_pos", int, 0, 1 << 40)
     written = []
@@ -280,6 +289,8 @@ def _check(llm, where: str, header: dict, mm, data_start: int, size: int, path: 
         written.append(wr)
     if n_tokens > next_pos:
         raise SessionError(f"{where}: more tokens than positions: file is corrupt")
+    live = [min(wr, layer.cap) for wr, layer in zip(written, cache.layers)]
+    lay = _layout(cache, live, version)
     if _field(where, header, "n_kv", int) != lay["n_kv"] or \
             _field(where, header, "width", int) != lay["width"]:
         raise SessionError(f"{where}: its cache rows do not match the model's: file is corrupt")
@@ -302,38 +313,71 @@ def _check(llm, where: str, header: dict, mm, data_start: int, size: int, path: 
             raise SessionError(f"{where}: region {name!r} does not have the size the model's "
                                "cache needs: file is corrupt")
         crcs[name] = _field(where, r, "crc32", int, 0, 0xFFFFFFFF)
-    if mm is None or data_start + lay["end"] > size:
+    if data_start + lay["end"] > size:
         raise SessionError(f"{where}: file is truncated ({size} bytes, the cache needs "
                            f"{data_start + lay['end']})")
-    dtype = KV_DTYPE[kv_type]
-    slots = int(sum(int(c) for c in cache.caps))
-    count = slots * lay["n_kv"] * lay["width"]
-    k_all = np.frombuffer(mm, dtype=dtype, count=count, offset=data_start + lay["k_offset"])
-    v_all = np.frombuffer(mm, dtype=dtype, count=count, offset=data_start + lay["v_offset"])
-    pos_all = np.frombuffer(mm, dtype="<i8", count=slots, offset=data_start + lay["pos_offset"])
-    if zlib.crc32(pos_all.tobytes()) != crcs["pos"]:
+    k, v, stored_pos, got = _read_regions(where, f, cache, lay, live, data_start, kv_type)
+    if got["pos"] != crcs["pos"]:
         raise SessionError(f"{where}: checksum mismatch in the slot positions: file is corrupt")
-    pos_all = np.array(pos_all, dtype=np.int64)
-    if pos_all.size and (pos_all.min() < -1 or pos_all.max() >= max(next_pos, 1)):
+    pos = [p[:n].astype(np.int64) for p, n in zip(stored_pos, live)]
+    if any(p.size and (p.min() < -1 or p.max() >= max(next_pos, 1)) for p in pos):
         raise SessionError(f"{where}: slot positions out of range: file is corrupt")
-    ks, vs, ps, start = [], [], [], 0
-    per_slot = lay["n_kv"] * lay["width"]
-    for layer in cache.layers:
-        shape = (layer.cap, lay["n_kv"], lay["width"])
-        ks.append(k_all[start * per_slot:(start + layer.cap) * per_slot].reshape(shape))
-        vs.append(v_all[start * per_slot:(start + layer.cap) * per_slot].reshape(shape))
-        ps.append(pos_all[start:start + layer.cap])
-        start += layer.cap
-    for name, arrays in (("k", ks), ("v", vs)):
-        if _crc(_live(arrays, written, cache.layers)) != crcs[name]:
+    for name in ("k", "v"):
+        if got[name] != crcs[name]:
             raise SessionError(f"{where}: checksum mismatch in the {name.upper()} cache: "
                                "file is corrupt")
-    shape = (slots, lay["n_kv"], lay["width"])
-    k, v = k_all.reshape(shape), v_all.reshape(shape)
-    state = CacheState(_live(ks, written, cache.layers), _live(vs, written, cache.layers),
-                       _live(ps, written, cache.layers), written, next_pos, n_tokens)
+    ks = [k[start:start + n] for start, n in zip(cache.starts.tolist(), live)]
+    vs = [v[start:start + n] for start, n in zip(cache.starts.tolist(), live)]
+    state = CacheState(ks, vs, pos, written, next_pos, n_tokens)
     messages = _messages(where, chat)
     return Session(path, list(tokens), state, k, v, chat, messages)
+
+
+def _read_regions(where: str, f, cache, lay: dict, live: list[int], data_start: int,
+                  kv_type: str):
+    """K, V [slots, n_kv, width] (the cache's shapes, new anonymous memory: only the read
+    slots cost pages) holding each layer's `live` slots read from the file, each layer's
+    stored positions ([live]; version 1: [slots], unwritten ones -1), and the crc32 of
+    what was read of each region {"k", "v", "pos"} (as the header's cover them)."""
+    slots = int(sum(int(c) for c in cache.caps))
+    shape = (slots, lay["n_kv"], lay["width"])
+    dtype = KV_DTYPE[kv_type]
+    k, v = lazy_zeros(shape, dtype), lazy_zeros(shape, dtype)
+    per_slot = lay["n_kv"] * lay["width"] * lay["item"]
+    crcs = {}
+    for name, arr, off in (("k", k, lay["k_offset"]), ("v", v, lay["v_offset"])):
+        crc = 0
+        for start, stored, n in zip(cache.starts.tolist(), lay["starts"], live):
+            crc = _read_into(where, f, data_start + off + stored * per_slot,
+                             arr[start:start + n], crc)
+        crcs[name] = crc
+    pos, crc = [], 0
+    for stored, n in zip(lay["starts"], lay["counts"]):
+        p = np.empty(n, "<i8")
+        crc = _read_into(where, f, data_start + lay["pos_offset"] + stored * 8, p, crc)
+        pos.append(p)
+    crcs["pos"] = crc
+    return k, v, pos, crcs
+
+
+READ_CHUNK = 1 << 20  # read and checksum a chunk while it is in the cache
+
+
+def _read_into(where: str, f, offset: int, out: np.ndarray, crc: int) -> int:
+    """Fill the contiguous array `out` with the file's bytes at `offset`; returns `crc`
+    continued over them (SessionError if the file ends first: it may have shrunk since
+    its size was checked)."""
+    view = _bytes(out)
+    f.seek(offset)
+    done = 0
+    while done < len(view):
+        got = f.readinto(view[done:done + READ_CHUNK])
+        if not got:
+            raise SessionError(f"{where}: file is truncated (it ended at byte "
+                               f"{offset + done} while being read)")
+        crc = zlib.crc32(view[done:done + got], crc)
+        done += got
+    return crc
 
 
 def _messages(where: str, chat: dict | None) -> list[dict]:
@@ -353,7 +397,8 @@ def _is_message(m) -> bool:
 
 
 def apply(llm, session: Session) -> None:
-    """Put a checked session into the model: its arrays mapped in, its ids and positions."""
+    """Put a checked session into the model: its arrays in place of the cache's, its ids
+    and positions."""
     model = llm.model
     model.cache.adopt(session.k, session.v, session.state)
     model.tokens[:] = session.tokens

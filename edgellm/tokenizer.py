@@ -7,12 +7,22 @@ generation_config.json) and behaves like transformers' fast tokenizer:
   tokenizer.json post-processor unless tokenizer_config sets `add_bos_token` /
   `add_eos_token`, in which case the result is `[bos]? + ids + [eos]?`, as transformers'
   `update_post_processor` rebuilds it.
+- `encode(text, literal=spans)` tokenizes the special tokens' text inside the spans as text
+  (as llama.cpp's parse_special=false does for user text), in context with its
+  neighbours; special tokens elsewhere stay control tokens. How: a copy of the tokenizer in
+  which each special token has an alias, a non-special added token with the same matching
+  flags; outside the spans each special token is written as its alias, and the text is
+  encoded with `encode_special_tokens` (special tokens not split off: BPE'd as text).
 - `decode` never applies `clean_up_tokenization_spaces`: transformers (>= 5.7) skips it for
   BPE tokenizers, which every model we run uses.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+import secrets
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 
 import tokenizers
@@ -78,6 +88,8 @@ class Tokenizer:
         eos.update(i for i in _as_id_list(gen.get("eos_token_id")) if 0 <= i < self.vocab_size)
         self.eos_ids: frozenset[int] = frozenset(eos)
 
+        self._literal = None  # (backend with aliases, pattern, alias ids -> ids): on first use
+        self._literal_lock = threading.Lock()
         self._add_bos = config.get("add_bos_token")
         self._add_eos = config.get("add_eos_token")
         if self._add_bos and self.bos_id is None:
@@ -129,8 +141,20 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """text -> ids [n]. Special-token text in `text` always maps to its id."""
+    @functools.cached_property
+    def special_texts(self) -> tuple[str, ...]:
+        """The text of every special (control) token: added tokens marked special."""
+        return tuple(t.content for t in self._tok.get_added_tokens_decoder().values()
+                     if t.special and t.content)
+
+    def encode(self, text: str, add_special_tokens: bool = False,
+               literal: Sequence[tuple[int, int]] = ()) -> list[int]:
+        """text -> ids [n]. Special-token text in `text` maps to its id, except inside the
+        `literal` spans [(start, end), ...] of text, where it is tokenized as text."""
+        if literal:
+            if add_special_tokens:
+                raise ValueError("literal spans are for text without added special tokens")
+            return self._encode_literal(text, literal)
         if add_special_tokens and (self._add_bos is not None or self._add_eos is not None):
             ids = self._tok.encode(text, add_special_tokens=False).ids
             if self._add_bos:
@@ -139,6 +163,50 @@ class Tokenizer:
                 ids.append(self.eos_id)
             return ids
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def _literal_backend(self):
+        """(a copy of the backend with a non-special alias for each special token, a
+        pattern finding special tokens, {alias id: the special token's id})."""
+        with self._literal_lock:
+            if self._literal is None:
+                backend = tokenizers.Tokenizer.from_str(self._tok.to_str())
+                backend.no_truncation()
+                backend.no_padding()
+                nonce = secrets.token_hex(8)  # an alias no text can contain by chance
+                specials = {t.content: (i, t) for i, t in
+                            self._tok.get_added_tokens_decoder().items()
+                            if t.special and t.content}
+                names = {content: f"\ue000{nonce}.{i}\ue001"
+                         for content, (i, _) in specials.items()}
+                backend.add_tokens([tokenizers.AddedToken(  # at once: one matcher rebuilt
+                    names[content], single_word=t.single_word, lstrip=t.lstrip,
+                    rstrip=t.rstrip, normalized=t.normalized, special=False)
+                    for content, (_, t) in specials.items()])
+                aliases = {content: (alias, backend.token_to_id(alias), specials[content][0])
+                           for content, alias in names.items()}
+                backend.encode_special_tokens = True
+                pattern = re.compile("|".join(re.escape(c) for c in sorted(
+                    specials, key=len, reverse=True))) if specials else None
+                self._literal = (backend, pattern, aliases)
+            return self._literal
+
+    def _encode_literal(self, text: str, literal: Sequence[tuple[int, int]]) -> list[int]:
+        backend, pattern, aliases = self._literal_backend()
+        if pattern is None:
+            return self.encode(text)
+        inside = sorted(literal)
+        out, last, k = [], 0, 0
+        for m in pattern.finditer(text):
+            while k < len(inside) and inside[k][1] <= m.start():
+                k += 1
+            if k < len(inside) and inside[k][0] <= m.start() and m.end() <= inside[k][1]:
+                continue  # content: stays text, BPE'd with its neighbours
+            out += [text[last:m.start()], aliases[m.group(0)][0]]
+            last = m.end()
+        out.append(text[last:])
+        back = {alias_id: i for _, alias_id, i in aliases.values()}
+        return [back.get(i, i) for i in backend.encode("".join(out),
+                                                       add_special_tokens=False).ids]
 
     def encode_truncated(self, texts: Sequence[str], max_length: int) -> list[list[int]]:
         """Each text -> ids with special tokens, at most max_length of them, as transformers'

@@ -290,3 +290,20 @@ def test_embed_command(packed, tmp_path):
     r = _cli("perplexity", "-m", model, "-f", tmp_path / "t.txt", "--ctx", "64")
     assert r.returncode == 1 and b"encoder" in r.stderr.splitlines()[-1], r.stderr
     assert not (TINY / "bert-tiny").exists()  # the decoder fixtures' loops never see these
+
+
+def test_texts_of_a_wrong_type_are_refused_not_iterated(packed):
+    """A dict embedded its keys, a set its members in no stated order, a generator was
+    used up: each is now an ArgumentError naming the type; a nested list names its item."""
+    with edgellm.load(packed("bert-tiny")) as llm:
+        one = llm.embed(["a"])
+        for bad, words in (({"a": 1}, "got dict"), ({"a", "b"}, "got set"),
+                           ((t for t in ["a"]), "got generator"), (b"a", "decode bytes"),
+                           (bytearray(b"a"), "decode bytes"), (5, "got int"),
+                           (None, "got NoneType"), ({"a": 1}.keys(), "got dict_keys"),
+                           ([["a"]], r"texts\[0\] must be a str"),
+                           (["a", b"b"], r"texts\[1\] must be a str")):
+            with pytest.raises(ArgumentError, match=words):
+                llm.embed(bad)
+        assert np.array_equal(llm.embed(("a",)), one)  # a tuple is a list of texts
+        assert llm.embed([]).shape == (0, llm.args.hidden_size)

@@ -230,6 +230,107 @@ def test_refused_adapters(base, tmp_path, config, tensors, message):
         assert llm.lora == [(str(LORA / "llama"), 1.0)]
 
 
+@pytest.mark.parametrize("config,message", [
+    ({"target_modules": "model.(layers"}, "'target_modules': 'model.\\(layers' is not a valid "
+                                          "regular expression"),
+    ({"rank_pattern": {"q_proj[": 4}}, "'rank_pattern': .*q_proj\\[.* not a valid regular"),
+    ({"alpha_pattern": {"*": 4}}, "'alpha_pattern': .* not a valid regular expression"),
+    ({"rank_pattern": {"q_proj": 0}}, "'rank_pattern': 'q_proj' maps to 0, expected an "
+                                      "integer >= 1"),
+    ({"rank_pattern": {"q_proj": 2.5}}, "'rank_pattern': 'q_proj' maps to 2.5"),
+    ({"r": 0}, "'r' is 0, expected an integer >= 1"),
+    ({"alpha_pattern": {"q_proj": "8"}}, "'alpha_pattern': 'q_proj' maps to '8', expected a "
+                                         "finite number"),
+    ({"layers_to_transform": "0"}, "'layers_to_transform' is '0', expected a layer index"),
+    ({"layers_to_transform": {"0": 1}}, "'layers_to_transform' is .*expected a layer index"),
+    ({"layers_to_transform": [0, "1"]}, "'layers_to_transform' is .*expected a layer index"),
+    ({"target_modules": ["q_proj", 5]}, "'target_modules' is .*expected a list of module"),
+    ({"use_rslora": "yes"}, "'use_rslora' is 'yes', expected true or false"),
+    ({"rank_pattern": ["q_proj"]}, "'rank_pattern' must map module patterns to ranks"),
+])
+def test_malformed_configs_name_the_field(base, tmp_path, config, message):
+    """Each field of adapter_config.json checked before use: an invalid regex was re.error,
+    a rank of 0 in rank_pattern ZeroDivisionError, a str layers_to_transform TypeError."""
+    d = edited(tmp_path, config)
+    with pytest.raises(AdapterError, match=message) as err:
+        edgellm.load(base("llama"), lora=d)
+    assert str(d / "adapter_config.json") in str(err.value) and "\n" not in str(err.value)
+
+
+def test_malformed_configs_through_the_command_line(base, tmp_path):
+    """One line naming the field, exit 1, for the cases that raised untyped errors."""
+    for i, (config, words) in enumerate((
+            ({"target_modules": "model.(layers"}, "'target_modules'"),
+            ({"rank_pattern": {"q_proj": 0}}, "'rank_pattern': 'q_proj' maps to 0"),
+            ({"layers_to_transform": "0"}, "'layers_to_transform' is '0'"))):
+        d = edited(tmp_path / str(i), config)
+        r = subprocess.run([sys.executable, "-m", "edgellm", "generate", "-m",
+                            str(base("llama")), "-p", "x", "-n", "1", "--lora", str(d)],
+                           cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_deeply_nested_config_and_header_are_adapter_errors(base, tmp_path):
+    """JSON nested deeper than the parser recurses: RecursionError before."""
+    d = edited(tmp_path, {"lora_dropout": 0.0})
+    deep = "[" * 100_000 + "]" * 100_000
+    (d / "adapter_config.json").write_text('{"r": 4, "x": ' + deep + "}")
+    with pytest.raises(AdapterError, match="nested too deeply"):
+        edgellm.load(base("llama"), lora=d)
+    d = edited(tmp_path / "2")
+    header = ('{"x": ' + deep + "}").encode()
+    (d / "adapter_model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(AdapterError, match="nested too deeply"):
+        edgellm.load(base("llama"), lora=d)
+    r = subprocess.run([sys.executable, "-m", "edgellm", "generate", "-m", str(base("llama")),
+                        "-p", "x", "-n", "1", "--lora", str(d)], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "nested too deeply" in r.stderr
+
+
+def test_huge_adapter_weights_are_blamed_on_the_adapter(base, tmp_path):
+    """Finite weights beyond float16's range (the fused step's storage): NaN logits, which
+    named the model file ("its weights are probably corrupt"). Now refused at load, naming
+    the adapter and the module; as is a scale that takes sane weights there."""
+    d = edited(tmp_path, tensors=lambda t: {k: v * np.float32(1e30) if ".lora_B" in k else v
+                                            for k, v in t.items()})
+    for quant in ("f32", "q8_0"):  # the per-operation path and the fused step
+        with pytest.raises(AdapterError, match=r"model.layers.0.mlp.down_proj: lora_B "
+                                               r"reaches .*e\+2\d, beyond the 65504") as err:
+            edgellm.load(base("llama", quant), lora=d)
+        assert str(err.value).startswith(str(d)) and str(base("llama", quant)) not in \
+            str(err.value)
+    with edgellm.load(base("llama")) as llm:
+        with pytest.raises(AdapterError, match=r"lora_A \(scaled\) reaches .* at scale 1e\+09"):
+            llm.set_lora([(LORA / "llama", 1e9)])
+        assert llm.lora == []
+        llm.set_lora([(LORA / "llama", 1e3)])  # large, still in range: runs
+        llm.generate([5, 6, 7], max_tokens=2, temperature=0)
+    r = subprocess.run([sys.executable, "-m", "edgellm", "generate", "-m",
+                        str(base("llama", "q8_0")), "-p", "x", "-n", "2", "--lora", str(d)],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert str(d) in r.stderr and "down_proj: lora_B" in r.stderr
+
+
+def test_non_finite_logits_with_an_adapter_name_the_adapter(base):
+    """NaN logits while adapters are active name the adapters, not the model file."""
+    from edgellm.errors import NonFiniteLogitsError
+
+    with edgellm.load(base("llama"), lora=LORA / "llama") as llm:
+        deltas = dict(llm.model.lora)
+        w = sorted(deltas)[0]
+        deltas[w] = Delta(np.full_like(deltas[w].A, np.nan), deltas[w].BT)
+        llm.model.set_lora(deltas)  # what no check sees: an overflow at run time
+        with pytest.raises(NonFiniteLogitsError) as err:
+            llm.generate([5, 6, 7], max_tokens=2, temperature=0)
+        message = str(err.value)
+        assert message.startswith(str(LORA / "llama") + ": ") and "with this LoRA adapter" \
+            in message and str(base("llama")) not in message and "\n" not in message
+
+
 def test_adapter_name_in_tensor_names(base, tmp_path):
     d = edited(tmp_path, tensors=lambda t: {k.replace(".weight", ".default.weight"): v
                                             for k, v in t.items()})

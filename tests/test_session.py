@@ -64,16 +64,152 @@ def test_round_trip_in_a_fresh_process_continues_token_for_token(converted, tmp_
     assert json.loads(done.stdout) == want
 
 
-def test_loading_maps_the_file_instead_of_copying(converted, tmp_path):
+AFTERWARDS = r"""
+import json, os, sys
+from edgellm.llm import LLM
+out = []
+for model, kv_type, session, change in json.loads(sys.argv[1]):
+    llm = LLM(model, context=%d, chunk=16, kv_type=kv_type)
+    llm.load_session(session)
+    size = os.path.getsize(session)
+    if change == "truncate":
+        os.truncate(session, 100)
+    elif change == "overwrite":  # in place: the same inode, other bytes
+        with open(session, "r+b") as f:
+            f.seek(4096)
+            f.write(os.urandom(size - 4096))
+    else:
+        os.unlink(session)
+    out.append([c.token for c in llm.stream_ids([7], keep_cache=True, max_tokens=12,
+                                                temperature=0)])
+print(json.dumps(out))
+""" % CTX
+
+
+def test_a_loaded_session_does_not_depend_on_its_file(converted, tmp_path):
+    """Truncated after the load, the mapped file killed the process with SIGBUS at the next
+    token; overwritten in place, it changed the answer (copy-on-write pages not yet copied
+    follow the file). A loaded session now owns its memory."""
+    jobs, want = [], []
+    for (name, kv_type), change in zip(CASES * 3, ["truncate", "overwrite", "delete"] * 5):
+        with LLM(converted(name), context=CTX, chunk=16, kv_type=kv_type) as llm:
+            _greedy(llm, _ids(name)[:40], n=6, keep=False)
+            path = tmp_path / f"{name}-{kv_type}-{change}.session"
+            llm.save_session(path)
+            want.append(_greedy(llm, [7]))
+        jobs.append([str(converted(name)), kv_type, str(path), change])
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", AFTERWARDS, json.dumps(jobs)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert json.loads(done.stdout) == want
+
+
+def test_loading_reads_the_file_into_the_cache(converted, tmp_path):
     with LLM(converted("qwen3"), context=CTX, chunk=16) as llm:
         _greedy(llm, _ids("qwen3")[:20], n=2, keep=False)
         llm.save_session(tmp_path / "s")
         llm.model.reset()
         llm.load_session(tmp_path / "s")
-        assert str(tmp_path / "s") in Path("/proc/self/maps").read_text()  # mapped
+        assert str(tmp_path / "s") not in Path("/proc/self/maps").read_text()  # not mapped
         k = llm.model.cache.k_all
         assert np.shares_memory(llm.model.cache.layers[1].k, k)  # layers view the one array
-        assert np.array_equal(llm.model.cache.layers[0].pos[:20], np.arange(20))
+        assert np.array_equal(llm.model.cache.layers[0].pos[:21], np.arange(21))
+
+
+def _data_start(raw: bytes) -> int:
+    hlen = PREAMBLE.unpack(raw[:PREAMBLE.size])[3]
+    return (PREAMBLE.size + hlen + 63) // 64 * 64
+
+
+@pytest.mark.parametrize("name,kv_type", [("gemma3", "f32"), ("qwen3", "q8_0")])
+def test_a_file_holds_only_the_positions_in_use(converted, tmp_path, name, kv_type):
+    """A session stored the whole context (95 MB for 620 tokens of SmolLM2 at f32 and a
+    context of 2048, most of it a hole a copy fills in); now the written slots only, so
+    its size follows the tokens, not the context."""
+    sizes = {}
+    for context in (CTX, 8 * CTX):
+        with LLM(converted(name), context=context, chunk=16, kv_type=kv_type) as llm:
+            _greedy(llm, _ids(name)[:20], n=4, keep=False)
+            cache = llm.model.cache
+            live = [min(layer.written, layer.cap) for layer in cache.layers]
+            row = cache.k_all[0].nbytes  # one slot's [n_kv, width] of the stored type
+            path = llm.save_session(tmp_path / f"s{context}")
+            raw = path.read_bytes()
+            regions = 2 * (-(-sum(live) * row // 64) * 64) + 8 * sum(live)
+            assert len(raw) == _data_start(raw) + regions
+            sizes[context] = len(raw)
+            want = _greedy(llm, [7])
+            llm.model.reset()
+            llm.load_session(path)
+            assert _greedy(llm, [7]) == want
+    assert abs(sizes[8 * CTX] - sizes[CTX]) < 64  # the header's numbers differ, no more
+
+
+def _write_v1(llm, path: Path) -> None:
+    """A session file in format version 1 (every layer's slots in full, a hole after the
+    written ones), as edgellm wrote them before version 2."""
+    import zlib
+
+    cache = llm.model.cache
+    live = [min(layer.written, layer.cap) for layer in cache.layers]
+    row = cache.k_all[0].nbytes
+    kv_bytes = cache.k_all.nbytes
+    align = lambda n: (n + 63) // 64 * 64  # noqa: E731
+    k_live = [layer.k[:n] for layer, n in zip(cache.layers, live)]
+    v_live = [layer.v[:n] for layer, n in zip(cache.layers, live)]
+    pos = np.concatenate([layer.pos for layer in cache.layers]).astype("<i8")
+
+    def crc(parts):
+        c = 0
+        for a in parts:
+            c = zlib.crc32(np.ascontiguousarray(a).tobytes(), c)
+        return c
+
+    from edgellm.session import model_identity
+
+    header = {"model": model_identity(llm), "kv_type": cache.kv_type,
+              "context": int(cache.context),
+              "layers": [{"cap": int(layer.cap), "window": int(layer.window),
+                          "written": int(layer.written)} for layer in cache.layers],
+              "n_kv": cache.k_all.shape[1], "width": cache.k_all.shape[2],
+              "next_pos": int(cache.next_pos), "n_tokens": int(cache.n_tokens),
+              "tokens": list(llm.model.tokens), "chat": None,
+              "regions": {"k": {"offset": 0, "nbytes": kv_bytes, "crc32": crc(k_live)},
+                          "v": {"offset": align(kv_bytes), "nbytes": kv_bytes,
+                                "crc32": crc(v_live)},
+                          "pos": {"offset": 2 * align(kv_bytes), "nbytes": pos.nbytes,
+                                  "crc32": zlib.crc32(pos.tobytes())}}}
+    raw = json.dumps(header).encode()
+    start = align(PREAMBLE.size + len(raw))
+    with open(path, "wb") as f:
+        f.write(PREAMBLE.pack(b"EDGESESS", 1, 0, len(raw), hashlib.sha256(raw).digest(),
+                              b"\0" * 8) + raw)
+        for parts, off in ((k_live, 0), (v_live, align(kv_bytes))):
+            at = start + off
+            for layer, part in zip(cache.layers, parts):
+                f.seek(at)
+                f.write(part.tobytes())
+                at += layer.cap * row
+        f.seek(start + 2 * align(kv_bytes))
+        f.write(pos.tobytes())
+
+
+@pytest.mark.parametrize("name,kv_type", CASES)
+def test_version_1_files_still_load(converted, tmp_path, name, kv_type):
+    with LLM(converted(name), context=CTX, chunk=16, kv_type=kv_type) as llm:
+        _greedy(llm, _ids(name)[:40], n=6, keep=False)  # past gemma3's sliding window
+        _write_v1(llm, tmp_path / "v1")
+        tokens = list(llm.model.tokens)
+        want = _greedy(llm, [7])
+        llm.model.reset()
+        assert llm.load_session(tmp_path / "v1").tokens == tokens
+        assert _greedy(llm, [7]) == want
+        raw = bytearray((tmp_path / "v1").read_bytes())
+        raw[-1] ^= 1  # a flipped byte of a v1 file's positions is still found
+        (tmp_path / "bad").write_bytes(bytes(raw))
+        with pytest.raises(SessionError, match="checksum mismatch in the slot positions"):
+            llm.load_session(tmp_path / "bad")
 
 
 def test_an_empty_cache_saves_and_loads(converted, tmp_path):
@@ -322,3 +458,23 @@ def test_session_arguments_are_checked(converted, tmp_path):
                       "function": {"name": "get", "arguments": "{}"}}]}]
         llm.save_session(tmp_path / "tools", messages=calls)
         assert llm.load_session(tmp_path / "tools").messages == calls
+
+
+def test_chat_command_session_file_follows_the_tokens(converted, tmp_path):
+    """`edgellm chat --session FILE` at the model's whole context (256) writes the tokens'
+    slots only; the file resumes the conversation."""
+    path = tmp_path / "c.session"
+    cmd = [sys.executable, "-m", "edgellm", "chat", "-m", str(converted("qwen3")), "--ctx",
+           "256", "-n", "3", "--temp", "0", "--session", str(path)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(cmd, input="hi\n", env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    raw = path.read_bytes()
+    tokens = len(_load_tokens(raw))
+    with LLM(converted("qwen3"), context=64) as llm:
+        row = llm.model.cache.k_all[0].nbytes
+        layers = len(llm.model.cache.layers)
+    assert len(raw) <= _data_start(raw) + 2 * (tokens * layers * row + 64) + 8 * tokens * layers
+    r = subprocess.run(cmd, input="more\n", env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0 and "(resumed" in r.stderr, r.stderr

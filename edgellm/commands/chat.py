@@ -38,6 +38,9 @@ def add_arguments(p) -> None:
     p.add_argument("--verbose", action="store_true", help="print statistics after answers")
     p.add_argument("--hide-reasoning", action="store_true",
                    help="do not show the model's reasoning (<think> blocks)")
+    p.add_argument("--parse-special", action="store_true",
+                   help="read special-token text you type (<|im_start|>...) as the tokens, "
+                        "not as text")
     p.add_argument("--session", default=None, metavar="FILE",
                    help="resume the conversation saved in FILE, and save it there on exit")
 
@@ -81,14 +84,14 @@ def _open_session(llm, args):
     from ..chat import ChatSession
 
     if args.session and Path(args.session).exists():
-        chat = ChatSession.load(llm, args.session)
+        chat = ChatSession.load(llm, args.session, parse_special=args.parse_special)
         print(f"(resumed {args.session}: {len(chat.messages)} messages, "
               f"{len(llm.model.tokens)} tokens)", file=sys.stderr)
         if args.system is not None and args.system != chat.system:
             print("edgellm: warning: --system is not used: the resumed conversation keeps "
                   "its own system message", file=sys.stderr)
         return chat
-    return llm.chat(system=args.system)
+    return llm.chat(system=args.system, parse_special=args.parse_special)
 
 
 def _loop(session, args, interactive: bool) -> None:

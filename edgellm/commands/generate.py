@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
                    help="wrap the prompt as a user message with the chat template")
     p.add_argument("--system", default=None, type=text_argument("the system message"),
                    help="system message (with --chat)")
+    p.add_argument("--parse-special", action="store_true",
+                   help="with --chat: read special-token text in the prompt and system "
+                        "message (<|im_start|>...) as the tokens, not as text")
     p.add_argument("--no-shift", action="store_true",
                    help="stop at the end of the context instead of shifting it")
     p.add_argument("--verbose", action="store_true", help="print statistics to stderr")
@@ -82,6 +85,8 @@ def constraint_kwargs(args) -> dict:
 def run(args) -> int:
     if args.system is not None and not args.chat:  # it had been dropped without a word
         raise EdgeLLMError("--system is the chat template's system message: it needs --chat")
+    if args.parse_special and not args.chat:  # a plain prompt's are tokens already
+        raise EdgeLLMError("--parse-special is about chat messages: it needs --chat")
     prompt = read_stdin_text() if args.prompt == "-" else args.prompt
     constraint = constraint_kwargs(args)
     with open_model(args, defer_variants=True) as llm:
@@ -89,7 +94,8 @@ def run(args) -> int:
             messages = [{"role": "system", "content": args.system}] if args.system else []
             prompt = messages + [{"role": "user", "content": prompt}]
         last = None
-        for chunk in llm.stream(prompt, max_tokens=args.max_tokens, stop=args.stop,
+        for chunk in llm.stream(prompt, parse_special=args.parse_special,
+                                max_tokens=args.max_tokens, stop=args.stop,
                                 shift=not args.no_shift, **constraint,
                                 **sampling_kwargs(args)):
             sys.stdout.write(chunk.text)

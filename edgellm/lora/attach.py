@@ -124,6 +124,22 @@ def check(adapter: Adapter, model) -> None:
                                "with --no-fold-norms to apply LoRA at run time")
 
 
+F16_MAX = float(np.finfo(np.float16).max)
+
+
+def _in_range(adapter: Adapter, scale: float, name: str, A: np.ndarray, B: np.ndarray) -> None:
+    """AdapterError naming the adapter and module when its scaled A or its B holds values
+    beyond float16's range: the fused decode step stores them as float16 (they would be
+    inf there), and no trained adapter comes near it (its output would overflow)."""
+    for what, x in (("lora_A (scaled)", A), ("lora_B", B)):
+        big = float(np.max(np.abs(x))) if x.size else 0.0
+        if not big <= F16_MAX:
+            at = f" at scale {scale:g}" if scale != 1.0 else ""
+            raise AdapterError(f"{adapter.path}: {name}: {what} reaches {big:.3g}{at}, beyond "
+                               f"the {F16_MAX:g} an adapter's weights may hold (the adapter "
+                               "is corrupt or its scale too large)")
+
+
 def stack(model, adapters: list[tuple[Adapter, float]]) -> dict[str, Delta]:
     """weight name -> Delta of `adapters` (each checked against `model` first)."""
     for adapter, _ in adapters:
@@ -135,9 +151,12 @@ def stack(model, adapters: list[tuple[Adapter, float]]) -> dict[str, Delta]:
             continue
         for m in adapter.modules.values():
             a, b = parts.setdefault(m.weight, ([], []))
-            A = np.float32(m.scale * scale) * m.A
-            g = gains.get(m.weight)
-            a.append(A if g is None else A * g[None, :])  # A diag(g): the input lost g
+            with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+                A = np.float32(m.scale * scale) * m.A
+                g = gains.get(m.weight)
+                A = A if g is None else A * g[None, :]  # A diag(g): the input lost g
+            _in_range(adapter, scale, m.name, A, m.B)
+            a.append(A)
             b.append(m.B.T)
     return {w: Delta(np.ascontiguousarray(np.concatenate(a), np.float32),
                      np.ascontiguousarray(np.concatenate(b), np.float32))

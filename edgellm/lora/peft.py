@@ -35,11 +35,13 @@ _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 def read_peft(root: Path) -> Adapter:
     cfg_path = root / CONFIG
     config = _read_config(cfg_path)
-    tensors = read_safetensors(root / WEIGHTS)
     r, alpha, rslora = _int(config, "r", cfg_path), _number(config, "lora_alpha", cfg_path), \
-        bool(config.get("use_rslora"))
-    ranks = _patterns(config, "rank_pattern", cfg_path)
+        _flag(config, "use_rslora", cfg_path)
+    ranks = _patterns(config, "rank_pattern", cfg_path, rank=True)
     alphas = _patterns(config, "alpha_pattern", cfg_path)
+    targets = _targets(config, cfg_path)
+    layers = _layers(config, cfg_path)
+    tensors = read_safetensors(root / WEIGHTS)
     pairs: dict[str, dict[str, np.ndarray]] = {}
     adapter_names = set()
     for key, value in tensors.items():
@@ -69,11 +71,10 @@ def read_peft(root: Path) -> Adapter:
         if A.ndim != 2 or B.ndim != 2 or B.shape[1] != A.shape[0]:
             raise AdapterError(f"{root / WEIGHTS}: {module}: lora_A {list(A.shape)} and "
                                f"lora_B {list(B.shape)} are not [r, in] and [out, r]")
-        _check_target(config, module, cfg_path)
-        key = _pattern_key(ranks, module)
-        rank = ranks[key] if key is not None else r
-        key = _pattern_key(alphas, module)
-        a = alphas[key] if key is not None else alpha
+        _check_target(targets, layers, module, cfg_path)
+        rank = _pattern_key(ranks, module) or r
+        a = _pattern_key(alphas, module)
+        a = alpha if a is None else a
         if A.shape[0] != rank:
             raise AdapterError(f"{root / WEIGHTS}: {module}: lora_A has rank {A.shape[0]}, "
                                f"the config says r={rank}")
@@ -101,6 +102,8 @@ def _read_config(path: Path) -> dict:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise AdapterError(f"{path}: cannot read: {e}") from None
+    except RecursionError:  # json's parser recurses once per nesting level
+        raise AdapterError(f"{path}: JSON nested too deeply to be an adapter config") from None
     if not isinstance(config, dict):
         raise AdapterError(f"{path}: not a JSON object")
     kind = config.get("peft_type", "LORA")
@@ -132,35 +135,81 @@ def _number(config: dict, field: str, where: Path) -> float:
     return float(v)
 
 
-def _patterns(config: dict, field: str, where: Path) -> dict:
+def _flag(config: dict, field: str, where: Path) -> bool:
+    v = config.get(field)
+    if v is not None and not isinstance(v, bool):
+        raise AdapterError(f"{where}: field {field!r} is {v!r:.60}, expected true or false")
+    return bool(v)
+
+
+def _regex(pattern: str, field: str, where: Path) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise AdapterError(f"{where}: field {field!r}: {pattern!r:.60} is not a valid "
+                           f"regular expression ({e})") from None
+
+
+def _patterns(config: dict, field: str, where: Path, rank: bool = False) -> dict:
+    """rank_pattern / alpha_pattern: {regex: r} (ints >= 1) or {regex: alpha} (finite
+    numbers), each key compiled as peft's get_pattern_key matches it."""
     v = config.get(field) or {}
-    if not isinstance(v, dict) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in v.values()):
-        raise AdapterError(f"{where}: field {field!r} must map module patterns to numbers")
-    return v
+    if not isinstance(v, dict):
+        raise AdapterError(f"{where}: field {field!r} must map module patterns to "
+                           f"{'ranks' if rank else 'numbers'}, got {type(v).__name__}")
+    out = {}
+    for key, x in v.items():
+        ok = isinstance(x, int) and x >= 1 if rank else \
+            isinstance(x, (int, float)) and math.isfinite(x)
+        if isinstance(x, bool) or not ok:
+            raise AdapterError(f"{where}: field {field!r}: {key!r:.60} maps to {x!r:.40}, "
+                               f"expected {'an integer >= 1' if rank else 'a finite number'}")
+        out[key] = (_regex(rf"(.*\.)?({key})$", field, where), x)
+    return out
 
 
-def _pattern_key(patterns: dict, module: str) -> str | None:
-    """peft's get_pattern_key: the first pattern matching the end of the module name."""
-    for key in patterns:
-        if re.match(rf"(.*\.)?({key})$", module):
-            return key
+def _pattern_key(patterns: dict, module: str):
+    """peft's get_pattern_key: the value of the first pattern matching the end of the
+    module name (None if none does)."""
+    for regex, value in patterns.values():
+        if regex.match(module):
+            return value
     return None
 
 
-def _check_target(config: dict, module: str, where: Path) -> None:
-    """The module is one the config targets (peft's check_target_module_exists)."""
+def _targets(config: dict, where: Path):
+    """target_modules: a compiled regex the whole name must match, or a list of names."""
     targets = config.get("target_modules")
     if isinstance(targets, str):
-        ok = re.fullmatch(targets, module) is not None
-    elif isinstance(targets, list):
-        ok = any(module == t or module.endswith("." + t) for t in targets)
-    else:
-        raise AdapterError(f"{where}: field 'target_modules' is {targets!r}, expected a list "
-                           "of module names or a regex")
+        return _regex(targets, "target_modules", where)
+    if isinstance(targets, list) and targets and all(isinstance(t, str) and t
+                                                     for t in targets):
+        return targets
+    raise AdapterError(f"{where}: field 'target_modules' is {targets!r:.60}, expected a list "
+                       "of module names or a regex")
+
+
+def _layers(config: dict, where: Path) -> list[int] | None:
+    """layers_to_transform: None, a layer index or a list of them."""
     layers = config.get("layers_to_transform")
+    if layers is None:
+        return None
+    layers = [layers] if isinstance(layers, int) and not isinstance(layers, bool) else layers
+    if not isinstance(layers, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
+        raise AdapterError(f"{where}: field 'layers_to_transform' is "
+                           f"{config.get('layers_to_transform')!r:.60}, expected a layer "
+                           "index or a list of them")
+    return layers
+
+
+def _check_target(targets, layers, module: str, where: Path) -> None:
+    """The module is one the config targets (peft's check_target_module_exists)."""
+    if isinstance(targets, re.Pattern):
+        ok = targets.fullmatch(module) is not None
+    else:
+        ok = any(module == t or module.endswith("." + t) for t in targets)
     if ok and layers is not None:
-        layers = [layers] if isinstance(layers, int) else layers
         m = _LAYER.search(module)
         ok = m is not None and int(m.group(1)) in layers
     if not ok:
@@ -189,6 +238,9 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
             raise ValueError("header is not an object")
     except (ValueError, UnicodeDecodeError) as e:
         raise AdapterError(f"{path}: not a safetensors file: {e}") from None
+    except RecursionError:
+        raise AdapterError(f"{path}: not a safetensors file: header nested too deeply") \
+            from None
     base, out = 8 + n, {}
     for name, e in header.items():
         if name == "__metadata__":

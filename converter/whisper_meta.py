@@ -40,10 +40,10 @@ def runtime_config(config: dict) -> dict:
         c.update(model_type="whisper", hidden_size=c["d_model"],
                  intermediate_size=c["decoder_ffn_dim"], num_hidden_layers=c["decoder_layers"],
                  num_attention_heads=c["decoder_attention_heads"],
-                 max_position_embeddings=c["max_target_positions"], tie_word_embeddings=True)
+                 max_position_embeddings=c["max_target_positions"], tie_word_embeddings=True,
+                 num_key_value_heads=c["decoder_attention_heads"])
     except KeyError as e:
         raise SourceError(f"Whisper config field {e} is missing") from None
-    c.pop("num_key_value_heads", None)
     c.pop("head_dim", None)
     return c
 

@@ -227,3 +227,8 @@ def test_ctranslate2_reader_refuses_other_files(tmp_path):
                                          struct.pack("<II", 3, 5))
     with pytest.raises(SourceError, match="truncated"):
         open_ct2(tmp_path)
+
+
+def test_embed_is_refused(llm):
+    with pytest.raises(ModelKindError, match="speech-to-text model"):
+        llm.embed(["hello"])

@@ -128,7 +128,7 @@ def _variable(name: str, a: np.ndarray, code: int = 4) -> bytes:
             + struct.pack("<BI", code, a.nbytes) + a.tobytes())
 
 
-def write_ct2(folder, weights: dict, config: dict, gen: dict) -> None:
+def write_ct2(folder, weights: dict, gen: dict) -> None:
     """The tiny model as CTranslate2 would convert it: fused projections, f16."""
     w = {k: v.astype(np.float32) for k, v in weights.items()}
     out = []
@@ -167,7 +167,8 @@ def write_ct2(folder, weights: dict, config: dict, gen: dict) -> None:
                 out.append((f"{d}/ffn/linear_{j}/weight", w[f"{s}.{fc}.weight"]))
                 out.append((f"{d}/ffn/linear_{j}/bias", w[f"{s}.{fc}.bias"]))
         norm(f"{side}/layer_norm", f"model.{side}.layer_norm")
-        out.append((f"{side}/position_encodings/encodings", w[f"model.{side}.embed_positions.weight"]))
+        out.append((f"{side}/position_encodings/encodings",
+                    w[f"model.{side}.embed_positions.weight"]))
     for c in ("conv1", "conv2"):
         out.append((f"encoder/{c}/weight", w[f"model.encoder.{c}.weight"]))
         out.append((f"encoder/{c}/bias", w[f"model.encoder.{c}.bias"]))
@@ -188,7 +189,8 @@ def write_ct2(folder, weights: dict, config: dict, gen: dict) -> None:
     (folder / "vocabulary.txt").write_text("\n".join(names))
     (folder / "config.json").write_text(json.dumps({
         "alignment_heads": gen["alignment_heads"], "lang_ids": [102, 103, 104],
-        "suppress_ids": gen["suppress_tokens"], "suppress_ids_begin": gen["begin_suppress_tokens"]}))
+        "suppress_ids": gen["suppress_tokens"],
+        "suppress_ids_begin": gen["begin_suppress_tokens"]}))
 
 
 def test_ctranslate2_reader_gives_the_same_model(tmp_path, tiny):
@@ -199,7 +201,7 @@ def test_ctranslate2_reader_gives_the_same_model(tmp_path, tiny):
 
     weights = load_file(TINY / "model.safetensors")
     gen = json.loads((TINY / "generation_config.json").read_text())
-    write_ct2(tmp_path, weights, json.loads((TINY / "config.json").read_text()), gen)
+    write_ct2(tmp_path, weights, gen)
     source = open_source(str(tmp_path))
     assert source.kind == "ct2"
     convert(source, tmp_path / "ct2.edgellm", "f32", progress=False)

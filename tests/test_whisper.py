@@ -234,3 +234,14 @@ def test_ctranslate2_reader_refuses_other_files(tmp_path):
 def test_embed_is_refused(llm):
     with pytest.raises(ModelKindError, match="speech-to-text model"):
         llm.embed(["hello"])
+
+
+def test_audio_longer_than_a_window_gives_one_segment_per_30_s(llm):
+    rng = np.random.default_rng(0)
+    audio = (0.1 * rng.standard_normal(16000 * 35)).astype(np.float32)
+    segments, info = llm.transcribe(audio, language="en", max_new_tokens=3)
+    segments = list(segments)
+    assert info.duration == 35.0
+    assert [(s.id, s.seek, s.start, s.end) for s in segments] == [(0, 0, 0.0, 30.0),
+                                                                  (1, 3000, 30.0, 35.0)]
+    assert all(len(s.tokens) <= 3 for s in segments)

@@ -376,16 +376,20 @@ class LLM:
                                        progress=progress)
 
     def transcribe(self, audio, language: str | None = None, task: str = "transcribe", *,
-                   max_new_tokens: int | None = None, blocking: bool = True,
-                   timeout: float | None = None):
+                   without_timestamps: bool = False, condition_on_previous_text: bool = True,
+                   initial_prompt=None, max_new_tokens: int | None = None,
+                   blocking: bool = True, timeout: float | None = None):
         """Speech to text with a Whisper model: (segments, info), as faster-whisper returns
         them. audio: a WAV file's path or bytes, or float32 samples at 16 kHz; language: a
-        code ("en", "de", ...) or None to detect it; task: "transcribe" or "translate".
-        Greedy decoding of 30 s windows without timestamps for now (edgellm/transcribe.py).
-        segments is a Stream that holds the model until it is consumed or closed."""
+        code ("en", "de", ...) or None to detect it; task: "transcribe" or "translate";
+        initial_prompt: text (or token ids) the first window continues. Greedy decoding
+        (edgellm/transcribe.py); segments is a Stream that holds the model until it is
+        consumed or closed."""
         from .transcribe import transcribe
 
-        return transcribe(self, audio, language, task, max_new_tokens, blocking, timeout)
+        return transcribe(self, audio, language, task, without_timestamps,
+                          condition_on_previous_text, initial_prompt, max_new_tokens,
+                          blocking, timeout)
 
     def token_embeddings(self, text: str, *, blocking: bool = True,
                          timeout: float | None = None) -> np.ndarray:

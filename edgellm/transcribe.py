@@ -2,23 +2,27 @@
 
     samples = load_audio(audio)                   WAV path / bytes or float32 array, 16 kHz
     mel = log_mel(samples)                        the whole input (audio/mel.py)
-    per 30 s window (3,000 frames, the last one padded with zeros after normalization):
+    language = argmax over the language tokens after <|startoftranscript|>, on the first
+               window (if not given)
+    per window (3,000 frames at `seek`, padded with zeros after normalization):
       enc = encode(window); cross keys/values once
-      language = argmax over the language tokens after <|startoftranscript|> (if not given)
-      tokens = greedy after [sot, language, task, <|notimestamps|>]: each step's logits with
-               suppress_tokens at -inf (and begin_suppress_tokens at the first step), argmax,
+      prompt = [<|startofprev|> previous text] sot language task [<|notimestamps|>]
+      tokens = greedy: each step's logits with begin_suppress_tokens (first step),
+               suppress_tokens and the timestamp rules (timestamp_rules) at -inf, argmax,
                until <|endoftext|> or max_new_tokens (half the decoder's positions)
-      segment: the window's span, text, tokens, average log-probability (over the tokens
-               and the end token, as openai/whisper divides: sum / (n + 1)), no-speech
-               probability (of <|nocaptions|> after sot), compression ratio (zlib)
+      segments = the tokens split at pairs of timestamps; the next window starts at the
+               last complete segment's end (or after this window)
+    each segment: start, end, text, tokens, and its window's average log-probability (over
+    the tokens and the end token: sum / (n + 1)), compression ratio (zlib) and no-speech
+    probability (of <|nocaptions|> after sot)
 
-What it does not do yet: timestamps (so each window is one segment and the next starts 30 s
-later, openai's without_timestamps mode), beam search, temperature fallback, conditioning
-on the previous window's text, an initial prompt, voice-activity filtering.
+This follows faster-whisper's generate_segments (openai/whisper's transcribe) for greedy
+decoding. What it does not do yet: beam search, temperature fallback (and so the
+compression-ratio / log-probability / no-speech thresholds), word timestamps,
+voice-activity filtering, a prefix, hotwords.
 
 The header's "whisper" entry (converter/whisper_meta.py) gives the front end's parameters
-and every special token; it is checked here (FormatError) before any window runs.
-"""
+and every special token; it is checked here (FormatError) before any window runs."""
 
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ import numpy as np
 
 from . import arguments
 from .audio import load_audio, log_mel
-from .audio.mel import pad_frames
+from .audio.mel import window
 from .errors import ArgumentError, FormatError, ModelKindError
 
 TASKS = ("transcribe", "translate")
@@ -73,6 +77,7 @@ class WhisperMeta:
     languages: dict
     suppress: np.ndarray
     begin_suppress: np.ndarray
+    max_initial: int  # the first timestamp's highest index (50: 1 s)
 
     @classmethod
     def of(cls, packed, vocab: int) -> WhisperMeta:
@@ -97,13 +102,15 @@ class WhisperMeta:
         tokens, langs = w.get("tokens"), w.get("languages")
         if not isinstance(tokens, dict) or not isinstance(langs, dict):
             raise FormatError(f"{where}: tokens and languages must be objects")
-        need = ("sot", "eot", "no_timestamps", "no_speech", "transcribe", "translate")
+        need = ("sot", "eot", "no_timestamps", "no_speech", "transcribe", "translate",
+                "sot_prev", "timestamp_begin")
         ids([tokens.get(k) for k in need], "tokens")
         ids(list(langs.values()), "languages")
         return cls(**nums, tokens=dict(tokens), languages=dict(langs),
                    suppress=ids(w.get("suppress_tokens", []), "suppress_tokens"),
                    begin_suppress=ids(w.get("begin_suppress_tokens", []),
-                                      "begin_suppress_tokens"))
+                                      "begin_suppress_tokens"),
+                   max_initial=int(w.get("max_initial_timestamp_index", 50)))
 
 
 def compression_ratio(text: str) -> float:
@@ -143,6 +150,15 @@ class Transcriber:
         n = arguments.integer(max_new_tokens, "max_new_tokens", 1, limit, none=True)
         return language, limit if n is None else n
 
+    def initial_tokens(self, prompt) -> list[int]:
+        """An initial prompt as token ids: text (encoded as " " + text, as faster-whisper
+        does) or ids already."""
+        if prompt is None:
+            return []
+        if isinstance(prompt, str):
+            return self.llm.tokenizer.encode(" " + prompt.strip())
+        return arguments.token_ids(prompt, self.meta.tokens["eot"], "initial_prompt")
+
     def mel(self, audio) -> tuple[np.ndarray, float]:
         m = self.meta
         samples = load_audio(audio, m.sampling_rate)
@@ -151,7 +167,7 @@ class Transcriber:
 
     def window(self, mel: np.ndarray, seek: int):
         """The cross keys/values of the window starting at frame `seek`."""
-        return self.model.cross(self.model.encode(pad_frames(mel[:, seek:], self.frames)))
+        return self.model.cross(self.model.encode(window(mel, seek, self.frames)))
 
     def detect_language(self, cross) -> tuple[str | None, float, dict]:
         """(code, probability, all probabilities) from the first step's logits."""
@@ -166,27 +182,58 @@ class Transcriber:
         best = int(np.argmax(p))
         return codes[best], float(p[best]), dict(zip(codes, map(float, p), strict=True))
 
-    def prompt(self, language: str | None, task: str) -> list[int]:
+    def prompt(self, language: str | None, task: str, timestamps: bool,
+               previous: list[int]) -> list[int]:
+        """[<|startofprev|> previous...] sot [language task] [<|notimestamps|>]: the
+        previous text at most half the decoder's positions (openai/whisper's get_prompt)."""
         t = self.meta.tokens
-        if not self.meta.languages:  # English-only: no language or task tokens
-            return [t["sot"], t["no_timestamps"]]
-        return [t["sot"], self.meta.languages[language], t[task], t["no_timestamps"]]
+        out = [t["sot_prev"], *previous[-(self.model.context // 2 - 1):]] if previous else []
+        out.append(t["sot"])
+        if self.meta.languages:  # English-only models have no language or task tokens
+            out += [self.meta.languages[language], t[task]]
+        return out if timestamps else [*out, t["no_timestamps"]]
 
-    def greedy(self, cross, prompt: list[int], max_new_tokens: int
+    def timestamp_rules(self, row: np.ndarray, tokens: list[int]) -> None:
+        """openai/whisper's ApplyTimestampRules (= transformers' WhisperTimeStamp-
+        LogitsProcessor) on the logits `row` after the generated `tokens`, in place."""
+        t = self.meta.tokens
+        begin, eot = t["timestamp_begin"], t["eot"]
+        row[t["no_timestamps"]] = -np.inf
+        last = len(tokens) >= 1 and tokens[-1] >= begin
+        penultimate = len(tokens) < 2 or tokens[-2] >= begin
+        if last:  # timestamps come in pairs, except right before the end
+            if penultimate:
+                row[begin:] = -np.inf
+            else:
+                row[:eot] = -np.inf
+        stamps = [x for x in tokens if x >= begin]
+        if stamps:  # never decreasing, and a segment never of zero length
+            row[begin:stamps[-1] if last and not penultimate else stamps[-1] + 1] = -np.inf
+        if not tokens:  # a window starts with a timestamp, within the first second
+            row[:begin] = -np.inf
+            row[begin + self.meta.max_initial + 1:] = -np.inf
+        logp = row - _logsumexp(row)
+        if _logsumexp(logp[begin:]) > logp[:begin].max():  # timestamps more likely: take one
+            row[:begin] = -np.inf
+
+    def greedy(self, cross, prompt: list[int], max_new_tokens: int, timestamps: bool
                ) -> tuple[list[int], float, float]:
         """(tokens without the end token, sum of their and its log-probabilities,
         no-speech probability)."""
         m, model = self.meta, self.model
         eot, cache = m.tokens["eot"], model.new_cache(cross)
         logits = model.decode(prompt, cache, last_only=False)
-        no_speech = float(_softmax(logits[0])[m.tokens["no_speech"]])
+        sot_at = prompt.index(m.tokens["sot"])
+        no_speech = float(_softmax(logits[sot_at])[m.tokens["no_speech"]])
         row, tokens, total = logits[-1], [], 0.0
         room = model.context - len(prompt)
         while True:
             row = row.astype(np.float64)
-            row[m.suppress] = -np.inf
             if not tokens:
                 row[m.begin_suppress] = -np.inf
+            row[m.suppress] = -np.inf
+            if timestamps:
+                self.timestamp_rules(row, tokens)
             tok = int(np.argmax(row))
             total += float(row[tok] - _logsumexp(row))
             if tok == eot:
@@ -197,30 +244,70 @@ class Transcriber:
             row = model.decode([tok], cache)[0]
         return tokens, total, no_speech
 
+    def split(self, tokens: list[int], seek: int, size: int
+              ) -> tuple[list[tuple[float, float, list[int]]], int]:
+        """A window's tokens as (start, end, tokens) segments by their timestamp pairs, and
+        the next window's first frame (faster-whisper's _split_segments_by_timestamps)."""
+        begin = self.meta.tokens["timestamp_begin"]
+        per_frame = self.meta.hop_length / self.meta.sampling_rate
+        offset, step = seek * per_frame, 0.02  # a timestamp token is 20 ms: 2 frames
+        single_ending = len(tokens) >= 2 and tokens[-2] < begin <= tokens[-1]
+        pairs = [i for i in range(1, len(tokens)) if tokens[i] >= begin <= tokens[i - 1]]
+        if not pairs:
+            stamps = [x for x in tokens if x >= begin]
+            duration = (stamps[-1] - begin) * step if stamps and stamps[-1] != begin \
+                else size * per_frame
+            return [(offset, offset + duration, tokens)], seek + size
+        cuts = pairs + [len(tokens)] if single_ending else pairs
+        out, last = [], 0
+        for cut in cuts:
+            part = tokens[last:cut]
+            out.append((offset + (part[0] - begin) * step, offset + (part[-1] - begin) * step,
+                        part))
+            last = cut
+        if single_ending:  # nothing said after the last timestamp: the whole window is done
+            return out, seek + size
+        return out, seek + (tokens[last - 1] - begin) * 2  # from the last complete segment
+
     def segments(self, mel: np.ndarray, duration: float, first_cross, language, task: str,
-                 max_new_tokens: int) -> Iterator[Segment]:
-        m, n_frames = self.meta, mel.shape[1]
-        seconds_per_frame = m.hop_length / m.sampling_rate
-        prompt = self.prompt(language, task)
-        seek, i, cross = 0, 0, first_cross
+                 max_new_tokens: int, timestamps: bool, condition: bool,
+                 initial: list[int]) -> Iterator[Segment]:
+        m = self.meta
+        per_frame = m.hop_length / m.sampling_rate
+        content = mel.shape[1] - 1  # the last frame comes from the hop of padding
+        seek, i, cross, history = 0, 0, first_cross, list(initial)
         tokenizer = self.llm.tokenizer if self.llm.packed.has_tokenizer else None
-        # the front end's extra hop of padding gives one frame past the audio: not a window
-        last = max(1, int(round(duration / seconds_per_frame)))
-        while seek < last:
+        text_of = (lambda ids: tokenizer.decode([x for x in ids if x < m.tokens["eot"]])) \
+            if tokenizer is not None else (lambda ids: "")
+        while seek < content:
+            size = min(self.frames, content - seek)
             if cross is None:
                 cross = self.window(mel, seek)
-            tokens, total, no_speech = self.greedy(cross, prompt, max_new_tokens)
-            text = tokenizer.decode([t for t in tokens if t < m.tokens["eot"]]) \
-                if tokenizer is not None else ""
-            span = min(self.frames, n_frames - seek)
-            yield Segment(i, seek, seek * seconds_per_frame,
-                          min(duration, (seek + span) * seconds_per_frame), text, tokens,
-                          total / (len(tokens) + 1), compression_ratio(text), no_speech)
-            seek, i, cross = seek + self.frames, i + 1, None
+            prompt = self.prompt(language, task, timestamps, history)
+            tokens, total, no_speech = self.greedy(cross, prompt, max_new_tokens, timestamps)
+            if timestamps:
+                parts, next_seek = self.split(tokens, seek, size)
+            else:
+                parts, next_seek = [(seek * per_frame, (seek + size) * per_frame, tokens)], \
+                    seek + size
+            avg, ratio = total / (len(tokens) + 1), compression_ratio(text_of(tokens))
+            for start, end, part in parts:
+                text = text_of(part)
+                if start == end or (tokenizer is not None and not text.strip()):
+                    continue  # instantaneous or empty: as faster-whisper, not a segment
+                history += part
+                yield Segment(i, seek, start, min(end, duration), text, part, avg, ratio,
+                              no_speech)
+                i += 1
+            if not condition:
+                history = []
+            seek, cross = next_seek, None
 
 
 def _logsumexp(x: np.ndarray) -> float:
     top = x.max()
+    if top == -np.inf:  # everything suppressed (the timestamps, by the rules)
+        return -np.inf
     return float(top + np.log(np.exp(x - top).sum()))
 
 
@@ -230,12 +317,16 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def transcribe(llm, audio, language: str | None = None, task: str = "transcribe",
-               max_new_tokens: int | None = None, blocking: bool = True,
+               without_timestamps: bool = False, condition_on_previous_text: bool = True,
+               initial_prompt=None, max_new_tokens: int | None = None, blocking: bool = True,
                timeout: float | None = None):
     """(segments: a Stream of Segment, holding the model until it ends; TranscriptionInfo).
     The first window is encoded (and its language detected) before this returns."""
     t = Transcriber(llm)
     language, max_new_tokens = t.check(language, task, max_new_tokens)
+    timestamps = not arguments.flag(without_timestamps, "without_timestamps")
+    condition = arguments.flag(condition_on_previous_text, "condition_on_previous_text")
+    initial = t.initial_tokens(initial_prompt)
     mel, duration = t.mel(audio)
 
     def run():  # the info first, then the segments: every step under the model's lock
@@ -243,7 +334,8 @@ def transcribe(llm, audio, language: str | None = None, task: str = "transcribe"
         if lang is None:
             lang, prob, probs = t.detect_language(cross)
         yield TranscriptionInfo(lang, prob, duration, probs)
-        yield from t.segments(mel, duration, cross, lang, task, max_new_tokens)
+        yield from t.segments(mel, duration, cross, lang, task, max_new_tokens, timestamps,
+                              condition, initial)
 
     stream = llm.lifetime.stream(llm.lifetime.acquire(blocking, timeout), run())
     return stream, next(stream)

@@ -11,6 +11,8 @@ Needs espeak-ng and sox (Debian packages), torch and transformers. Writes:
   tests/fixtures/whisper/frontend.npz   faster-whisper's log-mel of fox.wav's first second
   tests/fixtures/whisper/base.json      transformers' greedy tokens with whisper-base (f32,
                                         the CTranslate2 weights mapped one to one) per clip
+  tests/fixtures/whisper/base-long.json its long-form tokens (timestamps, seeking) on the
+                                        clips twice over (37 s, two windows)
   tests/fixtures/whisper/base-encoder.npz   its encoder output for fox.wav, every 50th frame
   tests/fixtures/whisper-tiny-random/   a tiny random WhisperForConditionalGeneration (f16
                                         weights) and reference.json / reference.npz: its
@@ -38,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from converter.ct2_source import open_ct2  # noqa: E402
 from edgellm.audio import load_audio, log_mel  # noqa: E402
-from edgellm.audio.mel import pad_frames  # noqa: E402
+from edgellm.audio.mel import window as cut  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "whisper"
 TINY = ROOT / "tests" / "fixtures" / "whisper-tiny-random"
@@ -78,8 +80,17 @@ def synthesize() -> None:
                                 *effects], check=True)
 
 
-def window(path: Path, frames: int = 3000) -> np.ndarray:
-    return pad_frames(log_mel(load_audio(path)), frames)
+def window(path: Path) -> np.ndarray:
+    """The first window's log-mel as edgellm (and faster-whisper) feed it to the model."""
+    return cut(log_mel(load_audio(path)))
+
+
+def long_audio() -> np.ndarray:
+    """37 s over two windows: the clips one after another with 1.5 s of silence between,
+    twice."""
+    gap = np.zeros(24000, np.float32)
+    once = [x for name in CLIPS for x in (load_audio(OUT / f"{name}.wav"), gap)]
+    return np.concatenate(once * 2)
 
 
 def frontend(fw_dir: Path) -> None:
@@ -97,23 +108,61 @@ def generation_config(**kw) -> GenerationConfig:
     return g
 
 
-def greedy(model, mel: np.ndarray, language: str | None = None, task: str = "transcribe",
-           ) -> dict:
-    """transformers' language detection (when no language is given) and greedy tokens
-    after [sot, language, task, notimestamps] (without them and without the end token).
-    The language is passed to generate: its own detection inside generate (transformers
-    5.25) decodes differently from detect_language followed by generate."""
-    x = torch.from_numpy(mel[None])
+def detect(model, mel: np.ndarray) -> str:
     g = model.generation_config
     with torch.no_grad():
-        if language is None:
-            lang_id = int(model.detect_language(x)[0])
-            language = {v: k[2:-2] for k, v in g.lang_to_id.items()}[lang_id]
-        out = model.generate(x, return_timestamps=False, do_sample=False, num_beams=1,
-                             language=language, task=task)[0].tolist()
-    if out and out[-1] == g.eos_token_id:
-        out = out[:-1]
-    return {"language": language, "task": task, "tokens": out}
+        lang_id = int(model.detect_language(torch.from_numpy(mel[None, :, :3000]))[0])
+    return {v: k[2:-2] for k, v in g.lang_to_id.items()}[lang_id]
+
+
+def greedy(model, mel: np.ndarray, language: str | None = None, task: str = "transcribe",
+           timestamps: bool = False, limit: int = 448) -> dict:
+    """transformers' language detection (when no language is given) and greedy tokens
+    after [sot, language, task] (+ <|notimestamps|> without timestamps), without the
+    prompt and the end token: the model's logits through transformers' own Whisper logits
+    processors (suppress at begin, suppress, timestamp rules: the order generate builds),
+    argmax. (generate itself, transformers 5.25, drops the timestamps of a short input from
+    its output, and its language detection inside generate decodes differently.)"""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+        WhisperTimeStampLogitsProcessor,
+    )
+
+    g = model.generation_config
+    language = language or detect(model, mel)
+    prompt = [g.decoder_start_token_id, g.lang_to_id[f"<|{language}|>"], g.task_to_id[task]]
+    if not timestamps:
+        prompt.append(g.no_timestamps_token_id)
+    begin = len(prompt)
+    procs = LogitsProcessorList([
+        SuppressTokensAtBeginLogitsProcessor(g.begin_suppress_tokens, begin),
+        SuppressTokensLogitsProcessor(g.suppress_tokens)])
+    if timestamps:
+        procs.append(WhisperTimeStampLogitsProcessor(g, begin))
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        enc = model.model.encoder(torch.from_numpy(mel[None])).last_hidden_state
+        while ids.shape[1] < min(limit, model.config.max_target_positions):
+            logits = model(encoder_outputs=(enc,), decoder_input_ids=ids,
+                           use_cache=False).logits[:, -1]
+            tok = int(procs(ids, logits).argmax(-1)[0])
+            if tok == g.eos_token_id:
+                break
+            ids = torch.cat([ids, torch.tensor([[tok]])], 1)
+    return {"language": language, "task": task, "timestamps": timestamps,
+            "tokens": ids[0, begin:].tolist()}
+
+
+def long_form(model, mel: np.ndarray, language: str) -> dict:
+    """transformers' long-form generate (seeking by timestamps, no conditioning)."""
+    with torch.no_grad():
+        out = model.generate(torch.from_numpy(mel[None]), return_timestamps=True,
+                             do_sample=False, num_beams=1, language=language,
+                             condition_on_prev_tokens=False)[0].tolist()
+    eos = model.generation_config.eos_token_id
+    return {"language": language, "tokens": [t for t in out if t != eos]}
 
 
 def encoder_rows(model, mel: np.ndarray, step: int) -> np.ndarray:
@@ -163,15 +212,29 @@ def base_references(ct2_dir: Path) -> None:
     tokenizer = Tokenizer.from_file(str(ct2_dir / "tokenizer.json"))
     refs = {}
     for name in CLIPS:
-        refs[name] = greedy(model, window(OUT / f"{name}.wav"))
-    refs["german-translate"] = greedy(model, window(OUT / "german.wav"), "de", "translate")
+        refs[name] = greedy(model, window(OUT / f"{name}.wav"), timestamps=True)
+    refs["german-translate"] = greedy(model, window(OUT / "german.wav"), "de", "translate",
+                                      timestamps=True)
+    refs["fox-notimestamps"] = greedy(model, window(OUT / "fox.wav"))
     for name, r in refs.items():
         r["clip"] = name.split("-")[0]
         r["text"] = tokenizer.decode(r["tokens"], skip_special_tokens=True)
         print(name, r["language"], r["text"])
-    (OUT / "base.json").write_text(json.dumps(refs, indent=1) + "\n")
+    (OUT / "base.json").write_text(json.dumps(refs) + "\n")
     np.savez_compressed(OUT / "base-encoder.npz",
                         rows=encoder_rows(model, window(OUT / "fox.wav"), 50), step=50)
+    base_long(model, tokenizer)
+
+
+def base_long(model, tokenizer) -> None:
+    """transformers' long-form tokens (it seeks by timestamps as openai/whisper and
+    faster-whisper do) on edgellm's log-mel without its last frame (the hop of padding,
+    not content)."""
+    mel = log_mel(long_audio())[:, :-1]
+    r = long_form(model, mel, "en")
+    r["text"] = tokenizer.decode(r["tokens"], skip_special_tokens=True)
+    print("long", r["text"])
+    (OUT / "base-long.json").write_text(json.dumps(r) + "\n")
 
 
 # tiny: 100 text tokens, then openai's special-token layout, 50 timestamps
@@ -218,12 +281,11 @@ def tiny() -> None:
     refs = {}
     for name in ("fox", "german"):  # up to the 64 positions: compared by prefix
         mel = window(OUT / f"{name}.wav")
-        refs[name] = greedy(model, mel)
-        refs[f"{name}-de-translate"] = greedy(model, mel, "de", "translate")
+        refs[name] = greedy(model, mel, limit=4 + PREFIX)
+        refs[f"{name}-de-translate"] = greedy(model, mel, "de", "translate", limit=4 + PREFIX)
+        refs[f"{name}-timestamps"] = greedy(model, mel, timestamps=True, limit=3 + PREFIX)
     for name, r in refs.items():
-        # a random model rarely ends: transformers 5.25 then runs on past max_length in
-        # blocks; the first PREFIX tokens are one greedy run of the 64 positions
-        r["clip"], r["tokens"] = name.split("-")[0], r["tokens"][:PREFIX]
+        r["clip"] = name.split("-")[0]  # a random model rarely ends: PREFIX tokens at most
         print(name, r)
     (TINY / "reference.json").write_text(json.dumps(refs) + "\n")
     np.savez_compressed(TINY / "reference.npz",

@@ -13,7 +13,7 @@ from conftest import FIXTURES
 
 import edgellm
 from edgellm.audio import load_audio, log_mel
-from edgellm.audio.mel import pad_frames
+from edgellm.audio.mel import window as cut
 from edgellm.errors import ArgumentError, AudioError, ModelKindError
 
 TINY = FIXTURES / "whisper-tiny-random"
@@ -45,7 +45,7 @@ def llm(tiny):
 
 
 def window(name):
-    return pad_frames(log_mel(load_audio(CLIPS / f"{name}.wav")), 3000)
+    return cut(log_mel(load_audio(CLIPS / f"{name}.wav")))
 
 
 def test_encoder_matches_transformers(llm):
@@ -58,10 +58,22 @@ def test_encoder_matches_transformers(llm):
 
 @pytest.mark.parametrize("case", sorted(REFS))
 def test_greedy_tokens_match_transformers(llm, case):
+    """The window's tokens (timestamp rules included) as transformers' logits processors
+    choose them; through transcribe() without timestamps (one segment per window)."""
+    from edgellm.transcribe import Transcriber
+
     ref = REFS[case]
     language = None if ref["task"] == "transcribe" else ref["language"]
+    if ref["timestamps"]:
+        t = Transcriber(llm)
+        cross = t.window(log_mel(load_audio(CLIPS / f"{ref['clip']}.wav")), 0)
+        assert t.detect_language(cross)[0] == ref["language"]
+        prompt = t.prompt(ref["language"], ref["task"], True, [])
+        assert t.greedy(cross, prompt, len(ref["tokens"]), True)[0] == ref["tokens"]
+        return
     segments, info = llm.transcribe(CLIPS / f"{ref['clip']}.wav", language=language,
-                                    task=ref["task"], max_new_tokens=len(ref["tokens"]))
+                                    task=ref["task"], max_new_tokens=len(ref["tokens"]),
+                                    without_timestamps=True)
     segments = list(segments)
     assert info.language == ref["language"]
     assert len(segments) == 1 and segments[0].tokens == ref["tokens"]
@@ -91,7 +103,8 @@ def test_q8_0_keeps_positions_f32_and_transcribes(tiny):
         assert types["model.decoder.embed_tokens.weight"] == "q8_0"
         assert types["model.encoder.embed_positions.weight"] == "f32"
         assert types["model.encoder.conv1.weight"] == "f16"  # 240 columns: no q8_0 blocks
-        segments, _ = m.transcribe(CLIPS / "fox.wav", language="en", max_new_tokens=4)
+        segments, _ = m.transcribe(CLIPS / "fox.wav", language="en", max_new_tokens=4,
+                                   without_timestamps=True)
         assert len(list(segments)[0].tokens) == 4
 
 
@@ -104,6 +117,8 @@ def test_refusals_are_typed(llm, tiny):
         llm.transcribe(CLIPS / "fox.wav", task="summarize")
     with pytest.raises(AudioError, match="not a WAV file"):
         llm.transcribe(b"hello")
+    with pytest.raises(ArgumentError, match="without_timestamps must be True or False"):
+        llm.transcribe(CLIPS / "fox.wav", without_timestamps="yes")
     segments, _ = llm.transcribe(np.zeros(16000, np.float32), language="en", max_new_tokens=2)
     segments.close()  # an unfinished stream frees the model
     list(llm.transcribe(CLIPS / "fox.wav", language="en", max_new_tokens=1)[0])
@@ -214,7 +229,8 @@ def test_ctranslate2_reader_gives_the_same_model(tmp_path, tiny):
         wa, wb = a.packed.header["whisper"], b.packed.header["whisper"]
         assert wa == wb
         ref = REFS["fox"]
-        segments, info = a.transcribe(CLIPS / "fox.wav", max_new_tokens=len(ref["tokens"]))
+        segments, info = a.transcribe(CLIPS / "fox.wav", max_new_tokens=len(ref["tokens"]),
+                                      without_timestamps=True)
         assert info.language == ref["language"] and list(segments)[0].tokens == ref["tokens"]
 
 
@@ -239,9 +255,30 @@ def test_embed_is_refused(llm):
 def test_audio_longer_than_a_window_gives_one_segment_per_30_s(llm):
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(16000 * 35)).astype(np.float32)
-    segments, info = llm.transcribe(audio, language="en", max_new_tokens=3)
+    segments, info = llm.transcribe(audio, language="en", max_new_tokens=3,
+                                    without_timestamps=True)
     segments = list(segments)
     assert info.duration == 35.0
     assert [(s.id, s.seek, s.start, s.end) for s in segments] == [(0, 0, 0.0, 30.0),
                                                                   (1, 3000, 30.0, 35.0)]
     assert all(len(s.tokens) <= 3 for s in segments)
+
+
+def test_timestamp_pairs_split_a_window_and_set_the_next_one(llm):
+    """faster-whisper's _split_segments_by_timestamps on made-up windows (the tiny model's
+    timestamps begin at 111: 111 is 0.00 s, 161 would be 1.00 s)."""
+    from edgellm.transcribe import Transcriber
+
+    t = Transcriber(llm)
+    # a complete segment (closed by a pair), then an unfinished one: it is dropped, and the
+    # next window starts where the complete one ended (0.20 s: 20 frames)
+    parts, seek = t.split([111, 5, 6, 121, 121, 7, 131, 8], 3000, 3000)
+    assert [(round(a, 2), round(b, 2), p) for a, b, p in parts] == \
+        [(30.0, 30.2, [111, 5, 6, 121])]
+    assert seek == 3000 + 20
+    # a single timestamp at the end: nothing more was said, the whole window is done
+    parts, seek = t.split([111, 5, 121, 121, 7, 131], 0, 2500)
+    assert [p for _, _, p in parts] == [[111, 5, 121], [121, 7, 131]] and seek == 2500
+    # no pair: one segment up to its last timestamp
+    parts, seek = t.split([111, 5, 6, 125], 0, 1000)
+    assert parts == [(0.0, pytest.approx(0.28), [111, 5, 6, 125])] and seek == 1000

@@ -6,7 +6,8 @@
     M = mel_filters @ S                 80 Slaney-normalized triangles over 0-8 kHz
     L = log10(max(M, 1e-10)); L = max(L, L.max() - 8); L = (L + 4) / 4
 
-Frames: len(x) // 160 + 1 for padding=160, one per 10 ms. The clamp's maximum is taken
+Frames: len(x) // 160 + 1 for padding=160, one per 10 ms; the last is not content
+(`window`). The clamp's maximum is taken
 over the whole input, so a long file's windows are cut from one spectrogram (as
 faster-whisper does), not computed window by window. A 30 s window shorter than 3,000
 frames is padded with zeros *after* normalization (`pad_frames`): faster-whisper's
@@ -72,6 +73,14 @@ def log_mel(samples: np.ndarray, n_mels: int = N_MELS, padding: int = HOP,
     log_spec = np.log10(np.clip(mel, 1e-10, None))
     log_spec = np.maximum(log_spec, log_spec.max() - 8.0)
     return ((log_spec + 4.0) / 4.0).astype(np.float32)
+
+
+def window(mel: np.ndarray, seek: int = 0, frames: int = 3000) -> np.ndarray:
+    """The model's input window at frame `seek` of log_mel's output: at most `frames` of
+    the content frames (all but the last, which only the hop of padding added), padded with
+    zeros to [n_mels, frames], as faster-whisper cuts its segments."""
+    content = mel.shape[1] - 1
+    return pad_frames(mel[:, seek:seek + max(0, min(frames, content - seek))], frames)
 
 
 def pad_frames(mel: np.ndarray, frames: int) -> np.ndarray:

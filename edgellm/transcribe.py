@@ -10,15 +10,18 @@
       tokens = greedy: each step's logits with begin_suppress_tokens (first step),
                suppress_tokens and the timestamp rules (timestamp_rules) at -inf, argmax,
                until <|endoftext|> or max_new_tokens (half the decoder's positions)
+      silence: no-speech probability over no_speech_threshold (0.6) while the average
+               log-probability is under log_prob_threshold (-1): the window is skipped
       segments = the tokens split at pairs of timestamps; the next window starts at the
-               last complete segment's end (or after this window)
+               last complete segment's end (or after this window); segments that are
+               empty, of zero length or past the audio's end are dropped
     each segment: start, end, text, tokens, and its window's average log-probability (over
     the tokens and the end token: sum / (n + 1)), compression ratio (zlib) and no-speech
     probability (of <|nocaptions|> after sot)
 
 This follows faster-whisper's generate_segments (openai/whisper's transcribe) for greedy
-decoding. What it does not do yet: beam search, temperature fallback (and so the
-compression-ratio / log-probability / no-speech thresholds), word timestamps,
+decoding. What it does not do yet: beam search, temperature fallback (retrying a window
+whose compression ratio or average log-probability crosses its threshold), word timestamps,
 voice-activity filtering, a prefix, hotwords.
 
 The header's "whisper" entry (converter/whisper_meta.py) gives the front end's parameters
@@ -271,7 +274,8 @@ class Transcriber:
 
     def segments(self, mel: np.ndarray, duration: float, first_cross, language, task: str,
                  max_new_tokens: int, timestamps: bool, condition: bool,
-                 initial: list[int]) -> Iterator[Segment]:
+                 initial: list[int], no_speech_threshold: float | None = 0.6,
+                 log_prob_threshold: float | None = -1.0) -> Iterator[Segment]:
         m = self.meta
         per_frame = m.hop_length / m.sampling_rate
         content = mel.shape[1] - 1  # the last frame comes from the hop of padding
@@ -291,10 +295,16 @@ class Transcriber:
                 parts, next_seek = [(seek * per_frame, (seek + size) * per_frame, tokens)], \
                     seek + size
             avg, ratio = total / (len(tokens) + 1), compression_ratio(text_of(tokens))
+            if no_speech_threshold is not None and no_speech > no_speech_threshold and not (
+                    log_prob_threshold is not None and avg > log_prob_threshold):
+                seek, cross = seek + size, None  # silence: nothing said in this window
+                continue
             for start, end, part in parts:
                 text = text_of(part)
                 if start == end or (tokenizer is not None and not text.strip()):
                     continue  # instantaneous or empty: as faster-whisper, not a segment
+                if start >= duration:  # timestamps past the audio's end: not a segment
+                    continue
                 history += part
                 yield Segment(i, seek, start, min(end, duration), text, part, avg, ratio,
                               no_speech)
@@ -302,6 +312,15 @@ class Transcriber:
             if not condition:
                 history = []
             seek, cross = next_seek, None
+
+
+def _threshold(value, name: str, lo: float, hi: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ArgumentError(f"{name} must be a number in [{lo:g}, {hi:g}] or None, got "
+                            f"{value!r:.40}")
+    return float(value)
 
 
 def _logsumexp(x: np.ndarray) -> float:
@@ -318,8 +337,9 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 def transcribe(llm, audio, language: str | None = None, task: str = "transcribe",
                without_timestamps: bool = False, condition_on_previous_text: bool = True,
-               initial_prompt=None, max_new_tokens: int | None = None, blocking: bool = True,
-               timeout: float | None = None):
+               initial_prompt=None, no_speech_threshold: float | None = 0.6,
+               log_prob_threshold: float | None = -1.0, max_new_tokens: int | None = None,
+               blocking: bool = True, timeout: float | None = None):
     """(segments: a Stream of Segment, holding the model until it ends; TranscriptionInfo).
     The first window is encoded (and its language detected) before this returns."""
     t = Transcriber(llm)
@@ -327,6 +347,8 @@ def transcribe(llm, audio, language: str | None = None, task: str = "transcribe"
     timestamps = not arguments.flag(without_timestamps, "without_timestamps")
     condition = arguments.flag(condition_on_previous_text, "condition_on_previous_text")
     initial = t.initial_tokens(initial_prompt)
+    no_speech_threshold = _threshold(no_speech_threshold, "no_speech_threshold", 0.0, 1.0)
+    log_prob_threshold = _threshold(log_prob_threshold, "log_prob_threshold", -1e9, 0.0)
     mel, duration = t.mel(audio)
 
     def run():  # the info first, then the segments: every step under the model's lock
@@ -335,7 +357,7 @@ def transcribe(llm, audio, language: str | None = None, task: str = "transcribe"
             lang, prob, probs = t.detect_language(cross)
         yield TranscriptionInfo(lang, prob, duration, probs)
         yield from t.segments(mel, duration, cross, lang, task, max_new_tokens, timestamps,
-                              condition, initial)
+                              condition, initial, no_speech_threshold, log_prob_threshold)
 
     stream = llm.lifetime.stream(llm.lifetime.acquire(blocking, timeout), run())
     return stream, next(stream)

@@ -73,7 +73,7 @@ def test_greedy_tokens_match_transformers(llm, case):
         return
     segments, info = llm.transcribe(CLIPS / f"{ref['clip']}.wav", language=language,
                                     task=ref["task"], max_new_tokens=len(ref["tokens"]),
-                                    without_timestamps=True)
+                                    without_timestamps=True, no_speech_threshold=None)
     segments = list(segments)
     assert info.language == ref["language"]
     assert len(segments) == 1 and segments[0].tokens == ref["tokens"]
@@ -104,7 +104,7 @@ def test_q8_0_keeps_positions_f32_and_transcribes(tiny):
         assert types["model.encoder.embed_positions.weight"] == "f32"
         assert types["model.encoder.conv1.weight"] == "f16"  # 240 columns: no q8_0 blocks
         segments, _ = m.transcribe(CLIPS / "fox.wav", language="en", max_new_tokens=4,
-                                   without_timestamps=True)
+                                   without_timestamps=True, no_speech_threshold=None)
         assert len(list(segments)[0].tokens) == 4
 
 
@@ -117,6 +117,10 @@ def test_refusals_are_typed(llm, tiny):
         llm.transcribe(CLIPS / "fox.wav", task="summarize")
     with pytest.raises(AudioError, match="not a WAV file"):
         llm.transcribe(b"hello")
+    with pytest.raises(ArgumentError, match="no_speech_threshold must be a number"):
+        llm.transcribe(CLIPS / "fox.wav", no_speech_threshold=2)
+    with pytest.raises(ArgumentError, match="outside the vocabulary"):
+        llm.transcribe(CLIPS / "fox.wav", initial_prompt=[5, 10 ** 6])
     with pytest.raises(ArgumentError, match="without_timestamps must be True or False"):
         llm.transcribe(CLIPS / "fox.wav", without_timestamps="yes")
     segments, _ = llm.transcribe(np.zeros(16000, np.float32), language="en", max_new_tokens=2)
@@ -230,7 +234,7 @@ def test_ctranslate2_reader_gives_the_same_model(tmp_path, tiny):
         assert wa == wb
         ref = REFS["fox"]
         segments, info = a.transcribe(CLIPS / "fox.wav", max_new_tokens=len(ref["tokens"]),
-                                      without_timestamps=True)
+                                      without_timestamps=True, no_speech_threshold=None)
         assert info.language == ref["language"] and list(segments)[0].tokens == ref["tokens"]
 
 
@@ -256,7 +260,7 @@ def test_audio_longer_than_a_window_gives_one_segment_per_30_s(llm):
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(16000 * 35)).astype(np.float32)
     segments, info = llm.transcribe(audio, language="en", max_new_tokens=3,
-                                    without_timestamps=True)
+                                    without_timestamps=True, no_speech_threshold=None)
     segments = list(segments)
     assert info.duration == 35.0
     assert [(s.id, s.seek, s.start, s.end) for s in segments] == [(0, 0, 0.0, 30.0),
@@ -282,3 +286,16 @@ def test_timestamp_pairs_split_a_window_and_set_the_next_one(llm):
     # no pair: one segment up to its last timestamp
     parts, seek = t.split([111, 5, 6, 125], 0, 1000)
     assert parts == [(0.0, pytest.approx(0.28), [111, 5, 6, 125])] and seek == 1000
+
+
+def test_the_prompt_carries_the_previous_text(llm):
+    """openai's get_prompt: <|startofprev|>, at most half the positions of previous tokens
+    (the tiny model has 64: 31), then sot, language, task (and <|notimestamps|>)."""
+    from edgellm.transcribe import Transcriber
+
+    t = Transcriber(llm)
+    assert t.prompt("de", "translate", True, []) == [101, 103, 105]
+    assert t.prompt("en", "transcribe", False, [7, 8]) == [108, 7, 8, 101, 102, 106, 110]
+    long = list(range(40))
+    assert t.prompt("en", "transcribe", True, long) == [108, *long[-31:], 101, 102, 106]
+    assert t.initial_tokens([1, 2]) == [1, 2] and t.initial_tokens(None) == []

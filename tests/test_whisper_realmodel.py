@@ -78,6 +78,19 @@ def test_long_audio_seeks_by_timestamps_as_transformers(base):
     assert all(a.end <= b.start + 1e-9 for a, b in zip(segments, segments[1:]))
 
 
+def test_silence_gives_no_segment_and_noise_none_past_the_end(base):
+    """Silence: the no-speech probability over 0.6 with a low average log-probability skips
+    the window (without the rule whisper-base says " you"). Noise: whisper-base repeats
+    timestamped text to 28 s of a 5 s clip; nothing past the audio's end is a segment."""
+    silence = np.zeros(16000 * 5, np.float32)
+    assert list(base.transcribe(silence, language="en")[0]) == []
+    kept = list(base.transcribe(silence, language="en", no_speech_threshold=None)[0])
+    assert [s.text for s in kept] == [" you"]
+    noise = (0.01 * np.random.default_rng(0).standard_normal(16000 * 5)).astype(np.float32)
+    segments = list(base.transcribe(noise, no_speech_threshold=None)[0])  # detected: "nn"
+    assert segments and all(s.start < s.end <= 5.0 for s in segments)
+
+
 def test_generate_is_refused(base):
     with pytest.raises(ModelKindError, match="transcribes audio"):
         base.generate("Hello")

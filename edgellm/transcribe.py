@@ -311,7 +311,9 @@ class Transcriber:
                 i += 1
             if not condition:
                 history = []
-            seek, cross = next_seek, None
+            # a window whose only complete segment ends at 0.00 ([<|0.00|><|0.00|>, ...])
+            # would be decoded again forever: go on after it instead
+            seek, cross = (next_seek if next_seek > seek else seek + size), None
 
 
 def _threshold(value, name: str, lo: float, hi: float) -> float | None:

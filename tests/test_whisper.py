@@ -299,3 +299,14 @@ def test_the_prompt_carries_the_previous_text(llm):
     long = list(range(40))
     assert t.prompt("en", "transcribe", True, long) == [108, *long[-31:], 101, 102, 106]
     assert t.initial_tokens([1, 2]) == [1, 2] and t.initial_tokens(None) == []
+
+
+def test_a_window_that_would_not_advance_is_left_behind(llm, monkeypatch):
+    """Tokens [<|0.00|> <|0.00|> text]: one complete segment ending at 0.00 and an
+    unfinished one; seeking to its end would decode the same window forever."""
+    from edgellm.transcribe import Transcriber
+
+    monkeypatch.setattr(Transcriber, "greedy", lambda self, *a: ([111, 111, 5], -1.0, 0.0))
+    audio = np.zeros(16000 * 35, np.float32)
+    segments = list(llm.transcribe(audio, language="en", no_speech_threshold=None)[0])
+    assert [s.seek for s in segments] == []  # zero-length segments are none

@@ -22,6 +22,10 @@ def open_source(path: str):
 
     p = Path(path)
     if p.is_dir():
+        from .ct2_source import is_ct2_dir, open_ct2
+
+        if is_ct2_dir(p):
+            return open_ct2(p)
         from .hf_source import open_hf
 
         return open_hf(p)
@@ -46,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("src", nargs="?", help="Hugging Face model directory or .gguf file")
     ap.add_argument("out", nargs="?", help="output file (written atomically)")
     ap.add_argument("--quant", choices=RECIPES, default=None,
-                    help=f"storage recipe (default: {DEFAULT_HF} for HF directories, "
+                    help=f"storage recipe (default: {DEFAULT_HF} for HF directories, q8_0 for "
+                         "Whisper, "
                          f"{DEFAULT_GGUF} for GGUF: each tensor keeps its type)")
     ap.add_argument("--block-size", type=int, default=quant.DEFAULT_BLOCK,
                     choices=quant.BLOCK_SIZES, help="elements per quantization block")
@@ -283,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
             if not source.tokenizer_json:
                 _say(f"convert-model: warning: {args.src} has no tokenizer: the converted "
                      "model will take token ids only")
-            recipe = args.quant or (DEFAULT_GGUF if source.kind == "gguf" else DEFAULT_HF)
+            recipe = args.quant or (DEFAULT_GGUF if source.kind == "gguf" else
+                                    "q8_0" if source.whisper else DEFAULT_HF)
             if args.lora:
                 source = _merge(source, args.lora, args.quiet)
             _convert(source, args, recipe)

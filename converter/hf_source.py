@@ -179,6 +179,11 @@ def open_hf(path: str | Path) -> Source:
         chat_template = named.get("default")
     embedding = sentence_transformers.default_length(st[1], config, tokenizer_config) \
         if st else None
-    return Source(str(top), config, tensors, tokenizer_json, tokenizer_config,
-                  chat_template if isinstance(chat_template, str) else None,
-                  generation_config, kind="hf", embedding=embedding)
+    source = Source(str(top), config, tensors, tokenizer_json, tokenizer_config,
+                    chat_template if isinstance(chat_template, str) else None,
+                    generation_config, kind="hf", embedding=embedding)
+    if config.get("model_type") == "whisper":
+        from .whisper_meta import adapt_hf
+
+        return adapt_hf(source, root)
+    return source

@@ -203,6 +203,8 @@ def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None)
     }
     if source.embedding:  # pooling, normalize, max_seq_length (edgellm/embed.py reads it)
         meta["embedding"] = source.embedding
+    if source.whisper:  # front end and decoding tokens (edgellm/transcribe.py reads it)
+        meta["whisper"] = source.whisper
     return meta
 
 

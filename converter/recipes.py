@@ -54,7 +54,8 @@ DEFAULT_GGUF = "keep"
 SENSITIVE = ("embed_tokens.weight", "lm_head.weight", "word_embeddings.weight",
              "position_embeddings.weight", "token_type_embeddings.weight")
 # Small matrices read whole every token where quantization noise flips choices (MoE routers).
-KEEP_F32 = ("mlp.gate.weight", "block_sparse_moe.gate.weight")
+# Whisper's position tables: added to every frame, small, not run through a kernel.
+KEEP_F32 = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "embed_positions.weight")
 # Kept at q8_0 by the *_best recipes (llama.cpp's Q4_K_M gives them more bits too): per byte,
 # q4_0 noise costs SmolLM2 the most there (converter/size_target.py's KL measurement).
 BEST_Q8 = ("self_attn.v_proj.weight",)  # in every layer

@@ -41,5 +41,6 @@ class Source:
     tokenizer_config: dict = field(default_factory=dict)
     chat_template: str | None = None
     generation_config: dict = field(default_factory=dict)
-    kind: str = "hf"  # "hf" or "gguf"
+    kind: str = "hf"  # "hf", "gguf" or "ct2"
     embedding: dict | None = None  # pooling, normalize, max_seq_length (sentence_transformers.py)
+    whisper: dict | None = None  # front end and decoding tokens (whisper_meta.py)

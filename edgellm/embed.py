@@ -99,6 +99,9 @@ class Embedder:
 
     def __init__(self, llm):
         self.llm = llm
+        purpose = getattr(llm.model, "purpose", None)  # a model of another kind (Whisper)
+        if purpose is not None:
+            raise ModelKindError(f"{llm.packed.path}: {llm.packed.architecture} is {purpose}")
         self.encoder = not getattr(llm.model, "generates", True)
         self.pooling = Pooling.of(llm.packed, self.encoder)
         context = llm.model.context

@@ -162,3 +162,8 @@ class ModelKindError(EdgeLLMError):
 class AdapterError(EdgeLLMError, ValueError):
     """A LoRA adapter cannot be used: unreadable PEFT files, a feature edgellm does not run
     (DoRA, modules_to_save, embedding LoRA), or a module or shape the model does not have."""
+
+
+class AudioError(EdgeLLMError, ValueError):
+    """Audio input cannot be used: not a WAV file, a format or encoding it does not have,
+    a header that contradicts the data, no samples, or an array that is not 1-D float."""

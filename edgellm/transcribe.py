@@ -1,0 +1,365 @@
+"""Speech to text with a Whisper model: `LLM.transcribe(audio)` -> (segments, info).
+
+    samples = load_audio(audio)                   WAV path / bytes or float32 array, 16 kHz
+    mel = log_mel(samples)                        the whole input (audio/mel.py)
+    language = argmax over the language tokens after <|startoftranscript|>, on the first
+               window (if not given)
+    per window (3,000 frames at `seek`, padded with zeros after normalization):
+      enc = encode(window); cross keys/values once
+      prompt = [<|startofprev|> previous text] sot language task [<|notimestamps|>]
+      tokens = greedy: each step's logits with begin_suppress_tokens (first step),
+               suppress_tokens and the timestamp rules (timestamp_rules) at -inf, argmax,
+               until <|endoftext|> or max_new_tokens (half the decoder's positions)
+      silence: no-speech probability over no_speech_threshold (0.6) while the average
+               log-probability is under log_prob_threshold (-1): the window is skipped
+      segments = the tokens split at pairs of timestamps; the next window starts at the
+               last complete segment's end (or after this window); segments that are
+               empty, of zero length or past the audio's end are dropped
+    each segment: start, end, text, tokens, and its window's average log-probability (over
+    the tokens and the end token: sum / (n + 1)), compression ratio (zlib) and no-speech
+    probability (of <|nocaptions|> after sot)
+
+This follows faster-whisper's generate_segments (openai/whisper's transcribe) for greedy
+decoding. What it does not do yet: beam search, temperature fallback (retrying a window
+whose compression ratio or average log-probability crosses its threshold), word timestamps,
+voice-activity filtering, a prefix, hotwords.
+
+The header's "whisper" entry (converter/whisper_meta.py) gives the front end's parameters
+and every special token; it is checked here (FormatError) before any window runs."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import arguments
+from .audio import load_audio, log_mel
+from .audio.mel import window
+from .errors import ArgumentError, FormatError, ModelKindError
+
+TASKS = ("transcribe", "translate")
+
+
+@dataclass
+class Segment:
+    """One decoded window: times in seconds, text, and openai/whisper's quality figures."""
+
+    id: int
+    seek: int  # the window's first frame
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+    temperature: float = 0.0
+
+
+@dataclass
+class TranscriptionInfo:
+    language: str | None
+    language_probability: float
+    duration: float  # seconds of audio
+    all_language_probs: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WhisperMeta:
+    """The header's "whisper" entry, checked."""
+
+    n_mels: int
+    sampling_rate: int
+    n_fft: int
+    hop_length: int
+    chunk_length: int
+    tokens: dict
+    languages: dict
+    suppress: np.ndarray
+    begin_suppress: np.ndarray
+    max_initial: int  # the first timestamp's highest index (50: 1 s)
+
+    @classmethod
+    def of(cls, packed, vocab: int) -> WhisperMeta:
+        where = f"{packed.path}: header field 'whisper'"
+        w = packed.header.get("whisper")
+        if not isinstance(w, dict):
+            raise FormatError(f"{where} is missing: not a Whisper file (convert it again)")
+
+        def ids(value, what):
+            ok = isinstance(value, list) and all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in value)
+            if not ok:
+                raise FormatError(f"{where}: {what} must be token ids below {vocab}")
+            return np.array(value, np.int64)
+
+        nums = {}
+        for k in ("n_mels", "sampling_rate", "n_fft", "hop_length", "chunk_length"):
+            v = w.get(k)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 1 << 20:
+                raise FormatError(f"{where}: {k} is {v!r}")
+            nums[k] = v
+        tokens, langs = w.get("tokens"), w.get("languages")
+        if not isinstance(tokens, dict) or not isinstance(langs, dict):
+            raise FormatError(f"{where}: tokens and languages must be objects")
+        need = ("sot", "eot", "no_timestamps", "no_speech", "transcribe", "translate",
+                "sot_prev", "timestamp_begin")
+        ids([tokens.get(k) for k in need], "tokens")
+        ids(list(langs.values()), "languages")
+        return cls(**nums, tokens=dict(tokens), languages=dict(langs),
+                   suppress=ids(w.get("suppress_tokens", []), "suppress_tokens"),
+                   begin_suppress=ids(w.get("begin_suppress_tokens", []),
+                                      "begin_suppress_tokens"),
+                   max_initial=int(w.get("max_initial_timestamp_index", 50)))
+
+
+def compression_ratio(text: str) -> float:
+    """len(bytes) / len(zlib-compressed bytes), openai/whisper's repetition measure."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+class Transcriber:
+    """One model's decoding: the checked header, the prompt, greedy windows."""
+
+    def __init__(self, llm):
+        from .arch.whisper import Whisper
+
+        self.llm, self.model = llm, llm._model()
+        if not isinstance(self.model, Whisper):
+            raise ModelKindError(f"{llm.packed.path}: {llm.packed.architecture} is not a speech "
+                                 "model: transcribe() needs a Whisper model")
+        self.meta = WhisperMeta.of(llm.packed, self.model.args.vocab_size)
+        if self.meta.n_mels != self.model.n_mels:
+            raise FormatError(f"{llm.packed.path}: the front end's {self.meta.n_mels} mel bins "
+                              f"do not match the encoder's {self.model.n_mels}")
+        self.frames = 2 * self.model.P  # log-mel frames per window
+
+    def check(self, language, task: str, max_new_tokens) -> tuple[str | None, int]:
+        m = self.meta
+        arguments.choice(task, "task", TASKS)
+        if language is not None:
+            if not isinstance(language, str) or (language not in m.languages and not (
+                    not m.languages and language == "en")):
+                known = ", ".join(sorted(m.languages)) or "en"
+                raise ArgumentError(f"language must be one of the model's ({known}), got "
+                                    f"{language!r:.40}")
+        if task == "translate" and not m.languages:
+            raise ArgumentError("this model is English-only: it cannot translate")
+        limit = self.model.context // 2
+        n = arguments.integer(max_new_tokens, "max_new_tokens", 1, limit, none=True)
+        return language, limit if n is None else n
+
+    def initial_tokens(self, prompt) -> list[int]:
+        """An initial prompt as token ids: text (encoded as " " + text, as faster-whisper
+        does) or ids already."""
+        if prompt is None:
+            return []
+        if isinstance(prompt, str):
+            return self.llm.tokenizer.encode(" " + prompt.strip())
+        return arguments.token_ids(prompt, self.meta.tokens["eot"], "initial_prompt")
+
+    def mel(self, audio) -> tuple[np.ndarray, float]:
+        m = self.meta
+        samples = load_audio(audio, m.sampling_rate)
+        return (log_mel(samples, m.n_mels, m.hop_length, m.sampling_rate, m.n_fft,
+                        m.hop_length), samples.size / m.sampling_rate)
+
+    def window(self, mel: np.ndarray, seek: int):
+        """The cross keys/values of the window starting at frame `seek`."""
+        return self.model.cross(self.model.encode(window(mel, seek, self.frames)))
+
+    def detect_language(self, cross) -> tuple[str | None, float, dict]:
+        """(code, probability, all probabilities) from the first step's logits."""
+        m = self.meta
+        if not m.languages:
+            return "en", 1.0, {"en": 1.0}
+        logits = self.model.decode([m.tokens["sot"]], self.model.new_cache(cross))[0]
+        codes = list(m.languages)
+        x = logits[[m.languages[c] for c in codes]].astype(np.float64)
+        p = np.exp(x - x.max())
+        p /= p.sum()
+        best = int(np.argmax(p))
+        return codes[best], float(p[best]), dict(zip(codes, map(float, p), strict=True))
+
+    def prompt(self, language: str | None, task: str, timestamps: bool,
+               previous: list[int]) -> list[int]:
+        """[<|startofprev|> previous...] sot [language task] [<|notimestamps|>]: the
+        previous text at most half the decoder's positions (openai/whisper's get_prompt)."""
+        t = self.meta.tokens
+        out = [t["sot_prev"], *previous[-(self.model.context // 2 - 1):]] if previous else []
+        out.append(t["sot"])
+        if self.meta.languages:  # English-only models have no language or task tokens
+            out += [self.meta.languages[language], t[task]]
+        return out if timestamps else [*out, t["no_timestamps"]]
+
+    def timestamp_rules(self, row: np.ndarray, tokens: list[int]) -> None:
+        """openai/whisper's ApplyTimestampRules (= transformers' WhisperTimeStamp-
+        LogitsProcessor) on the logits `row` after the generated `tokens`, in place."""
+        t = self.meta.tokens
+        begin, eot = t["timestamp_begin"], t["eot"]
+        row[t["no_timestamps"]] = -np.inf
+        last = len(tokens) >= 1 and tokens[-1] >= begin
+        penultimate = len(tokens) < 2 or tokens[-2] >= begin
+        if last:  # timestamps come in pairs, except right before the end
+            if penultimate:
+                row[begin:] = -np.inf
+            else:
+                row[:eot] = -np.inf
+        stamps = [x for x in tokens if x >= begin]
+        if stamps:  # never decreasing, and a segment never of zero length
+            row[begin:stamps[-1] if last and not penultimate else stamps[-1] + 1] = -np.inf
+        if not tokens:  # a window starts with a timestamp, within the first second
+            row[:begin] = -np.inf
+            row[begin + self.meta.max_initial + 1:] = -np.inf
+        logp = row - _logsumexp(row)
+        if _logsumexp(logp[begin:]) > logp[:begin].max():  # timestamps more likely: take one
+            row[:begin] = -np.inf
+
+    def greedy(self, cross, prompt: list[int], max_new_tokens: int, timestamps: bool
+               ) -> tuple[list[int], float, float]:
+        """(tokens without the end token, sum of their and its log-probabilities,
+        no-speech probability)."""
+        m, model = self.meta, self.model
+        eot, cache = m.tokens["eot"], model.new_cache(cross)
+        logits = model.decode(prompt, cache, last_only=False)
+        sot_at = prompt.index(m.tokens["sot"])
+        no_speech = float(_softmax(logits[sot_at])[m.tokens["no_speech"]])
+        row, tokens, total = logits[-1], [], 0.0
+        room = model.context - len(prompt)
+        while True:
+            row = row.astype(np.float64)
+            if not tokens:
+                row[m.begin_suppress] = -np.inf
+            row[m.suppress] = -np.inf
+            if timestamps:
+                self.timestamp_rules(row, tokens)
+            tok = int(np.argmax(row))
+            total += float(row[tok] - _logsumexp(row))
+            if tok == eot:
+                break
+            tokens.append(tok)
+            if len(tokens) >= min(max_new_tokens, room):
+                break
+            row = model.decode([tok], cache)[0]
+        return tokens, total, no_speech
+
+    def split(self, tokens: list[int], seek: int, size: int
+              ) -> tuple[list[tuple[float, float, list[int]]], int]:
+        """A window's tokens as (start, end, tokens) segments by their timestamp pairs, and
+        the next window's first frame (faster-whisper's _split_segments_by_timestamps)."""
+        begin = self.meta.tokens["timestamp_begin"]
+        per_frame = self.meta.hop_length / self.meta.sampling_rate
+        offset, step = seek * per_frame, 0.02  # a timestamp token is 20 ms: 2 frames
+        single_ending = len(tokens) >= 2 and tokens[-2] < begin <= tokens[-1]
+        pairs = [i for i in range(1, len(tokens)) if tokens[i] >= begin <= tokens[i - 1]]
+        if not pairs:
+            stamps = [x for x in tokens if x >= begin]
+            duration = (stamps[-1] - begin) * step if stamps and stamps[-1] != begin \
+                else size * per_frame
+            return [(offset, offset + duration, tokens)], seek + size
+        cuts = pairs + [len(tokens)] if single_ending else pairs
+        out, last = [], 0
+        for cut in cuts:
+            part = tokens[last:cut]
+            out.append((offset + (part[0] - begin) * step, offset + (part[-1] - begin) * step,
+                        part))
+            last = cut
+        if single_ending:  # nothing said after the last timestamp: the whole window is done
+            return out, seek + size
+        return out, seek + (tokens[last - 1] - begin) * 2  # from the last complete segment
+
+    def segments(self, mel: np.ndarray, duration: float, first_cross, language, task: str,
+                 max_new_tokens: int, timestamps: bool, condition: bool,
+                 initial: list[int], no_speech_threshold: float | None = 0.6,
+                 log_prob_threshold: float | None = -1.0) -> Iterator[Segment]:
+        m = self.meta
+        per_frame = m.hop_length / m.sampling_rate
+        content = mel.shape[1] - 1  # the last frame comes from the hop of padding
+        seek, i, cross, history = 0, 0, first_cross, list(initial)
+        tokenizer = self.llm.tokenizer if self.llm.packed.has_tokenizer else None
+        text_of = (lambda ids: tokenizer.decode([x for x in ids if x < m.tokens["eot"]])) \
+            if tokenizer is not None else (lambda ids: "")
+        while seek < content:
+            size = min(self.frames, content - seek)
+            if cross is None:
+                cross = self.window(mel, seek)
+            prompt = self.prompt(language, task, timestamps, history)
+            tokens, total, no_speech = self.greedy(cross, prompt, max_new_tokens, timestamps)
+            if timestamps:
+                parts, next_seek = self.split(tokens, seek, size)
+            else:
+                parts, next_seek = [(seek * per_frame, (seek + size) * per_frame, tokens)], \
+                    seek + size
+            avg, ratio = total / (len(tokens) + 1), compression_ratio(text_of(tokens))
+            if no_speech_threshold is not None and no_speech > no_speech_threshold and not (
+                    log_prob_threshold is not None and avg > log_prob_threshold):
+                seek, cross = seek + size, None  # silence: nothing said in this window
+                continue
+            for start, end, part in parts:
+                text = text_of(part)
+                if start == end or (tokenizer is not None and not text.strip()):
+                    continue  # instantaneous or empty: as faster-whisper, not a segment
+                if start >= duration:  # timestamps past the audio's end: not a segment
+                    continue
+                history += part
+                yield Segment(i, seek, start, min(end, duration), text, part, avg, ratio,
+                              no_speech)
+                i += 1
+            if not condition:
+                history = []
+            # a window whose only complete segment ends at 0.00 ([<|0.00|><|0.00|>, ...])
+            # would be decoded again forever: go on after it instead
+            seek, cross = (next_seek if next_seek > seek else seek + size), None
+
+
+def _threshold(value, name: str, lo: float, hi: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value <= hi:
+        raise ArgumentError(f"{name} must be a number in [{lo:g}, {hi:g}] or None, got "
+                            f"{value!r:.40}")
+    return float(value)
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    top = x.max()
+    if top == -np.inf:  # everything suppressed (the timestamps, by the rules)
+        return -np.inf
+    return float(top + np.log(np.exp(x - top).sum()))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x.astype(np.float64) - x.max())
+    return e / e.sum()
+
+
+def transcribe(llm, audio, language: str | None = None, task: str = "transcribe",
+               without_timestamps: bool = False, condition_on_previous_text: bool = True,
+               initial_prompt=None, no_speech_threshold: float | None = 0.6,
+               log_prob_threshold: float | None = -1.0, max_new_tokens: int | None = None,
+               blocking: bool = True, timeout: float | None = None):
+    """(segments: a Stream of Segment, holding the model until it ends; TranscriptionInfo).
+    The first window is encoded (and its language detected) before this returns."""
+    t = Transcriber(llm)
+    language, max_new_tokens = t.check(language, task, max_new_tokens)
+    timestamps = not arguments.flag(without_timestamps, "without_timestamps")
+    condition = arguments.flag(condition_on_previous_text, "condition_on_previous_text")
+    initial = t.initial_tokens(initial_prompt)
+    no_speech_threshold = _threshold(no_speech_threshold, "no_speech_threshold", 0.0, 1.0)
+    log_prob_threshold = _threshold(log_prob_threshold, "log_prob_threshold", -1e9, 0.0)
+    mel, duration = t.mel(audio)
+
+    def run():  # the info first, then the segments: every step under the model's lock
+        cross, probs, prob, lang = t.window(mel, 0), {}, 1.0, language
+        if lang is None:
+            lang, prob, probs = t.detect_language(cross)
+        yield TranscriptionInfo(lang, prob, duration, probs)
+        yield from t.segments(mel, duration, cross, lang, task, max_new_tokens, timestamps,
+                              condition, initial, no_speech_threshold, log_prob_threshold)
+
+    stream = llm.lifetime.stream(llm.lifetime.acquire(blocking, timeout), run())
+    return stream, next(stream)

@@ -382,8 +382,8 @@ def main() -> int:
                          "(EDGELLM_PORTABLE=1), avx2 (portable, compiled for an AVX2 CPU)")
     ap.add_argument("--act-type", default=None, help="passed to edgellm bench (its default)")
     ap.add_argument("--llama-dir", default=None,
-                    help="directory of llama-bench and llama-quantize (default: PATH, "
-                         "then $LLAMA_CPP_DIR, $LLAMA_CPP_DIR/build/bin)")
+                    help="directory of llama-bench and llama-quantize (default: "
+                         "$LLAMA_CPP_DIR or its build/bin, then PATH)")
     ap.add_argument("--work-dir", default="~/.cache/edgellm/scale",
                     help="where the files are kept between runs (~/.cache/edgellm/scale)")
     ap.add_argument("--keep", action="store_true", help="keep the F16 GGUF files")

@@ -68,6 +68,20 @@ class Heads:
             self.max_length = min(self.max_length, limit)
 
     # what the model is -------------------------------------------------------------------
+    @property
+    def kind(self) -> str:
+        """What the model serves: "reranker" (a sequence head with one label),
+        "classifier", "tagger" (a token head), "embedding" (an encoder without a head) or
+        "generator" (a decoder): for a router choosing the calls a model answers."""
+        model = self.model
+        if getattr(model, "generates", True):
+            return "generator"
+        if model.head is None:
+            return "embedding"
+        if model.task == "token":
+            return "tagger"
+        return "reranker" if model.num_labels == 1 else "classifier"
+
     def _need(self, kind: str, use: str) -> None:
         """ModelKindError unless the model has the `kind` ("sequence" / "token") head."""
         model, arch = self.model, (self.config.get("architectures") or ["?"])[0]

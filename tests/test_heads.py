@@ -48,6 +48,7 @@ def test_rerank_matches_cross_encoder(packed):
     assert ref["activation"] == "Sigmoid"  # CrossEncoder's default for one label
     assert len(ref["sets"]) == 20
     with _load(packed("cross-encoder")) as llm:
+        assert llm.heads.kind == "reranker"
         for s in ref["sets"]:
             got = llm.rerank(s["query"], s["documents"])
             assert [r["index"] for r in got] == [r["index"] for r in s["ranking"]], s["query"]
@@ -127,20 +128,23 @@ def test_entities_match_token_classification_pipeline(packed):
 
 def test_a_model_without_the_head_is_refused_naming_what_it_is(packed, converted):
     with _load(packed("seq-classifier")) as llm:
+        assert llm.heads.kind == "classifier"
         with pytest.raises(ModelKindError, match="sequence classifier.*token-classification"):
             llm.entities("x")
         with pytest.raises(ModelKindError, match="3 labels, not a reranker"):
             llm.rerank("q", ["d"])
     with _load(packed("token-classifier")) as llm:
+        assert llm.heads.kind == "tagger"
         with pytest.raises(ModelKindError, match="token classifier.*sequence-classification"):
             llm.classify("x")
     with _load(packed("bert-tiny", FIXTURES / "embed" / "bert-tiny")) as llm:
         with pytest.raises(ModelKindError, match="BertModel is an embedding model"):
             llm.rerank("q", ["d"])
-        assert llm.embed("still embeds").shape == (64,)
+        assert llm.embed("still embeds").shape == (64,) and llm.heads.kind == "embedding"
     with _load(converted("llama")) as llm:
         with pytest.raises(ModelKindError, match="text generator"):
             llm.classify("x")
+        assert llm.heads.kind == "generator"
 
 
 def test_the_converter_keeps_heads_only_for_classifiers(packed):

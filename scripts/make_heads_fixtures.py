@@ -120,7 +120,18 @@ def cross_encoder() -> None:
     long_q, long_d = " ".join(QUERIES[:12]), " ".join(DOCUMENTS * 3)
     long = {"query": long_q, "documents": [long_d, DOCUMENTS[0], long_q],
             "scores": ce.predict([(long_q, d) for d in (long_d, DOCUMENTS[0], long_q)]).tolist()}
-    _dump(out, {"activation": type(ce.activation_fn).__name__, "sets": sets, "long": long})
+    # the tokenizer's pairs cut to a length, as CrossEncoder's tokenizer call cuts them
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    pairs = []
+    for k, length in enumerate((8, 9, 16, 17, 40, 128)):
+        for first, second in ((long_q, long_d), (QUERIES[k], long_d), (long_d, QUERIES[k]),
+                              (QUERIES[k], DOCUMENTS[k]), ("", "")):
+            enc = tok([first], [second], truncation="longest_first", max_length=length)
+            pairs.append({"first": first, "second": second, "max_length": length,
+                          "input_ids": enc["input_ids"][0],
+                          "token_type_ids": enc["token_type_ids"][0]})
+    _dump(out, {"activation": type(ce.activation_fn).__name__, "sets": sets, "long": long,
+                "pairs": pairs})
 
 
 def _classifier(name: str, model, tokenizer_class: str | None = "BertTokenizer") -> None:
@@ -129,7 +140,9 @@ def _classifier(name: str, model, tokenizer_class: str | None = "BertTokenizer")
     _dump(out, {"texts": TEXTS,
                 "default": [pipe(t) for t in TEXTS],  # a string: [{"label", "score"}]
                 "batch": pipe(TEXTS),  # a list: one {"label", "score"} per text
-                "all": pipe(TEXTS, top_k=None), "top2": pipe(TEXTS, top_k=2)})
+                "all": pipe(TEXTS, top_k=None), "top2": pipe(TEXTS, top_k=2),
+                # what problem_type "multi_label_classification" makes the pipeline do
+                "sigmoid": pipe(TEXTS, top_k=None, function_to_apply="sigmoid")})
 
 
 def classifiers() -> None:

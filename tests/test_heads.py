@@ -186,3 +186,28 @@ def test_commands(packed, capsys, tmp_path):
         assert main(argv) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "needs a" in err[0], err
+
+
+def test_pairs_are_cut_as_transformers_cuts_them(packed):
+    """Tokenizer.encodings against transformers' tokenizer(first, second,
+    truncation="longest_first", max_length=n) at lengths that hit each branch."""
+    with _load(packed("cross-encoder")) as llm:
+        for case in _ref("cross-encoder")["pairs"]:
+            enc = llm.tokenizer.encodings([case["first"]], [case["second"]],
+                                          case["max_length"])[0]
+            assert (enc.ids, enc.type_ids) == (case["input_ids"], case["token_type_ids"]), \
+                (case["max_length"], case["first"][:20], case["second"][:20])
+
+
+def test_multi_label_classifiers_score_by_sigmoid(packed, tmp_path):
+    src = tmp_path / "multi"
+    shutil.copytree(HEADS / "seq-classifier", src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config,
+                                                 "problem_type": "multi_label_classification"}))
+    ref = _ref("seq-classifier")
+    with _load(packed("multi", src)) as llm:
+        for got, want in zip(llm.classify(ref["texts"], top_k=None), ref["sigmoid"],
+                             strict=True):
+            assert [g["label"] for g in got] == [w["label"] for w in want]
+            assert all(abs(g["score"] - w["score"]) < 1e-4 for g, w in zip(got, want))

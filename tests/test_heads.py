@@ -7,12 +7,13 @@ heads; the errors for a model without the needed head; the commands."""
 import json
 import shutil
 
+import numpy as np
 import pytest
 from conftest import FIXTURES
 
 import edgellm
 from edgellm.cli import main
-from edgellm.errors import ArgumentError, ModelKindError
+from edgellm.errors import ArgumentError, EdgeLLMError, ModelKindError
 
 HEADS = FIXTURES / "heads"
 
@@ -211,3 +212,23 @@ def test_multi_label_classifiers_score_by_sigmoid(packed, tmp_path):
                              strict=True):
             assert [g["label"] for g in got] == [w["label"] for w in want]
             assert all(abs(g["score"] - w["score"]) < 1e-4 for g, w in zip(got, want))
+
+
+AWKWARD = [None, True, -1, 0, 2**70, float("nan"), "x", "\udcff", b"ab", [1, 2], ["a", None],
+           {"a": 1}, object(), np.float32(1.5), np.int64(3), np.array(["a"]), (), ("a",)]
+
+
+@pytest.mark.parametrize("name, model, valid", [
+    ("rerank", "cross-encoder", {"query": "q", "documents": ["a", "b"], "top_n": 1,
+                                 "return_documents": True}),
+    ("classify", "seq-classifier", {"texts": ["a"], "top_k": 2}),
+    ("entities", "token-classifier", {"text": "John in Paris"})])
+def test_every_keyword_takes_each_awkward_value(packed, name, model, valid):
+    """Success or an EdgeLLMError of one line, never another exception."""
+    with _load(packed(model)) as llm:
+        for key in valid:
+            for value in AWKWARD:
+                try:
+                    getattr(llm, name)(**{**valid, key: value})
+                except EdgeLLMError as e:
+                    assert "\n" not in str(e), (key, value, e)

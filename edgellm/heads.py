@@ -83,22 +83,22 @@ class Heads:
         return "reranker" if model.num_labels == 1 else "classifier"
 
     def _need(self, kind: str, use: str) -> None:
-        """ModelKindError unless the model has the `kind` ("sequence" / "token") head."""
+        """ModelKindError naming what the model is unless it has the `kind` ("sequence" /
+        "token") head that `use` (the call's name) needs."""
         model, arch = self.model, (self.config.get("architectures") or ["?"])[0]
+        head = {"sequence": "ForSequenceClassification", "token": "ForTokenClassification"}
+        needs = f"{use} needs a {kind}-classification head (*{head[kind]})"
         if getattr(model, "generates", True):
             raise ModelKindError(f"{self.where}: {self.llm.packed.architecture} is a text "
-                                 f"generator: {use} needs a BERT-family encoder with a "
-                                 f"{kind}-classification head")
-        if model.task != kind or model.head is None:
-            what = {"sequence": "a sequence classifier (classify, rerank)",
-                    "token": "a token classifier (entities)"}.get(model.task, "an embedding "
-                                                                              "model (embed)")
-            if model.task and model.head is None:
-                what = f"{arch} without its head's tensors (converted for embeddings)"
-            raise ModelKindError(f"{self.where}: {arch} is {what}: {use} needs a "
-                                 f"{kind}-classification head (*For"
-                                 f"{'Sequence' if kind == 'sequence' else 'Token'}"
-                                 f"Classification)")
+                                 f"generator: {needs} on a BERT-family encoder")
+        if model.task == kind and model.head is not None:
+            return
+        what = {"sequence": "a sequence classifier (classify, rerank)",
+                "token": "a token classifier (entities)"}.get(model.task,
+                                                              "an embedding model (embed)")
+        if model.task and model.head is None:
+            what = f"{arch} without its head's tensors (converted for embeddings)"
+        raise ModelKindError(f"{self.where}: {arch} is {what}: {needs}")
 
     def labels(self) -> list[str]:
         """The head's labels in id order (config id2label; LABEL_i where it has none)."""

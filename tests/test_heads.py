@@ -148,6 +148,23 @@ def test_a_model_without_the_head_is_refused_naming_what_it_is(packed, converted
         assert llm.heads.kind == "generator"
 
 
+def test_a_classifier_without_its_head_tensors_still_embeds(packed, tmp_path):
+    """As a classifier converted before heads were kept: an embedding model, and a call
+    needing the head says so."""
+    from safetensors.numpy import load_file, save_file
+
+    src = tmp_path / "headless"
+    shutil.copytree(HEADS / "seq-classifier", src)
+    weights = load_file(src / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith(("bert.pooler.",
+                                                                      "classifier."))},
+              src / "model.safetensors")
+    with _load(packed("headless", src)) as llm:
+        assert llm.heads.kind == "embedding" and llm.embed("x").shape == (32,)
+        with pytest.raises(ModelKindError, match="without its head's tensors"):
+            llm.classify("x")
+
+
 def test_the_converter_keeps_heads_only_for_classifiers(packed):
     from edgellm.format import PackedModel
 

@@ -447,6 +447,8 @@ class LLM:
 
     @property
     def heads(self):
+        """The model's task heads (heads.Heads); `llm.heads.kind` says which calls it
+        answers: "reranker", "classifier", "tagger", "embedding" or "generator"."""
         self.lifetime.check()
         if self._heads is None:
             from .heads import Heads

@@ -140,6 +140,11 @@ def open_hf(path: str | Path) -> Source:
     st = sentence_transformers.read(root)  # (model directory, embedding config) or None
     top, root = root, (st[0] if st else root)
     config = _read_json(root / "config.json", required=True)
+    activation = sentence_transformers.cross_encoder_activation(top)
+    if activation is not None:  # edgellm/heads.py reads it where CrossEncoder 4-5 kept it
+        kept = config.get("sentence_transformers")
+        config = {**config, "sentence_transformers": {
+            **(kept if isinstance(kept, dict) else {}), "activation_fn": activation}}
     shards = _shard_files(root)
     names: dict[str, Path] = {}
     for shard in shards:
@@ -178,7 +183,7 @@ def open_hf(path: str | Path) -> Source:
         named = {t.get("name"): t.get("template") for t in chat_template if isinstance(t, dict)}
         chat_template = named.get("default")
     embedding = sentence_transformers.default_length(st[1], config, tokenizer_config) \
-        if st else None
+        if st and st[1] else None
     source = Source(str(top), config, tensors, tokenizer_json, tokenizer_config,
                     chat_template if isinstance(chat_template, str) else None,
                     generation_config, kind="hf", embedding=embedding)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from edgellm.arch.bert import task
 from edgellm.errors import SourceError
 
 # Buffers some checkpoints save that are recomputed at run time.
@@ -19,6 +20,7 @@ _BARE_DECODER = ("layers.", "embed_tokens.", "norm.")
 ENCODERS = ("bert", "roberta", "xlm-roberta")
 _ENCODER_PREFIXES = ("bert.", "roberta.")
 _ENCODER_HEADS = ("pooler.", "cls.", "lm_head.", "classifier.", "qa_outputs.")
+_CLASSIFIER_HEADS = ("pooler.", "classifier.")  # kept for *ForSequence/TokenClassification
 # transformers 5's in-memory layout: all experts of a layer stacked in one 3-D parameter.
 _STACKED = re.compile(r"model\.layers\.\d+\.mlp\.experts\.(gate_up_proj|gate_proj|up_proj|"
                       r"down_proj)(\.weight)?")
@@ -32,6 +34,8 @@ def sanitize(name: str, config: dict) -> str | None:
         for prefix in _ENCODER_PREFIXES:
             if name.startswith(prefix):
                 name = name[len(prefix):]
+        if name.startswith(_CLASSIFIER_HEADS) and task(config):  # arch/bert.py runs it
+            return name
         return None if name.startswith(_ENCODER_HEADS) else name
     if name.startswith(_BARE_DECODER):
         name = "model." + name

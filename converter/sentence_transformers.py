@@ -11,6 +11,9 @@ optionally a Normalize. Both formats are read:
 
 max_seq_length comes from sentence_bert_config.json; when it is absent, as
 sentence-transformers does: min(max_position_embeddings, tokenizer model_max_length).
+A CrossEncoder directory (sentence-transformers >= 6) lists a Transformer alone and names
+its activation in config_sentence_transformers.json: the converter keeps it in the config
+as config.json's own "sentence_transformers"."activation_fn" (CrossEncoder 4-5's place).
 The result is stored in the packed file's header as "embedding":
     {"pooling": "mean" | "cls" | "max" | "lasttoken" | "mean_sqrt_len_tokens" |
                 "weightedmean", "normalize": bool, "max_seq_length": int | null}
@@ -69,7 +72,8 @@ def _pooling_mode(path: Path) -> str:
 
 def read(root: Path) -> tuple[Path, dict] | None:
     """(directory of the Hugging Face model, embedding config) of a sentence-transformers
-    directory, or None when `root` has no modules.json. max_seq_length is None unless
+    directory, or None when `root` has no modules.json; the embedding config is None for a
+    CrossEncoder (a Transformer alone). max_seq_length is None unless
     sentence_bert_config.json sets it (see default_length)."""
     modules_path = root / "modules.json"
     if not modules_path.exists():
@@ -92,6 +96,8 @@ def read(root: Path) -> tuple[Path, dict] | None:
             after = "Normalize" if normalize else "Pooling" if pooling else "the start"
             raise SourceError(f"{modules_path}: module {m.get('type')!r} (after {after}) is "
                               "not supported: edgellm runs Transformer, Pooling, Normalize")
+    if model_dir is not None and len(modules) == 1:  # a CrossEncoder (>= 6): no pooling
+        return model_dir, None
     if model_dir is None or pooling is None:
         raise SourceError(f"{modules_path}: needs a Transformer and a Pooling module")
     st = root / "sentence_bert_config.json"
@@ -101,6 +107,19 @@ def read(root: Path) -> tuple[Path, dict] | None:
                                 or max_len < 2):
         raise SourceError(f"{st}: field 'max_seq_length' is {max_len!r}")
     return model_dir, {"pooling": pooling, "normalize": normalize, "max_seq_length": max_len}
+
+
+def cross_encoder_activation(root: Path) -> str | None:
+    """The activation a CrossEncoder directory names in config_sentence_transformers.json
+    ("torch.nn.modules.activation.Sigmoid", ...), or None."""
+    path = root / "config_sentence_transformers.json"
+    cfg = _json(path) if path.is_file() else None
+    if not isinstance(cfg, dict) or cfg.get("model_type") != "CrossEncoder":
+        return None
+    fn = cfg.get("activation_fn")
+    if fn is not None and not isinstance(fn, str):
+        raise SourceError(f"{path}: field 'activation_fn' is {fn!r:.60}")
+    return fn
 
 
 def default_length(embedding: dict, config: dict, tokenizer_config: dict) -> dict:

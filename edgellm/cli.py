@@ -22,8 +22,8 @@ from .errors import (
     restore_signals,
 )
 
-COMMANDS = ("generate", "chat", "embed", "serve", "info", "list", "pull", "bench",
-            "perplexity")
+COMMANDS = ("generate", "chat", "embed", "classify", "entities", "rerank", "serve", "info",
+            "list", "pull", "bench", "perplexity")
 
 
 def build_parser() -> argparse.ArgumentParser:

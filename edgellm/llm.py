@@ -91,6 +91,7 @@ class LLM:
         self._template = None  # a chat_template.ChatTemplate, made on first use
         self._engine = None  # constraints.ConstraintEngine, built on first use
         self._embedder = None
+        self._heads = None  # heads.Heads, made on first use
         self.lora: list[tuple[str, float]] = []  # the active adapters: (path, scale)
         if lora is not None:
             try:
@@ -438,6 +439,41 @@ class LLM:
         """float32 [L, D]: the final hidden state of each of `text`'s L tokens."""
         with self.lifetime.exclusive(blocking, timeout):
             return self.embedder.token_embeddings(text)
+
+    # task heads (cross-encoders, classifiers, taggers: see edgellm/heads.py) -------------
+    def rerank(self, query: str, documents, top_n: int | None = None,
+               return_documents: bool = False, *, blocking: bool = True,
+               timeout: float | None = None) -> list[dict]:
+        """Documents scored against `query` by a cross-encoder, as sentence-transformers'
+        CrossEncoder scores pairs, best first: [{"index", "relevance_score",
+        "document": {"text"} (with return_documents)}], at most top_n of them."""
+        with self.lifetime.exclusive(blocking, timeout):
+            return self.heads.rerank(query, documents, top_n, return_documents)
+
+    def classify(self, texts, top_k: int | None = 1, *, blocking: bool = True,
+                 timeout: float | None = None):
+        """Labels of a text classifier, as transformers' text-classification pipeline:
+        {"label", "score"} per text (top_k=1), or the top_k best sorted (None: all)."""
+        with self.lifetime.exclusive(blocking, timeout):
+            return self.heads.classify(texts, top_k)
+
+    def entities(self, text: str, *, blocking: bool = True,
+                 timeout: float | None = None) -> list[dict]:
+        """Named entities of a token classifier: [{"entity_group", "score", "word", "start",
+        "end"}], grouped as transformers' pipeline with aggregation_strategy="simple"."""
+        with self.lifetime.exclusive(blocking, timeout):
+            return self.heads.entities(text)
+
+    @property
+    def heads(self):
+        """The model's task heads (heads.Heads); `llm.heads.kind` says which calls it
+        answers: "reranker", "classifier", "tagger", "embedding" or "generator"."""
+        self.lifetime.check()
+        if self._heads is None:
+            from .heads import Heads
+
+            self._heads = Heads(self)
+        return self._heads
 
     @property
     def embedder(self):

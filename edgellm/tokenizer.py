@@ -228,12 +228,56 @@ class Tokenizer:
             out.append(ids)
         return out
 
+    def encodings(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                  max_length: int | None = None) -> list[tokenizers.Encoding]:
+        """Each text (with pairs[i] as its second segment) -> the backend's Encoding (ids,
+        type_ids, offsets, special_tokens_mask) with the post-processor's special tokens,
+        cut to max_length tokens as transformers' truncation=True ("longest_first") cuts:
+        a pair loses tokens from its longer side. Encoders' tokenizers have no
+        add_bos/add_eos override, so the post-processor alone adds special tokens."""
+        firsts = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        seconds = self._tok.encode_batch(list(pairs), add_special_tokens=False) \
+            if pairs is not None else [None] * len(firsts)
+        room = None if max_length is None else max(
+            0, max_length - self._tok.num_special_tokens_to_add(pairs is not None))
+        out = []
+        for a, b in zip(firsts, seconds, strict=True):
+            if room is not None:
+                n1, n2 = _longest_first(len(a.ids), len(b.ids) if b else 0, room)
+                a.truncate(n1)
+                if b is not None:
+                    b.truncate(n2)
+            out.append(self._tok.post_process(a, b, add_special_tokens=True))
+        return out
+
+    def convert_tokens_to_string(self, tokens: Sequence[str]) -> str:
+        """Token strings joined as the tokenizer's decoder joins them (WordPiece: "##"
+        pieces glued to the previous one), as transformers' fast tokenizers do."""
+        decoder = self._tok.decoder
+        return decoder.decode(list(tokens)) if decoder is not None else " ".join(tokens)
+
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """ids [n] -> text. Ids outside the vocabulary decode to nothing, as in `tokenizers`."""
         try:
             return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
         except (OverflowError, TypeError) as e:
             raise TokenizerError(f"cannot decode ids: {e}") from None
+
+
+def _longest_first(n1: int, n2: int, room: int) -> tuple[int, int]:
+    """How many tokens of a pair's two sides fit `room`, as the tokenizers library's
+    LongestFirst truncation keeps them (n2 = 0: a single text, cut to room)."""
+    if n1 + n2 <= room:
+        return n1, n2
+    if n2 == 0:
+        return room, 0
+    swap = n1 > n2
+    a, b = (n2, n1) if swap else (n1, n2)  # a: the shorter side
+    b = a if a > room else max(a, room - a)
+    if a + b > room:
+        a = room // 2
+        b = a + room % 2
+    return (b, a) if swap else (a, b)
 
 
 class StreamingDetokenizer:

@@ -7,6 +7,12 @@
       x = LN(x + gelu(x W_i + b_i) W_out + b_out)                        exact (erf) GELU
     hidden states [T, D] = x (sentence-transformers' token_embeddings)
 
+Task heads, when the checkpoint has them (transformers' *ForSequenceClassification,
+*ForTokenClassification; dropout is the identity at inference):
+    BERT sequence     logits [n, L] = classifier(tanh(pooler(x[first token])))
+    RoBERTa sequence  logits [n, L] = out_proj(tanh(dense(x[first token])))
+    token             logits [T, L] = classifier(x)
+
 A batch is packed: the sequences' tokens are concatenated ([T, D], no padding) and
 `offsets` [n + 1] marks where each starts, so every linear layer is one matrix product
 over all T tokens (the panel/matmul prefill kernels) and attention keeps each sequence to
@@ -70,23 +76,50 @@ LAYER = (  # under "encoder.layer.N."
     ("output.LayerNorm.weight", VEC, ("hidden",)),
     ("output.LayerNorm.bias", VEC, ("hidden",)),
 )
+# Task heads, kept by the converter when the config's architecture has one (optional: a
+# file without them still embeds). name -> (role, shape).
+HEADS = {
+    "pooler.dense.weight": (MAT, ("hidden", "hidden")),  # BERT sequence classification
+    "pooler.dense.bias": (VEC, ("hidden",)),
+    "classifier.weight": (MAT, ("labels", "hidden")),  # BERT sequence, any token classifier
+    "classifier.bias": (VEC, ("labels",)),
+    "classifier.dense.weight": (MAT, ("hidden", "hidden")),  # RoBERTa sequence classification
+    "classifier.dense.bias": (VEC, ("hidden",)),
+    "classifier.out_proj.weight": (MAT, ("labels", "hidden")),
+    "classifier.out_proj.bias": (VEC, ("labels",)),
+}
+TASKS = {"ForSequenceClassification": "sequence", "ForTokenClassification": "token"}
+
+
+def task(config: dict) -> str | None:
+    """"sequence", "token" or None: the head the config's `architectures` names."""
+    archs = config.get("architectures")
+    for a in archs if isinstance(archs, list) else []:
+        for suffix, kind in TASKS.items():
+            if isinstance(a, str) and a.endswith(suffix):
+                return kind
+    return None
 
 
 def expected_tensors(args: ModelArgs):
     """(name, role, named shape, required) of every tensor, as validate.expected_tensors."""
     for name, (role, shape, required) in GLOBAL.items():
         yield name, role, shape, required
+    for name, (role, shape) in HEADS.items():
+        yield name, role, shape, False
     for i in range(args.num_hidden_layers):
         for name, role, shape in LAYER:
             yield f"encoder.layer.{i}.{name}", role, shape, True
 
 
 def dims(args: ModelArgs) -> dict[str, int]:
-    """The named dimensions of expected_tensors."""
+    """The named dimensions of expected_tensors ("labels": free without id2label)."""
+    labels = args.extra.get("id2label")
     return {"vocab": args.vocab_size, "hidden": args.hidden_size,
             "q": args.num_attention_heads * args.head_dim, "inter": args.intermediate_size,
             "positions": args.max_position_embeddings,
-            "types": int(args.extra.get("type_vocab_size") or 2)}
+            "types": int(args.extra.get("type_vocab_size") or 2),
+            "labels": len(labels) if isinstance(labels, dict) and labels else None}
 
 
 def check_config(where: str, args: ModelArgs) -> None:
@@ -167,14 +200,17 @@ class Bert:
         self.word = self._matrix("embeddings.word_embeddings.weight")
         self.position = self._matrix("embeddings.position_embeddings.weight")
         types = self._matrix("embeddings.token_type_embeddings.weight")
-        self.type0 = np.zeros((1, args.hidden_size), np.float32)
-        embedding(types, np.zeros(1, np.int64), self.type0)
-        self.type0 = self.type0[0]
+        self.type_table = np.zeros((types.shape[0], args.hidden_size), np.float32)  # [types, D]
+        embedding(types, np.arange(types.shape[0], dtype=np.int64), self.type_table)
+        self.type0 = self.type_table[0]
+        self.zero = np.zeros(args.hidden_size, np.float32)
         self.ln_w = self._vector("embeddings.LayerNorm.weight")
         self.ln_b = self._vector("embeddings.LayerNorm.bias")
         self.layers = [self._layer(i) for i in range(args.num_hidden_layers)]
         self.scale = 1.0 / float(np.sqrt(args.head_dim))
         self.buffers: EncoderBuffers | None = None
+        self.task = task(packed.config)
+        self.head = self._head() if self.task else None
 
     def _matrix(self, name: str) -> Tensor:
         return self.packed.tensor(name)
@@ -200,6 +236,49 @@ class Bert:
             down=m(p + "output.dense.weight"), down_bias=v(p + "output.dense.bias"),
             ln2_w=v(p + "output.LayerNorm.weight"), ln2_b=v(p + "output.LayerNorm.bias"))
 
+    def _head(self) -> dict | None:
+        """The task head's tensors by role, or None when the file has not all of them."""
+        p = self.packed
+        if self.task == "token":
+            names = {"out": "classifier.weight", "out_bias": "classifier.bias"}
+        elif "classifier.out_proj.weight" in p:
+            names = {"dense": "classifier.dense.weight", "dense_bias": "classifier.dense.bias",
+                     "out": "classifier.out_proj.weight", "out_bias": "classifier.out_proj.bias"}
+        else:
+            names = {"dense": "pooler.dense.weight", "dense_bias": "pooler.dense.bias",
+                     "out": "classifier.weight", "out_bias": "classifier.bias"}
+        if not all(n in p for n in names.values()):
+            return None
+        return {role: self._vector(n) if role.endswith("bias") else self._matrix(n)
+                for role, n in names.items()}
+
+    @property
+    def num_labels(self) -> int:
+        return self.head["out"].shape[0] if self.head else 0
+
+    def classify(self, ids: np.ndarray, offsets: np.ndarray,
+                 types: np.ndarray | None = None) -> np.ndarray:
+        """Logits float32 [n, labels] of each sequence of a packed batch (as encode; the
+        sequence head on each sequence's first token)."""
+        assert self.task == "sequence" and self.head is not None
+        x = self.encode(ids, offsets, types)
+        first = np.ascontiguousarray(x[np.asarray(offsets[:-1], np.int64)])  # [n, D]
+        h = self.head
+        pooled = np.empty_like(first)
+        gemm(h["dense"], first, pooled)
+        np.tanh(pooled + h["dense_bias"], out=pooled)
+        logits = np.empty((first.shape[0], self.num_labels), np.float32)
+        gemm(h["out"], pooled, logits)
+        return logits + h["out_bias"]
+
+    def tag(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Logits float32 [T, labels] of every token of a packed batch (as encode)."""
+        assert self.task == "token" and self.head is not None
+        x = self.encode(ids, offsets)
+        logits = np.empty((x.shape[0], self.num_labels), np.float32)
+        gemm(self.head["out"], x, logits)
+        return logits + self.head["out_bias"]
+
     def _buffers(self, T: int) -> EncoderBuffers:
         b = self.buffers
         if b is None or b.rows < T:
@@ -208,10 +287,12 @@ class Bert:
                                               self.args.intermediate_size)
         return b
 
-    def encode(self, ids: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    def encode(self, ids: np.ndarray, offsets: np.ndarray,
+               types: np.ndarray | None = None) -> np.ndarray:
         """Hidden states float32 [T, D] of a packed batch (a view of an internal buffer,
         valid until the next call). ids: int64 [T], the sequences one after another;
-        offsets: int64 [n + 1], sequence s is ids[offsets[s]:offsets[s + 1]]."""
+        offsets: int64 [n + 1], sequence s is ids[offsets[s]:offsets[s + 1]]; types: int64
+        [T] token types (None: all 0)."""
         ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
         offsets = np.ascontiguousarray(offsets, dtype=np.int64).reshape(-1)
         T = ids.size
@@ -231,7 +312,11 @@ class Bert:
         positions = np.arange(T, dtype=np.int64) - np.repeat(offsets[:-1], lengths)
         embedding(self.word, ids, x)
         embedding(self.position, positions + self.position_offset, h)
-        add_layernorm(x, h, self.type0, self.ln_w, self.ln_b, self.eps)
+        if types is None:
+            add_layernorm(x, h, self.type0, self.ln_w, self.ln_b, self.eps)
+        else:
+            h += self.type_table[self._types(types, T)]
+            add_layernorm(x, h, self.zero, self.ln_w, self.ln_b, self.eps)
         H, Dh = a.num_attention_heads, a.head_dim
         q, k, v, attn, ffn = b.q[:T], b.k[:T], b.v[:T], b.attn[:T], b.ffn[:T]
         for w in self.layers:
@@ -250,6 +335,12 @@ class Bert:
             gemm(w.down, ffn, h)
             add_layernorm(x, h, w.down_bias, w.ln2_w, w.ln2_b, self.eps)
         return x
+
+    def _types(self, types, T: int) -> np.ndarray:
+        types = np.asarray(types, dtype=np.int64).reshape(-1)
+        if types.size != T or types.min() < 0 or types.max() >= len(self.type_table):
+            raise ContextError(f"token types must be {T} values in 0..{len(self.type_table) - 1}")
+        return types
 
     # what LLM calls on every model -------------------------------------------------------
     def forward(self, tokens, want: str = "all", shift: bool = True):

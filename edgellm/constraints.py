@@ -19,6 +19,11 @@ are never allowed by a grammar, EOS only where the grammar may end.
 costs a GIL round trip, which on a busy 2-core machine is about as long as the mask itself
 (40-80 us at 49k-262k tokens): benchmarks/constrained_decode.py measured it no faster at
 either size, so it is off unless asked for (`Constraint.overlap`).
+
+Nothing reaches the engine unchecked (depth, size, valid Unicode: limits below, refused
+with a ConstraintError naming the limit), and it compiles on a thread with a large stack, so
+no schema or grammar can overflow a caller's stack. JSON schemas get bounds where they state
+none (`bounded`), so that a sampled answer ends.
 """
 
 from __future__ import annotations
@@ -42,16 +47,18 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 # Bounds a schema gets unless it states its own, so that a sampled answer finishes:
 # numbers up to 15 integer digits and 10 decimals (no exponent; llama.cpp's schema grammar
 # bounds digits too), strings up to MAX_STRING characters, and objects that name their
-# properties get no others (additionalProperties false, as vLLM's engines do).
+# properties get no others (additionalProperties false, as vLLM's engines do); an object
+# that names none takes any JSON, bounded so (keys up to MAX_KEY characters).
 NUMBER_BOUND = 10 ** 15 - 1  # exact in a double, as llguidance reads bounds
 NUMBER_STEP = 1e-10
-MAX_STRING = 512
+MAX_STRING = 256
+MAX_KEY = 64  # the names of properties an open object ({"type": "object"}) makes up
 # What reaches the engine: its compiler recurses once per nesting level, $ref hop and rule
 # reference, so these bound its stack; it runs on a thread with COMPILE_STACK bytes of stack
 # (a server's worker threads have 1 MiB; a 300-deep $ref chain or a 1,000-terminal chain
 # overflows that). Measured on a 256 MiB stack: 20,000-deep $ref and 60,000-rule chains
-# compile; 100,000 rules overflow. MAX_GBNF_RULES: the GBNF converter's time is quadratic
-# in its rules (5,000: 1.4 s, 10,000: 7 s).
+# compile; 100,000 rules overflow. MAX_GBNF_RULES: the GBNF converter's time grows with the
+# square of its rules.
 COMPILE_STACK = 256 << 20
 MAX_SCHEMA_DEPTH = 100  # nested JSON objects and arrays (llguidance's JSON reader stops at 128)
 MAX_SCHEMA_OBJECTS = 10_000
@@ -130,7 +137,13 @@ def _any_value() -> dict:
         {"type": "number", "minimum": -NUMBER_BOUND, "maximum": NUMBER_BOUND,
          "multipleOf": NUMBER_STEP},
         {"type": "string", "maxLength": MAX_STRING},
-        {"type": "array", "items": ref}, {"type": "object", "additionalProperties": ref}]}
+        {"type": "array", "items": ref}, {"type": "object", **_open_object(ref)}]}
+
+
+def _open_object(value: dict) -> dict:
+    """An object's keywords for properties of any name up to MAX_KEY characters (keys the
+    engine would leave unbounded) whose values follow `value`."""
+    return {"patternProperties": {f"^.{{0,{MAX_KEY}}}$": value}, "additionalProperties": False}
 
 
 def bounded(schema):
@@ -175,7 +188,7 @@ def _bound(schema, in_all_of: bool, used: list):
             out["additionalProperties"] = False
         else:
             used.append(True)
-            out["additionalProperties"] = {"$ref": f"#/$defs/{_VALUE}"}
+            out.update(_open_object({"$ref": f"#/$defs/{_VALUE}"}))
     if kinds & {"integer", "number"}:
         if "minimum" not in out and "exclusiveMinimum" not in out:
             out["minimum"] = -NUMBER_BOUND

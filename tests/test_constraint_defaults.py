@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 import edgellm
-from edgellm.constraints import MAX_STRING, NUMBER_BOUND, bounded
+from edgellm.constraints import MAX_KEY, MAX_STRING, NUMBER_BOUND, bounded
 from edgellm.errors import ConstraintError
 
 # what pydantic writes for `class Person(BaseModel): name: str; age: int`
@@ -84,8 +84,11 @@ def test_numbers_and_strings_are_bounded_unless_the_schema_says(llm):
     assert accepts(llm, json.dumps("a" * MAX_STRING), json_schema=s)
     assert not accepts(llm, json.dumps("a" * (MAX_STRING + 1)), json_schema=s)
     assert accepts(llm, json.dumps("a" * 600), json_schema={**s, "maxLength": 600})
-    # an open object's values are bounded too
-    assert not accepts(llm, '{"n": 1234567890123456}', response_format={"type": "json_object"})
+    # an open object's values and names are bounded too
+    anything = {"type": "json_object"}
+    assert not accepts(llm, '{"n": 1234567890123456}', response_format=anything)
+    assert accepts(llm, json.dumps({"k" * MAX_KEY: [1, {"a": "b"}]}), response_format=anything)
+    assert not accepts(llm, json.dumps({"k" * (MAX_KEY + 1): 1}), response_format=anything)
 
 
 def test_json_is_compact_unless_the_schema_asks_for_whitespace(llm):

@@ -120,9 +120,10 @@ def check_schema(schema, what: str = "json_schema") -> None:
         stack.extend((c, depth + 1) for c in children)
 
 
-# keywords whose value is a schema, a list of schemas or a map of schemas
-_ONE = ("additionalProperties", "items", "not", "if", "then", "else", "contains",
-        "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+# keywords whose value is a schema, a list of schemas or a map of schemas: what the output
+# is made of ("not" and "if" are left as written: bounds inside them would widen the output)
+_ONE = ("additionalProperties", "items", "then", "else", "contains",
+        "unevaluatedProperties", "unevaluatedItems", "additionalItems")
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 

@@ -56,6 +56,8 @@ def test_bounded_adds_only_what_a_schema_does_not_state():
     both = {"allOf": [{"properties": {"a": {"const": 1}}}, {"properties": {"b": {"const": 2}}}]}
     assert all("additionalProperties" not in s for s in bounded(both)["allOf"])
     assert bounded(PERSON) is not PERSON and "additionalProperties" not in PERSON  # a copy
+    # a negation keeps its schema: a bound inside it would widen what the output may be
+    assert bounded({"not": {"type": "string"}}) == {"not": {"type": "string"}}
 
 
 def test_only_named_properties_unless_others_are_allowed(llm):

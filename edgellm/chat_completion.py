@@ -10,7 +10,9 @@ returns {"id", "object": "chat.completion", "created", "model", "choices": [{"in
 "finish_reason": "stop" | "length" | "tool_calls"}], "usage": {...}}; with stream=True, an
 iterator of "chat.completion.chunk" dicts whose deltas carry "reasoning_content" and
 "content" as they come (with tools, the content is held until the end, where it is either
-parsed into "tool_calls" or sent as content).
+parsed into "tool_calls" or sent as content). Tool calls end where one repeats an earlier
+call (it is dropped) and a named tool_choice makes one call; an answer cut at max_tokens
+keeps the complete calls it made, with finish_reason "length".
 
 Everything is checked, the prompt rendered and the constraint compiled before the first
 token (errors raise at the call, also with stream=True). A generation may run in phases on
@@ -91,8 +93,10 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
         if spec is not None and mode == "required":
             raise ConstraintError("response_format and tool_choice 'required' cannot both "
                                   "constrain the answer")
+        # a named function is called once: its one call (a sampled model repeats it)
+        named = isinstance(tool_choice, Mapping)
         grammar = tool_calls.grammar(callable_tools, fmt, mode, llm.constraint_engine.token_id,
-                                     parallel=bool(parallel_tool_calls))
+                                     parallel=bool(parallel_tool_calls) and not named)
         if grammar is not None and spec is None:
             from .constraints import lark_grammar
 
@@ -123,6 +127,7 @@ def _events(llm, plan: _Plan,
     generated = reasoning_tokens = phase = 0
     finish = "length"
     keep = False
+    repeats = tool_calls.Repeats(plan.fmt) if plan.tool_mode != "none" else None
     while True:
         sampling = dict(plan.sampling)
         if phase and sampling.get("seed") is not None:
@@ -139,9 +144,15 @@ def _events(llm, plan: _Plan,
                 if splitter.inside and plan.thinking:
                     reasoning_tokens += 1
             was_inside = splitter.inside
+            repeated = False
             for piece in (splitter.feed(chunk.text) if plan.thinking else
                           [("content", chunk.text)] if chunk.text else []):
                 yield piece
+                repeated |= piece[0] == "content" and repeats is not None \
+                    and repeats.feed(piece[1])
+            if repeated:  # a call equal to an earlier one: the list of calls ends
+                finish = "stop"
+                break
             if chunk.finish_reason is not None:
                 finish = chunk.finish_reason
                 if finish == "stop" and splitter.inside and free_first and constraint is None \
@@ -205,7 +216,7 @@ def _completion(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
-        finish = "tool_calls"
+        finish = "length" if finish == "length" else "tool_calls"  # the calls cut at max
     if parts["reasoning"]:
         message["reasoning_content"] = "".join(parts["reasoning"]).strip()
     return {**_base(llm, "chat.completion"),
@@ -238,7 +249,7 @@ def _chunks(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> It
     if plan.tool_mode != "none":
         content, calls = _finish_tools(plan, "".join(held))
         if calls:
-            finish = "tool_calls"
+            finish = "length" if finish == "length" else "tool_calls"
             yield chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
         if content:
             yield chunk({"content": content})

@@ -19,6 +19,11 @@ are never allowed by a grammar, EOS only where the grammar may end.
 costs a GIL round trip, which on a busy 2-core machine is about as long as the mask itself
 (40-80 us at 49k-262k tokens): benchmarks/constrained_decode.py measured it no faster at
 either size, so it is off unless asked for (`Constraint.overlap`).
+
+Nothing reaches the engine unchecked (depth, size, valid Unicode: limits below, refused
+with a ConstraintError naming the limit), and it compiles on a thread with a large stack, so
+no schema or grammar can overflow a caller's stack. JSON schemas get bounds where they state
+none (`bounded`), so that a sampled answer ends.
 """
 
 from __future__ import annotations
@@ -34,9 +39,31 @@ import numpy as np
 
 from .errors import ConstraintError
 
-# JSON whitespace between tokens: JSON's own set, at most a few characters at a time, so a
-# sampled run of blanks cannot fill max_tokens (llguidance's default is unbounded).
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,8}"
+# Constrained JSON is written compactly, on one line with json.dumps's separators: free
+# whitespace lets a sampled model spend its tokens on newlines and indentation. A schema's
+# top-level "x-guidance" overrides it (llguidance's options: {"whitespace_flexible": true}
+# for any whitespace, or a "whitespace_pattern").
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Bounds a schema gets unless it states its own, so that a sampled answer finishes:
+# numbers up to 15 integer digits and 10 decimals (no exponent; llama.cpp's schema grammar
+# bounds digits too), strings up to MAX_STRING characters, and objects that name their
+# properties get no others (additionalProperties false, as vLLM's engines do); an object
+# that names none takes any JSON, bounded so (keys up to MAX_KEY characters).
+NUMBER_BOUND = 10 ** 15 - 1  # exact in a double, as llguidance reads bounds
+NUMBER_STEP = 1e-10
+MAX_STRING = 256
+MAX_KEY = 64  # the names of properties an open object ({"type": "object"}) makes up
+# What reaches the engine: its compiler recurses once per nesting level, $ref hop and rule
+# reference, so these bound its stack; it runs on a thread with COMPILE_STACK bytes of stack
+# (a server's worker threads have 1 MiB; a 300-deep $ref chain or a 1,000-terminal chain
+# overflows that). Measured on a 256 MiB stack: 20,000-deep $ref and 60,000-rule chains
+# compile; 100,000 rules overflow. MAX_GBNF_RULES: the GBNF converter's time grows with the
+# square of its rules.
+COMPILE_STACK = 256 << 20
+MAX_SCHEMA_DEPTH = 100  # nested JSON objects and arrays (llguidance's JSON reader stops at 128)
+MAX_SCHEMA_OBJECTS = 10_000
+MAX_GRAMMAR_RULES = 10_000
+MAX_GBNF_RULES = 2_000
 _KINDS = ("response_format", "json_schema", "regex", "grammar", "choices")
 
 
@@ -49,29 +76,180 @@ class ConstraintSpec:
 
 
 def _first_line(message: str) -> str:
-    lines = [ln.strip() for ln in str(message).splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in str(message).split("<backtrace>")[0].splitlines()
+             if ln.strip()]
     return lines[0] if lines else "invalid"
 
 
-def json_grammar(schema: Mapping | str | bool) -> str:
-    """llguidance grammar text for a JSON schema (bounded whitespace between tokens)."""
+def _text(value: str, what: str) -> str:
+    """value, if it is valid Unicode (the engine takes UTF-8: a lone surrogate is refused)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConstraintError(f"{what} is not valid Unicode: {e.reason} at character "
+                              f"{e.start} ({value[e.start]!r})") from None
+    return value
+
+
+def check_schema(schema, what: str = "json_schema") -> None:
+    """ConstraintError unless `schema` (JSON values) nests at most MAX_SCHEMA_DEPTH deep,
+    holds at most MAX_SCHEMA_OBJECTS objects and only valid Unicode text. Iterative: a
+    hostile depth meets no recursion here."""
+    stack, objects = [(schema, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            _text(node, what)
+            continue
+        if isinstance(node, Mapping):
+            objects += 1
+            children = list(node.values())
+            for key in node:
+                if isinstance(key, str):
+                    _text(key, what)
+        elif isinstance(node, (list, tuple)):
+            children = list(node)
+        else:
+            continue
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ConstraintError(f"{what} nests deeper than {MAX_SCHEMA_DEPTH} levels (the "
+                                  "limit)")
+        if objects > MAX_SCHEMA_OBJECTS:
+            raise ConstraintError(f"{what} holds more than {MAX_SCHEMA_OBJECTS:,} objects "
+                                  "(the limit)")
+        stack.extend((c, depth + 1) for c in children)
+
+
+# keywords whose value is a schema, a list of schemas or a map of schemas: what the output
+# is made of ("not" and "if" are left as written: bounds inside them would widen the output)
+_ONE = ("additionalProperties", "items", "then", "else", "contains",
+        "unevaluatedProperties", "unevaluatedItems", "additionalItems")
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+_VALUE = "edgellm_value"  # the $defs entry of a bounded "any JSON value"
+
+
+def _any_value() -> dict:
+    ref = {"$ref": f"#/$defs/{_VALUE}"}
+    return {"anyOf": [
+        {"type": "null"}, {"type": "boolean"},
+        {"type": "number", "minimum": -NUMBER_BOUND, "maximum": NUMBER_BOUND,
+         "multipleOf": NUMBER_STEP},
+        {"type": "string", "maxLength": MAX_STRING},
+        {"type": "array", "items": ref}, {"type": "object", **_open_object(ref)}]}
+
+
+def _open_object(value: dict) -> dict:
+    """An object's keywords for properties of any name up to MAX_KEY characters (keys the
+    engine would leave unbounded) whose values follow `value`."""
+    return {"patternProperties": {f"^.{{0,{MAX_KEY}}}$": value}, "additionalProperties": False}
+
+
+def bounded(schema):
+    """A copy of the schema document `schema` with the bounds above where it states none
+    (a schema that states its own keeps them: additionalProperties true or a schema,
+    maxLength, pattern, format, minimum, maximum, multipleOf). An object that names no
+    properties ({"type": "object"}) and the empty schema take any JSON value with these
+    bounds (a $defs entry of the root). Call check_schema first (this recurses)."""
+    used: list[bool] = []
+    out = _bound(schema, False, used)
+    if used:
+        out["$defs"] = {**out.get("$defs", {}), _VALUE: _any_value()}
+    return out
+
+
+def _bound(schema, in_all_of: bool, used: list):
+    """bounded()'s walk; members of an allOf keep open objects (their intersection would
+    otherwise allow no property of the other); `used` gets an item if the any-value is."""
+    if schema is True or (isinstance(schema, Mapping) and not schema):
+        used.append(True)
+        return {"$ref": f"#/$defs/{_VALUE}"}
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    for key in _ONE:
+        if isinstance(out.get(key), Mapping) or out.get(key) is True:
+            out[key] = _bound(out[key], False, used)
+    for key in _LIST:
+        if isinstance(out.get(key), list):
+            out[key] = [_bound(s, key == "allOf", used) for s in out[key]]
+    for key in _MAP:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: _bound(s, False, used) for k, s in out[key].items()}
+    kinds = out.get("type")
+    kinds = set(kinds) if isinstance(kinds, list) else {kinds}
+    if "enum" in out or "const" in out:
+        return out
+    if not in_all_of and "object" in kinds | ({"object"} if "properties" in out else set()) \
+            and not any(k in out for k in ("additionalProperties", "patternProperties",
+                                           "unevaluatedProperties")):
+        if isinstance(out.get("properties"), Mapping):
+            out["additionalProperties"] = False
+        else:
+            used.append(True)
+            out.update(_open_object({"$ref": f"#/$defs/{_VALUE}"}))
+    if kinds & {"integer", "number"}:
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -NUMBER_BOUND
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = NUMBER_BOUND
+        if "number" in kinds and "multipleOf" not in out:
+            out["multipleOf"] = NUMBER_STEP
+    if "string" in kinds and not any(k in out for k in ("maxLength", "pattern", "format")):
+        out["maxLength"] = MAX_STRING
+    return out
+
+
+def json_grammar(schema: Mapping | str | bool, what: str = "json_schema") -> str:
+    """llguidance grammar text for a JSON schema (checked, bounded, compact)."""
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
+    check_schema(schema, what)
     try:
+        # as text: the engine reads a Python int beyond 64 bits as no JSON at all
         return _llg().LLMatcher.grammar_from_json_schema(
-            schema, defaults={"whitespace_pattern": JSON_WHITESPACE})
+            json.dumps(bounded(schema), ensure_ascii=False), defaults=_layout(schema))
     except (ValueError, TypeError) as e:
-        raise ConstraintError(f"json_schema is not valid JSON: {_first_line(e)}") from None
+        raise ConstraintError(f"{what} is not valid JSON: {_first_line(e)}") from None
 
 
-def lark_grammar(grammar: str) -> str:
-    """llguidance grammar text for a Lark grammar or a llama.cpp GBNF one (`::=` rules)."""
-    from llguidance.gbnf_to_lark import any_to_lark
+def _layout(schema) -> dict:
+    """JSON_LAYOUT, or none of it where the schema's x-guidance sets the whitespace itself
+    (its separators would still demand our spaces)."""
+    guide = schema.get("x-guidance") if isinstance(schema, Mapping) else None
+    if isinstance(guide, Mapping) and ("whitespace_flexible" in guide
+                                       or "whitespace_pattern" in guide):
+        return {}
+    return JSON_LAYOUT
 
+
+_GBNF_RULE = re.compile(r"(?m)^[ \t]*[A-Za-z][\w-]*[ \t]*::=")
+_LARK_RULE = re.compile(r"(?m)^[ \t]*[?!]?[A-Za-z_][\w.]*(\[[^\]\n]*\])?[ \t]*:")
+_EMBEDDED_JSON = re.compile(r"%json\s*(?=\{)")
+
+
+def lark_grammar(grammar: str, what: str = "grammar") -> str:
+    """llguidance grammar text for a Lark grammar or a llama.cpp GBNF one (`::=` rules),
+    refused past MAX_GBNF_RULES / MAX_GRAMMAR_RULES rules; schemas in it (%json) checked."""
+    from llguidance.gbnf_to_lark import any_to_lark, is_lark_syntax
+
+    _text(grammar, what)
+    if not is_lark_syntax(grammar) and len(_GBNF_RULE.findall(grammar)) > MAX_GBNF_RULES:
+        raise ConstraintError(f"{what} has more than {MAX_GBNF_RULES:,} GBNF rules (the limit)")
     try:
         lark = any_to_lark(grammar)
     except Exception as e:  # the GBNF converter raises what its parser hits
-        raise ConstraintError(f"grammar: cannot read it as GBNF: {_first_line(e)}") from None
+        raise ConstraintError(f"{what}: cannot read it as GBNF: {_first_line(e)}") from None
+    if len(_LARK_RULE.findall(lark)) > MAX_GRAMMAR_RULES:
+        raise ConstraintError(f"{what} has more than {MAX_GRAMMAR_RULES:,} rules (the limit)")
+    for m in _EMBEDDED_JSON.finditer(lark):
+        try:
+            schema, _ = json.JSONDecoder().raw_decode(lark, m.end())
+        except (ValueError, RecursionError):
+            continue  # the engine reports it, with its line
+        check_schema(schema, f"{what}'s %json schema")
     return _llg().LLMatcher.grammar_from_lark(lark)
 
 
@@ -88,7 +266,10 @@ def spec_from(response_format: Mapping | None = None, json_schema: Mapping | str
     if json_schema is not None:
         if isinstance(json_schema, str):
             try:
-                json_schema = json.loads(json_schema)
+                json_schema = json.loads(_text(json_schema, "json_schema"))
+            except RecursionError:
+                raise ConstraintError(f"json_schema nests deeper than {MAX_SCHEMA_DEPTH} "
+                                      "levels (the limit)") from None
             except ValueError as e:
                 raise ConstraintError(f"json_schema is not valid JSON: {e}") from None
         if not isinstance(json_schema, (Mapping, bool)):
@@ -97,7 +278,8 @@ def spec_from(response_format: Mapping | None = None, json_schema: Mapping | str
     if regex is not None:
         if not isinstance(regex, str) or not regex:
             raise ConstraintError("regex must be a non-empty string")
-        return ConstraintSpec("regex", _llg().LLMatcher.grammar_from_regex(regex))
+        return ConstraintSpec("regex", _llg().LLMatcher.grammar_from_regex(_text(regex,
+                                                                                 "regex")))
     if grammar is not None:
         if not isinstance(grammar, str) or not grammar.strip():
             raise ConstraintError("grammar must be a non-empty string (Lark or GBNF)")
@@ -106,7 +288,10 @@ def spec_from(response_format: Mapping | None = None, json_schema: Mapping | str
         if isinstance(choices, str) or not all(isinstance(c, str) and c for c in choices) \
                 or not choices:
             raise ConstraintError("choices must be a non-empty list of non-empty strings")
-        lark = "start: " + " | ".join(json.dumps(c) for c in choices)
+        # one terminal (one lexeme): a rule of 20,000 alternatives overflows the parser's
+        # row of items at the first token, and 65,535 is its symbol limit
+        lark = "start: CHOICE\nCHOICE: " + " | ".join(
+            json.dumps(_text(c, f"choices[{i}]")) for i, c in enumerate(choices))
         return ConstraintSpec("choices", _llg().LLMatcher.grammar_from_lark(lark))
     return None
 
@@ -121,7 +306,7 @@ def _response_format(rf: Mapping) -> ConstraintSpec | None:
         return None
     if kind == "json_object":
         schema = rf.get("schema", {"type": "object"})
-        return ConstraintSpec("json", json_grammar(schema))
+        return ConstraintSpec("json", json_grammar(schema, "response_format"))
     if kind == "json_schema":
         inner = rf.get("json_schema")
         if not isinstance(inner, Mapping) or "schema" not in inner:
@@ -130,7 +315,7 @@ def _response_format(rf: Mapping) -> ConstraintSpec | None:
         schema = inner["schema"]
         if not isinstance(schema, (Mapping, bool)):
             raise ConstraintError("response_format.json_schema.schema must be an object")
-        return ConstraintSpec("json_schema", json_grammar(schema))
+        return ConstraintSpec("json_schema", json_grammar(schema, "response_format"))
     raise ConstraintError(f"response_format.type must be 'text', 'json_object' or "
                           f"'json_schema', got {kind!r}")
 
@@ -184,7 +369,11 @@ class ConstraintEngine:
     def compile(self, spec: ConstraintSpec, overlap: bool = False) -> Constraint:
         """A fresh Constraint for `spec`; ConstraintError naming the problem if the engine
         refuses it (unsupported keyword, grammar line and column). overlap: compute masks
-        in a worker thread during the forward (measured no faster here: off by default)."""
+        in a worker thread during the forward (measured no faster here: off by default).
+        The engine compiles on a thread of its own with COMPILE_STACK bytes of stack."""
+        return _on_big_stack(self._compile, spec, overlap)
+
+    def _compile(self, spec: ConstraintSpec, overlap: bool) -> Constraint:
         llg = _llg()
         is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(
             spec.grammar, self.tokenizer)
@@ -201,13 +390,48 @@ class ConstraintEngine:
         return constraint
 
 
+_STACK_LOCK = threading.Lock()
+
+
+def _on_big_stack(fn, *args):
+    """fn(*args) run on a new thread with COMPILE_STACK bytes of stack (reserved address
+    space: only the pages the recursion touches are used), its exception re-raised here.
+    The caller's thread may have 1 MiB (a server's workers), too little for the engine's
+    compiler on schemas and grammars within our limits."""
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    with _STACK_LOCK:  # the stack size is process-wide: set it for this thread only
+        old = threading.stack_size(COMPILE_STACK)
+        try:
+            thread = threading.Thread(target=run, name="edgellm-compile", daemon=True)
+            thread.start()
+        except RuntimeError as e:
+            raise ConstraintError(f"cannot start the constraint compiler's thread: {e}") \
+                from None
+        finally:
+            threading.stack_size(old)
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _describe(kind: str, message: str) -> str:
     """One line: which constraint, and llguidance's message without its source excerpts
     ("at 2(4): unknown name" for grammars, where 2(4) is line 2, column 4, becomes
     "line 2, column 4: unknown name"; 'Unimplemented keys: ["if"]' for schemas)."""
-    lines = [ln.strip() for ln in str(message).splitlines()]
+    lines = [ln.strip() for ln in str(message).split("<backtrace>")[0].splitlines()]
     lines = [ln for ln in lines if ln and not re.match(r"^(\d+ \|.*|\^+)$", ln)]
     text = " ".join(lines) or "invalid"
+    if len(text) > 300:  # the engine quotes the input (a regex of any length)
+        text = text[:300] + "..."
+    text = re.sub(r"^panic: ", "the engine failed: ", text)
     m = re.match(r"at (\d+)\((\d+)\): ", text)
     if m:
         where = "" if kind in ("regex", "choices") else \

@@ -12,9 +12,13 @@ Formats, recognized from the template's source (as llama.cpp's chat parsers do):
 
 Templates that take no `tools` (generic) get the tools described in the system message.
 `parse(text, fmt)` returns the text outside the calls and the calls; a call that does not
-parse stays in the text. `grammar(tools, fmt, choice, engine)` is the llguidance grammar
-for tool_choice "required" or a named function (a lazy one for "auto": free text until the
-model opens a call, then the call's schema).
+parse stays in the text, a call that repeats an earlier one is dropped, and the complete
+calls of a list cut short (at max_tokens) are kept. `grammar(tools, fmt, choice, engine)`
+is the llguidance grammar for tool_choice "required" or a named function (a lazy one for
+"auto": free text until the model opens a call, then the call's schema); the arguments'
+schemas get the bounds and the compact layout of constraints.py. `Repeats` watches an
+answer as it comes and says when a call repeats an earlier one: the list ends there (a
+sampled model otherwise repeats its one call until max_tokens).
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .constraints import JSON_LAYOUT, bounded, check_schema
 from .errors import ArgumentError, ConstraintError
 
 FORMATS = ("hermes", "llama3", "mistral", "generic")
-CALL_WHITESPACE = r"[ \n]{0,2}"  # calls are written compactly: `{"name": "f", "arguments": ...}`
+CALL_WHITESPACE = r"[ \n]{0,2}"  # between calls: `{"tool_calls": [{...}, {...}]}`
 GENERIC_INSTRUCTIONS = (
     "You can call these tools (JSON Schema of each function's parameters):\n{tools}\n"
     "To call tools, answer with only a JSON object of this form, and nothing else:\n"
@@ -76,6 +81,7 @@ def check_tools(tools: Any) -> list[dict]:
         if not isinstance(params, Mapping):
             raise ConstraintError(f"tools[{i}].function.parameters must be a JSON Schema object")
         out.append({"type": "function", "function": {**fn, "parameters": dict(params)}})
+    check_schema(out, "tools")  # together: they become one grammar and one system message
     return out
 
 
@@ -144,11 +150,17 @@ def prepare_messages(messages: Sequence[Mapping], tools: list[dict] | None,
 
 
 # -- grammar -------------------------------------------------------------------------
+def _arguments(params: dict, i: int) -> dict:
+    """A tool's parameters as a schema resource of its own ($id): its "#/$defs/..." refs
+    (pydantic's nested models) resolve in it, not in the call object around it."""
+    return {"$id": f"urn:edgellm:tool:{i}", **bounded(params)}
+
+
 def _call_schema(tools: list[dict], key: str) -> dict:
     options = [{"type": "object", "properties": {
         "name": {"const": t["function"]["name"]},
-        key: t["function"]["parameters"]}, "required": ["name", key],
-        "additionalProperties": False} for t in tools]
+        key: _arguments(t["function"]["parameters"], i)}, "required": ["name", key],
+        "additionalProperties": False} for i, t in enumerate(tools)]
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
@@ -176,8 +188,7 @@ def grammar(tools: list[dict], fmt: str, mode: str, special_id,
              "generic": f'WS ":" WS "[" call_json{more} WS "]" WS "}}"'}[fmt]
     trigger = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3": "<|python_tag|>",
                "generic": '{"tool_calls"'}[fmt]
-    guide = {"whitespace_pattern": CALL_WHITESPACE}
-    rules = [f"call_json: %json {json.dumps({**item, 'x-guidance': guide})}",
+    rules = [f"call_json: %json {json.dumps({**item, 'x-guidance': JSON_LAYOUT})}",
              f"WS: /{CALL_WHITESPACE}/"]
     no_marker = fmt == "llama3" and special_id(trigger) is None
     if mode == "required":
@@ -221,22 +232,75 @@ def _json_at(text: str, i: int) -> tuple[Any, int] | None:
 
 
 def parse(text: str, fmt: str) -> tuple[str, list[Call]]:
-    """(content outside the calls, calls) found in model output `text`."""
-    return {"hermes": _parse_hermes, "llama3": _parse_llama3, "mistral": _parse_mistral,
-            "generic": _parse_generic}[fmt](text)
+    """(content outside the calls, calls) found in model output `text`; a call equal to an
+    earlier one (name and arguments) is dropped."""
+    content, calls = _PARSERS[fmt](text)
+    unique, seen = [], set()
+    for c in calls:
+        key = _key(c)
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    return content, unique
+
+
+def _key(call: Call) -> tuple[str, str]:
+    return call.name, json.dumps(call.arguments, sort_keys=True, ensure_ascii=False)
+
+
+class Repeats:
+    """Fed an answer's text as it comes, `feed` is true once a complete call equals an
+    earlier one: the call list ends there."""
+
+    def __init__(self, fmt: str):
+        self.fmt = fmt
+        self.parts: list[str] = []
+
+    def feed(self, piece: str) -> bool:
+        self.parts.append(piece)
+        if "}" not in piece and ">" not in piece:  # no call can have ended here
+            return False
+        calls = _PARSERS[self.fmt]("".join(self.parts))[1]
+        return len({_key(c) for c in calls}) < len(calls)
+
+
+def _array_items(text: str, i: int) -> tuple[list, int, bool]:
+    """The complete items of the JSON array opening at text[i] ("["): (items, end of the
+    last one, whether the array closed). A list cut short keeps its complete items."""
+    items, j = [], i + 1
+    while True:
+        while text[j:j + 1].isspace():
+            j += 1
+        if text[j:j + 1] == "]":
+            return items, j + 1, True
+        got = _json_at(text, j)
+        if got is None:
+            return items, j, False
+        items.append(got[0])
+        end = j = got[1]
+        while text[j:j + 1].isspace():
+            j += 1
+        if text[j:j + 1] == ",":
+            j += 1
+        elif text[j:j + 1] == "]":
+            return items, j + 1, True
+        else:
+            return items, end, False
 
 
 def _parse_hermes(text: str) -> tuple[str, list[Call]]:
-    calls, kept, pos = [], [], 0
+    calls, kept, pos, cut = [], [], 0, None
     for m in re.finditer(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.S):
         got = _json_at(m.group(1), 0)
         call = _as_call(got[0]) if got and not m.group(1)[got[1]:].strip() else None
         if call is None:
+            cut = m.start() if m.end() == len(text) and "</tool_call>" not in m.group(0) \
+                else None  # an unclosed call at the end: one cut short
             continue
         calls.append(call)
         kept.append(text[pos:m.start()])
         pos = m.end()
-    kept.append(text[pos:])
+    kept.append(text[pos:cut])
     return "".join(kept).strip() if calls else text, calls
 
 
@@ -279,13 +343,14 @@ def _parse_mistral(text: str) -> tuple[str, list[Call]]:
     calls, i = [], start
     while text.startswith("[TOOL_CALLS]", i):
         i += len("[TOOL_CALLS]")
-        got = _json_at(text, i)
-        if got and isinstance(got[0], list):  # v3/v7: a JSON array of calls
-            found = [_as_call(o) for o in got[0]]
+        if text[i:i + 1] == "[":  # v3/v7: a JSON array of calls (cut short: its complete ones)
+            items, i, closed = _array_items(text, i)
+            found = [_as_call(o) for o in items]
             if not found or None in found:
                 return text, []
             calls.extend(found)
-            i = got[1]
+            if not closed:
+                return text[:start].strip(), calls
         else:  # v11+: name[ARGS]{...}
             m = re.match(r"([^\[\]{}\s]+)\[ARGS\]", text[i:])
             got = _json_at(text, i + m.end()) if m else None
@@ -310,4 +375,14 @@ def _parse_generic(text: str) -> tuple[str, list[Call]]:
             return [call] if call else None
         return None
 
-    return _scan_objects(text, 0, to_call)
+    content, calls = _scan_objects(text, 0, to_call)
+    m = re.search(r'\{\s*"tool_calls"\s*:\s*\[', content)
+    if m:  # a list cut short (at max_tokens, or where a call repeated): its complete calls
+        found = [_as_call(o) for o in _array_items(content, m.end() - 1)[0]]
+        if found and None not in found:
+            return content[:m.start()].strip(), calls + found
+    return content, calls
+
+
+_PARSERS = {"hermes": _parse_hermes, "llama3": _parse_llama3, "mistral": _parse_mistral,
+            "generic": _parse_generic}

@@ -55,6 +55,8 @@ def _tools(n: int, enum: int = 0) -> list[dict]:
 
 OVER_LONG = {  # each far beyond the 1024-token context
     "text": dict(messages=[{"role": "user", "content": FOX * 300}]),
+    "huge": dict(messages=[{"role": "system", "content": "Be brief."},
+                           {"role": "user", "content": [{"type": "text", "text": FOX * 16000}]}]),
     "nul": dict(messages=[{"role": "user", "content": "\x00" * 5000}]),
     "tools": dict(messages=ASK, tools=_tools(2000)),
     "enum": dict(messages=ASK, tools=_tools(1, enum=20000)),
@@ -75,11 +77,13 @@ def test_a_prompt_beyond_the_context_is_refused_before_any_prefill(server, case)
     assert f"maximum context length is {CONTEXT} tokens" in err["message"]
     assert "truncate_prompt_tokens" in err["message"]
     assert batch.prefill_passes == passes
+    if case == "huge":  # 720 KB: refused from its size, before it is tokenized
+        assert "is at least" in err["message"]
 
 
 def test_a_completion_prompt_beyond_the_context_is_refused(server):
     c = server.client().with_options(timeout=30)
-    for prompt in (FOX * 200, [1] * (CONTEXT + 5), [1] * CONTEXT):
+    for prompt in (FOX * 200, FOX * 16000, [1] * (CONTEXT + 5), [1] * CONTEXT):
         with pytest.raises(openai.BadRequestError) as e:
             c.completions.create(model="smollm2", prompt=prompt, max_tokens=2)
         assert e.value.code == "context_length_exceeded" and e.value.body["param"] == "prompt"

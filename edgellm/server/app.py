@@ -42,7 +42,7 @@ from ..chat_completion import plan_chat_completion, run_plan
 from ..errors import EdgeLLMError
 from ..llm import LLM
 from .errors import APIError, from_edgellm, from_validation
-from .limits import BodyTooLarge, Limits, fit_prompt
+from .limits import BodyTooLarge, Limits, fit_prompt, refuse_early, token_bytes
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Sampling
 from .slots import PoolClosed, QueueFull, SlotPool
 from .streaming import DONE, event, in_thread
@@ -73,6 +73,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
     pool = SlotPool(batch.slots, settings.queue)
     created = int(time.time())
     prompt_limit = min(settings.max_prompt_tokens or llm.context, llm.context - 1)
+    per_token = token_bytes(llm.tokenizer)
     ending = threading.Event()  # shutting down: the generations in flight end now
 
     def wind_down(grace: float) -> None:
@@ -208,6 +209,13 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
     def fitted(ids: list[int], req: Sampling, what: str = "") -> list[int]:
         return fit_prompt(ids, llm.context, prompt_limit, req.truncate_prompt_tokens, what)
 
+    def early(texts: list[str], req: Sampling, what: str = "") -> None:
+        """A prompt whose `texts` alone cannot fit, refused before any work (unless it is
+        to be truncated: that needs its tokens)."""
+        if req.truncate_prompt_tokens is None:
+            nbytes = sum(len(t.encode("utf-8", "replace")) for t in texts)
+            refuse_early(nbytes, per_token, llm.context, prompt_limit, what)
+
     @app.get("/health")
     async def health():
         return {"status": "ok", "slots": len(pool.slots), "slots_busy": pool.busy,
@@ -239,6 +247,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                       response_format=req.response_format, max_tokens=max_tokens,
                       stop=req.stop, parallel_tool_calls=req.parallel_tool_calls is not False,
                       **_sampling(req, llm.tokenizer.eos_ids))  # checked by the planning
+        early(_texts(req), req, " (the messages' text alone)")
         plan = await prepared(plan_chat_completion, fields, llm, _messages(req), **kwargs)
         plan = dataclasses.replace(plan, ids=fitted(plan.ids, req, " (the chat template and "
                                                                    "tools included)"))
@@ -268,6 +277,8 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
             raise APIError(400, "prompt is empty", param="prompt")
         kwargs = dict(max_tokens=_max_tokens(req.max_tokens, settings), stop=req.stop,
                       **sampling_of(req, fields))
+        if isinstance(prompt, str):
+            early([prompt], req)
         ids = fitted(await prepared(llm.encode_prompt, fields, prompt), req)
         slot = await slot_for(ids)
         base = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion",
@@ -392,6 +403,17 @@ def _messages(req: ChatCompletionRequest) -> list[dict]:
             d["role"] = "system"
         out.append(d)
     return out
+
+
+def _texts(req: ChatCompletionRequest) -> list[str]:
+    """The text of the messages every template renders (system, user and tool contents,
+    text parts included): the part of a prompt known before it is rendered."""
+    out = []
+    for m in req.messages:
+        if m.role in ("system", "developer", "user", "tool"):
+            parts = [m.content] if isinstance(m.content, str) else m.content or []
+            out += [p if isinstance(p, str) else p.get("text") for p in parts]
+    return [t for t in out if isinstance(t, str)]
 
 
 def _usage(prompt: int, completion: int) -> dict:

@@ -59,6 +59,25 @@ class Limits:
             await _reply(send, too_big)
 
 
+def token_bytes(tokenizer) -> int:
+    """The most bytes of text one token stands for, at most: the longest token's UTF-8
+    length (a byte-level token's characters are two bytes for one, a byte-fallback token
+    six: never fewer than the text they stand for)."""
+    return max(len((tokenizer.id_to_token(i) or "").encode("utf-8", "replace"))
+               for i in range(tokenizer.vocab_size)) or 1
+
+
+def refuse_early(nbytes: int, per_token: int, context: int, limit: int,
+                 what: str = "") -> None:
+    """A prompt whose text alone (`nbytes` UTF-8 bytes) takes more than `limit` tokens,
+    `per_token` bytes a token at most, refused before it is rendered and tokenized: a
+    750 KB message held the interpreter's lock for a second in the tokenizer, every other
+    request waiting."""
+    at_least = -(-nbytes // per_token)
+    if at_least > limit:
+        _too_long(f"at least {at_least}", context, limit, what)
+
+
 def fit_prompt(ids: list[int], context: int, limit: int, truncate: int | None,
                what: str = "") -> list[int]:
     """The prompt `ids` the server runs: its last `truncate` tokens when asked (-1: `limit`),
@@ -71,14 +90,18 @@ def fit_prompt(ids: list[int], context: int, limit: int, truncate: int | None,
             raise APIError(400, "truncate_prompt_tokens must be -1 (as many as fit) or at "
                            "least 1", param="truncate_prompt_tokens")
         ids = ids[-(limit if truncate == -1 else truncate):]
-    if len(ids) <= limit:
-        return ids
+    if len(ids) > limit:
+        _too_long(str(len(ids)), context, limit, what)
+    return ids
+
+
+def _too_long(n: str, context: int, limit: int, what: str):
     param = "messages" if what else "prompt"
     if limit >= context - 1:
         msg = (f"this model's maximum context length is {context} tokens, but the prompt is "
-               f"{len(ids)} tokens{what}")
+               f"{n} tokens{what}")
     else:
-        msg = (f"the prompt is {len(ids)} tokens{what}: this server takes at most {limit} "
+        msg = (f"the prompt is {n} tokens{what}: this server takes at most {limit} "
                "(--max-prompt-tokens)")
     raise APIError(400, msg + "; shorten it, or send truncate_prompt_tokens=N to keep its "
                    "last N tokens", param=param, code="context_length_exceeded")

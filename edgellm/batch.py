@@ -20,7 +20,8 @@ round the engine runs
     step the rows [n, D] go through the per-operation kernels together (whose matrix
     kernels round a row differently with 1, 2-3 or 4 rows: a near-tie can then go either
     way);
-  - then prefill tokens of the waiting prompts, at most model.chunk in all, shared fairly
+  - then prefill tokens of the waiting prompts, at most model.chunk in all (a quarter of it
+    beside decode rows: MIXED_SHARE), shared fairly
     (_shares: each prompt its equal part of the chunk, the part a short one leaves going
     to the others): a long prompt does not stall the streams in flight nor the prompts
     that arrive after it (in arrival order, every later prompt waited for all of a long
@@ -61,6 +62,11 @@ from .llm import LLM
 from .prompt_cache import PromptCache
 
 GATHER_S = 0.004  # how long a round waits for the rows of slots that are mid-generation
+# a round that runs decode rows prefills at most model.chunk // MIXED_SHARE prompt tokens:
+# each stream's next token waits for the round's prefill (SmolLM2, a busy 2-core machine:
+# a 12-token answer took 11-23 s beside a 3,800-token prompt's 128-token chunks, 1.2-5.5 s
+# beside 32-token ones, 0.1 s alone; Sarathi-Serve bounds the chunks beside decodes so)
+MIXED_SHARE = 4
 
 
 class Cancelled(EdgeLLMError):
@@ -389,7 +395,8 @@ class Batch:
             every = [j for j in prefills if j.want not in ("last", "none")]
             chunked = [j for j in prefills if j.want in ("last", "none")]
             # whole-sequence outputs (logits()) run whole, alone, counted against the chunk
-            budget = self.model.chunk - sum(j.tokens.size for j in every)
+            chunk = self.model.chunk // MIXED_SHARE if decodes else self.model.chunk
+            budget = max(chunk, 1) - sum(j.tokens.size for j in every)
             for job in every:
                 self._guarded([job], lambda j=job: self._prefill_chunk(j, j.tokens.size))
             together = []

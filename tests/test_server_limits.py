@@ -185,6 +185,25 @@ def test_a_short_question_does_not_wait_for_a_long_prompt(server, llm):
     assert done["long"] - done["short"] >= 2, (done, asked, start)
 
 
+def test_beside_a_stream_a_long_prompt_is_prefilled_in_quarter_chunks(server, llm):
+    """A round that decodes a stream prefills at most a quarter of the chunk (the stream's
+    next token waits for that round's prefill): a 900-token prompt arriving mid-stream takes
+    about four times the rounds whole chunks would."""
+    batch = server.app.state.batch
+    c = server.client().with_options(timeout=120)
+    stream = c.chat.completions.create(model="smollm2", messages=ASK, max_tokens=300,
+                                       stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    next(it)
+    next(it)
+    mixed = batch.mixed
+    long = [{"role": "user", "content": "Summarize: " + FOX * 88}]
+    r = c.chat.completions.create(model="smollm2", messages=long, max_tokens=1)
+    stream.close()
+    whole = -(-r.usage.prompt_tokens // batch.model.chunk)
+    assert batch.mixed - mixed >= 2.5 * whole, (batch.mixed - mixed, whole)
+
+
 def _idle(s) -> None:
     _wait(lambda: json.loads(request(s.url + "/health")[2])["slots_busy"] == 0)
 

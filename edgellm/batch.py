@@ -20,11 +20,15 @@ round the engine runs
     step the rows [n, D] go through the per-operation kernels together (whose matrix
     kernels round a row differently with 1, 2-3 or 4 rows: a near-tie can then go either
     way);
-  - then prefill tokens of the waiting prompts, in arrival order, at most model.chunk
-    in all (a long prompt a chunk a round, short ones several a round): a long prompt
-    does not stall the streams in flight, and requests that arrive together start
-    decoding together (one prompt a round staggered four 45-token prompts over four
-    rounds, so each stream's first and last steps carried fewer rows). The round's
+  - then prefill tokens of the waiting prompts, at most model.chunk in all (a quarter of it
+    beside decode rows: MIXED_SHARE), shared fairly
+    (_shares: each prompt its equal part of the chunk, the part a short one leaves going
+    to the others): a long prompt does not stall the streams in flight nor the prompts
+    that arrive after it (in arrival order, every later prompt waited for all of a long
+    one), and requests that arrive together start decoding together (one
+    prompt a round staggered four 45-token prompts over four rounds, so each stream's
+    first and last steps carried fewer rows). A prompt whose request is cancelled
+    (SlotLLM.watch: its client gone) stops at its next chunk (Cancelled). The round's
     prompts run in one pass over the weights (prefill_rows), each over its own cache; a
     prompt's logits are then within rounding of its prefill alone (the prefill tiles
     group the tokens six, four or one per weight panel, or 32 a pass on AMX, by their
@@ -51,13 +55,22 @@ import numpy as np
 
 from .arch.base import CachedTokens
 from .arch.batched import BatchDecoder
-from .errors import ArgumentError, ClosedError, ContextError
+from .errors import ArgumentError, ClosedError, ContextError, EdgeLLMError
 from .kernels.linear import embedding
 from .lifetime import Lifetime
 from .llm import LLM
 from .prompt_cache import PromptCache
 
 GATHER_S = 0.004  # how long a round waits for the rows of slots that are mid-generation
+# a round that runs decode rows prefills at most model.chunk // MIXED_SHARE prompt tokens:
+# each stream's next token waits for the round's prefill (SmolLM2, a busy 2-core machine:
+# a 12-token answer took 11-23 s beside a 3,800-token prompt's 128-token chunks, 1.2-5.5 s
+# beside 32-token ones, 0.1 s alone; Sarathi-Serve bounds the chunks beside decodes so)
+MIXED_SHARE = 4
+
+
+class Cancelled(EdgeLLMError):
+    """A slot's prompt was left unfinished: its request was cancelled (SlotLLM.watch)."""
 
 
 class _Job:
@@ -145,6 +158,7 @@ class SlotModel(CachedTokens):
         self.cache = base.new_cache()
         self.tokens: list[int] = []
         self.expected = False  # mid-generation: its next token is coming (see GATHER_S)
+        self.cancelled: Callable[[], bool] | None = None  # the request's (SlotLLM.watch)
 
     def forward(self, tokens, want: str = "all", shift: bool = True):
         """As Transformer.forward (a "last" result is this slot's own copy)."""
@@ -233,10 +247,18 @@ class SlotLLM(LLM):
         if self.model is not None:
             self.model.expected = True
 
+    def watch(self, cancelled: Callable[[], bool] | None) -> None:
+        """The current request's cancelled() (its client gone): once it is true, the engine
+        runs no more of the slot's prompt and its forward raises Cancelled (a generation's
+        decode checks its own, after each token)."""
+        if self.model is not None:
+            self.model.cancelled = cancelled
+
     def end_generation(self) -> None:
         """The slot's request is over: the engine no longer waits for its rows."""
         if self.model is not None:  # (None: closed with the batch)
             self.model.expected = False
+            self.model.cancelled = None
 
     def _release(self) -> None:  # the parent owns the weights
         self.model = None
@@ -272,6 +294,7 @@ class Batch:
         self.mixed = 0  # rounds that ran decode rows and prefill tokens
         self.prefill_rounds = 0  # rounds that ran prefill tokens
         self.prefill_passes = 0  # passes over the weights they took (prefill_rows: one)
+        self.prefilled = 0  # prompt tokens they ran
         self._thread = threading.Thread(target=self._run, name="edgellm-engine", daemon=True)
         self._thread.start()
 
@@ -367,21 +390,41 @@ class Batch:
             if decodes:
                 self._guarded(decodes, lambda: self._decode(decodes))
                 self.mixed += bool(prefills)
+            prefills = self._drop_cancelled(prefills)
             self.prefill_rounds += bool(prefills)
-            budget, together = self.model.chunk, []
-            for job in prefills:  # in arrival order, model.chunk tokens in all
-                if budget <= 0:
-                    break
-                n = min(budget, job.tokens.size)
-                budget -= n
-                if n > 1 and job.want in ("last", "none"):
+            every = [j for j in prefills if j.want not in ("last", "none")]
+            chunked = [j for j in prefills if j.want in ("last", "none")]
+            # whole-sequence outputs (logits()) run whole, alone, counted against the chunk
+            chunk = self.model.chunk // MIXED_SHARE if decodes else self.model.chunk
+            budget = max(chunk, 1) - sum(j.tokens.size for j in every)
+            for job in every:
+                self._guarded([job], lambda j=job: self._prefill_chunk(j, j.tokens.size))
+            together = []
+            for job, n in zip(chunked, _shares([j.tokens.size for j in chunked], budget)):
+                if n > 1:
                     together.append((job, n))
-                else:  # whole-sequence outputs, and one token (the fused step's): alone
-                    self._guarded([job], lambda j=job, n=n: self._prefill_chunk(j, n))
+                elif n == 1:  # one token (the fused step's): alone
+                    self._guarded([job], lambda j=job: self._prefill_chunk(j, 1))
             if len(together) == 1:
                 self._guarded([together[0][0]], lambda: self._prefill_chunk(*together[0]))
             elif together:
                 self._guarded([j for j, _ in together], lambda: self._prefill_together(together))
+
+    def _drop_cancelled(self, prefills: list[_Job]) -> list[_Job]:
+        """`prefills` less the jobs whose request is cancelled (answered Cancelled, off the
+        queue): a departed client's prompt stops at its next chunk."""
+        keep = []
+        for job in prefills:
+            cancelled = job.view.cancelled
+            if cancelled is None or not cancelled():
+                keep.append(job)
+                continue
+            with self._cond:
+                if job in self._prefills:
+                    self._prefills.remove(job)
+            job.finish(error=Cancelled(f"the request was cancelled with {job.tokens.size} "
+                                       "prompt tokens left"))
+        return keep
 
     def _guarded(self, jobs: list[_Job], fn: Callable) -> None:
         """fn() under the LLM's step lock (close() waits for it); an error goes to every
@@ -493,12 +536,34 @@ class Batch:
     def _advance(self, job: _Job, n: int, out) -> None:
         """job's next n tokens have run: the rest waits for a later round, or (none left)
         the job is answered with `out`."""
+        self.prefilled += n
         if n < job.tokens.size:
             job.tokens = job.tokens[n:]
             return
         with self._cond:
             self._prefills.remove(job)
         self._done(job, out)
+
+
+def _shares(sizes: list[int], budget: int) -> list[int]:
+    """Tokens of each waiting prompt (sizes: their tokens left) to run this round, at most
+    `budget` in all, max-min fair: every prompt gets an equal part, and what a short one
+    does not need goes to the others (sizes 10, 500, 500 with 128: 10, 59, 59). A prompt
+    never waits for another's whole prompt; one that arrives alone takes the whole chunk."""
+    out = [0] * len(sizes)
+    left = max(budget, 0)
+    open_ = [i for i, n in enumerate(sizes) if n > 0]
+    while left > 0 and open_:
+        share = max(1, left // len(open_))
+        for i in list(open_):
+            give = min(share, sizes[i] - out[i], left)
+            out[i] += give
+            left -= give
+            if out[i] == sizes[i]:
+                open_.remove(i)
+            if left == 0:
+                break
+    return out
 
 
 def prefill_rows(model, views: list, parts: list[np.ndarray], wants: list[bool]) -> list:

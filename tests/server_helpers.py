@@ -27,7 +27,7 @@ class ThreadServer:
     def __init__(self, llm, embedder=None, **settings):
         import uvicorn
 
-        from edgellm.server.app import Settings, create_app
+        from edgellm.server.app import Settings, create_app, uvicorn_server
 
         settings.setdefault("model_id", "smollm2")
         self.settings = Settings(**settings)
@@ -37,7 +37,7 @@ class ThreadServer:
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(self.app, log_level="warning", access_log=False,
                                 timeout_graceful_shutdown=1)
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn_server(self.app, config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        daemon=True)
         self.thread.start()

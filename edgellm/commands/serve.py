@@ -3,8 +3,11 @@
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST
 /v1/embeddings (with --embedding-model), GET /health, and a chat page at /. --parallel N
 slots decode together in one batched step; requests beyond them wait in a queue of
---queue (503 beyond). Binds 127.0.0.1 unless --host says otherwise. SIGTERM or Ctrl-C
-stops accepting, gives the streams in flight a few seconds, and exits 0.
+--queue (503 beyond). A prompt beyond the context, or --max-prompt-tokens, is refused (400
+context_length_exceeded) unless the request sends truncate_prompt_tokens. Binds 127.0.0.1
+unless --host says otherwise. SIGTERM or Ctrl-C stops accepting, gives the requests in
+flight a second to finish, ends the others (finish_reason "length"), and exits 0 within
+GRACE_S.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from .common import (
     warm_on,
 )
 
-GRACE_S = 2  # seconds the streams in flight get at shutdown
+GRACE_S = 2  # seconds from SIGTERM to the exit (the requests in flight: GRACE_S - 1)
 
 
 def add_arguments(p) -> None:
@@ -44,6 +47,9 @@ def add_arguments(p) -> None:
                    help="allow cross-origin requests from ORIGIN (repeatable; default: none)")
     p.add_argument("--max-tokens", type=int_at_least(1), default=4096,
                    help="the most tokens one request may ask for (default: 4096)")
+    p.add_argument("--max-prompt-tokens", type=int_at_least(1), default=None,
+                   help="the most prompt tokens one request may send, chat template and tools "
+                        "included; beyond: 400 (default: the context less one)")
     p.add_argument("--max-body", type=int_at_least(1), default=1 << 20,
                    help="largest request body in bytes; beyond: 413 (default: 1 MiB)")
     p.add_argument("--no-interleave", action="store_true",
@@ -64,7 +70,7 @@ def run(args) -> int:
     try:
         import uvicorn
 
-        from ..server.app import Settings, create_app
+        from ..server.app import Settings, create_app, uvicorn_server
     except ImportError as e:
         raise EdgeLLMError(f"edgellm serve needs the server extra (pip install "
                            f"\"edgellm[server]\"): {e}") from None
@@ -87,14 +93,15 @@ def run(args) -> int:
             parallel=args.parallel, queue=args.queue, api_key=args.api_key,
             cors=tuple(args.cors), max_body=args.max_body,
             max_tokens=min(args.max_tokens, llm.context),
+            max_prompt_tokens=args.max_prompt_tokens,
             interleave=False if args.no_interleave else None,
             embedding_id=None if embedder is None else _model_id(args.embedding_model,
                                                                  embedder.packed.path))
         app = create_app(llm, settings, embedder)
         warm_on(app.state.batch.call, llm, *([] if embedder is None else [embedder]))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                timeout_graceful_shutdown=GRACE_S, access_log=False)
-        server = uvicorn.Server(config)
+                                timeout_graceful_shutdown=GRACE_S - 0.5, access_log=False)
+        server = uvicorn_server(app, config)
         stepper = app.state.batch.stepper
         copy = 0 if stepper is None else stepper.ilv[1].nbytes
         extra = f", {copy / 1e6:.0f} MB of interleaved weights" if copy else ""

@@ -6,8 +6,11 @@ the body size first).
 Routes: GET /health, GET /v1/models, POST /v1/chat/completions, POST /v1/completions,
 POST /v1/embeddings (when an embedding model is given), GET / (the chat page). A request
 is checked and planned (its prompt rendered and tokenized, its constraint compiled) before
-it waits for a slot, so a bad one is answered 400 at once; then it runs on a slot of the
-Batch (edgellm/batch.py), streaming as server-sent events when asked.
+it waits for a slot, so a bad one is answered 400 at once (a prompt beyond the context or
+max_prompt_tokens too: limits.fit_prompt); then it runs on a slot of the Batch
+(edgellm/batch.py), streaming as server-sent events when asked. A request whose client
+leaves ends at its next prompt chunk or token. At shutdown (wind_down) the generations in
+flight get a grace period, then end as if cut at max_tokens (finish_reason "length").
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import math
 import re
 import threading
@@ -32,14 +36,15 @@ from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..batch import Batch
+from ..arguments import text as checked_text
+from ..batch import Batch, Cancelled
 from ..chat_completion import plan_chat_completion, run_plan
 from ..errors import EdgeLLMError
 from ..llm import LLM
 from .errors import APIError, from_edgellm, from_validation
-from .limits import BodyTooLarge, Limits
+from .limits import BodyTooLarge, Limits, fit_prompt, refuse_early, token_bytes
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Sampling
-from .slots import QueueFull, SlotPool
+from .slots import PoolClosed, QueueFull, SlotPool
 from .streaming import DONE, event, in_thread
 
 
@@ -52,6 +57,7 @@ class Settings:
     cors: tuple[str, ...] = ()
     max_body: int = 1 << 20  # bytes of a request body (413 beyond)
     max_tokens: int = 4096  # the most a request may ask for
+    max_prompt_tokens: int | None = None  # a prompt's tokens (None: the context less one)
     max_messages: int = 512
     max_inputs: int = 2048  # texts in one embeddings request
     embedding_id: str | None = None
@@ -66,6 +72,21 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
     batch = Batch(llm, settings.parallel, settings.interleave)
     pool = SlotPool(batch.slots, settings.queue)
     created = int(time.time())
+    prompt_limit = min(settings.max_prompt_tokens or llm.context, llm.context - 1)
+    per_token = token_bytes(llm.tokenizer)
+    ending = threading.Event()  # shutting down: the generations in flight end now
+
+    def wind_down(grace: float) -> None:
+        """The server stops (on the event loop): requests in flight get `grace` seconds,
+        then every generation ends after its token or prompt chunk in progress (a stream
+        with a last chunk, finish_reason "length", and [DONE]) and the requests waiting
+        for a slot are answered 503, so that the connections close before the server's
+        own deadline (which would cancel them, a traceback each)."""
+        def cut():
+            ending.set()
+            pool.close()
+
+        asyncio.get_running_loop().call_later(max(grace, 0), cut)
 
     @asynccontextmanager
     async def lifespan(app):
@@ -74,7 +95,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
 
     app = FastAPI(title="edgellm", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.batch, app.state.pool = batch, pool
+    app.state.batch, app.state.pool, app.state.wind_down = batch, pool, wind_down
     app.add_middleware(Limits, max_body=settings.max_body, api_key=settings.api_key)
     if settings.cors:
         from fastapi.middleware.cors import CORSMiddleware
@@ -114,19 +135,38 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                            f"{', '.join(ids) or 'none'})", "not_found_error", "model",
                            "model_not_found")
 
+    def error_of(e: EdgeLLMError, fields: set[str]) -> APIError:
+        if isinstance(e, Cancelled):  # its client gone (no one reads this), or a shutdown
+            return APIError(503, "the server is shutting down" if ending.is_set() else
+                            str(e), "server_error", code="unavailable",
+                            headers={"Retry-After": "1"})
+        return from_edgellm(e, fields)
+
     async def planned(fn, fields: set[str], *args, **kwargs):
         """fn(*args, **kwargs) in a worker thread, edgellm's errors as 400s."""
         try:
             return await run_in_threadpool(fn, *args, **kwargs)
         except EdgeLLMError as e:
-            raise from_edgellm(e, fields) from None
+            raise error_of(e, fields) from None
 
-    async def answered(request: Request, fn, fields: set[str], *args):
-        """planned(fn, *args, cancelled) for a whole answer: when the client leaves before
-        it (a timeout), cancelled() turns true and fn ends its generation after the token
-        in progress, freeing the slot, instead of running to max_tokens for no one."""
+    def watched(slot, stop: threading.Event) -> Callable[[], bool]:
+        """The request's cancelled(): its client gone (`stop`) or the server ending; the
+        slot's engine checks it before each prompt chunk (SlotLLM.watch)."""
+        def cancelled() -> bool:
+            return stop.is_set() or ending.is_set()
+
+        slot.watch(cancelled)
+        return cancelled
+
+    async def answered(request: Request, slot, fn, fields: set[str], *args):
+        """planned(fn, slot, *args, cancelled) for a whole answer: when the client leaves
+        before it (a timeout), cancelled() turns true and fn ends its generation after the
+        prompt chunk or token in progress, freeing the slot, instead of running to
+        max_tokens for no one."""
         stop = threading.Event()
-        task = asyncio.ensure_future(planned(fn, fields, *args, stop.is_set))
+        if await request.is_disconnected():  # gone while it waited for the slot
+            stop.set()
+        task = asyncio.ensure_future(planned(fn, fields, slot, *args, watched(slot, stop)))
         try:
             while not task.done():
                 await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
@@ -162,6 +202,19 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         except QueueFull as e:
             raise APIError(503, str(e), "server_error", code="queue_full",
                            headers={"Retry-After": "1"}) from None
+        except PoolClosed:
+            raise APIError(503, "the server is shutting down", "server_error",
+                           code="unavailable", headers={"Retry-After": "1"}) from None
+
+    def fitted(ids: list[int], req: Sampling, what: str = "") -> list[int]:
+        return fit_prompt(ids, llm.context, prompt_limit, req.truncate_prompt_tokens, what)
+
+    def early(texts: list[str], req: Sampling, what: str = "") -> None:
+        """A prompt whose `texts` alone cannot fit, refused before any work (unless it is
+        to be truncated: that needs its tokens)."""
+        if req.truncate_prompt_tokens is None:
+            nbytes = sum(len(t.encode("utf-8", "replace")) for t in texts)
+            refuse_early(nbytes, per_token, llm.context, prompt_limit, what)
 
     @app.get("/health")
     async def health():
@@ -194,19 +247,22 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                       response_format=req.response_format, max_tokens=max_tokens,
                       stop=req.stop, parallel_tool_calls=req.parallel_tool_calls is not False,
                       **_sampling(req, llm.tokenizer.eos_ids))  # checked by the planning
+        early(_texts(req), req, " (the messages' text alone)")
         plan = await prepared(plan_chat_completion, fields, llm, _messages(req), **kwargs)
+        plan = dataclasses.replace(plan, ids=fitted(plan.ids, req, " (the chat template and "
+                                                                   "tools included)"))
         slot = await slot_for(plan.ids)
         if not req.stream:
             try:
-                result = await answered(request, run_plan, fields, slot, plan, False)
+                result = await answered(request, slot, _run_plan, fields, plan)
             finally:
                 pool.release(slot)
             return {**result, "model": settings.model_id}
         usage = req.stream_options is not None and req.stream_options.include_usage
         stop = threading.Event()  # the client gone: ends even a stream holding tool calls
-        chunks = in_thread(run_plan(slot, plan, True, stop.is_set),
+        chunks = in_thread(run_plan(slot, plan, True, watched(slot, stop)),
                            lambda: pool.release(slot), stop)
-        return _sse(_chat_events(chunks, settings.model_id, usage), fields)
+        return _sse(_chat_events(chunks, settings.model_id, usage), fields, error_of)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
@@ -221,26 +277,30 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
             raise APIError(400, "prompt is empty", param="prompt")
         kwargs = dict(max_tokens=_max_tokens(req.max_tokens, settings), stop=req.stop,
                       **sampling_of(req, fields))
-        ids = await prepared(llm.encode_prompt, fields, prompt)
+        if isinstance(prompt, str):
+            early([prompt], req)
+        ids = fitted(await prepared(llm.encode_prompt, fields, prompt), req)
         slot = await slot_for(ids)
         base = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion",
                 "created": int(time.time()), "model": settings.model_id}
         if not req.stream:
             try:
-                text, finish, n = await answered(request, _complete, fields, slot, ids, kwargs)
+                text, finish, n = await answered(request, slot, _complete, fields, ids, kwargs)
             finally:
                 pool.release(slot)
             return {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
                                          "finish_reason": finish}],
                     "usage": _usage(len(ids), n)}
+        stop = threading.Event()
+        cancelled = watched(slot, stop)
         try:
             stream = await planned(slot.stream_ids, fields, ids, **kwargs)
         except BaseException:
             pool.release(slot)
             raise
         usage = req.stream_options is not None and req.stream_options.include_usage
-        chunks = in_thread(stream, lambda: pool.release(slot))
-        return _sse(_completion_events(chunks, base, len(ids), usage), fields)
+        chunks = in_thread(_until(stream, cancelled), lambda: pool.release(slot), stop)
+        return _sse(_completion_events(chunks, base, len(ids), usage), fields, error_of)
 
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest):
@@ -253,6 +313,11 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         if not texts or len(texts) > settings.max_inputs:
             raise APIError(400, f"input: give 1..{settings.max_inputs} texts, got "
                            f"{len(texts)}", param="input")
+        for i, t in enumerate(texts):  # a lone surrogate: refused before the tokenizer
+            try:
+                checked_text(t, "input" if isinstance(req.input, str) else f"input[{i}]")
+            except EdgeLLMError as e:
+                raise APIError(400, str(e), param="input") from None
         if req.dimensions is not None:
             raise APIError(400, "dimensions: the model's embeddings cannot be shortened",
                            param="dimensions")
@@ -270,6 +335,23 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
                 "usage": {"prompt_tokens": n, "total_tokens": n}}
 
     return app
+
+
+CUT_S = 0.5  # before the server's own shutdown deadline, the generations in flight end
+
+
+def uvicorn_server(app: FastAPI, config):
+    """A uvicorn.Server for `app` (create_app's, in `config`) whose shutdown first winds the
+    app down (wind_down), CUT_S before uvicorn's timeout_graceful_shutdown would cancel
+    the requests still running (a traceback each, and the time of the slowest)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            app.state.wind_down((self.config.timeout_graceful_shutdown or 0) - CUT_S)
+            await super().shutdown(sockets)
+
+    return Server(config)
 
 
 # request -> edgellm arguments --------------------------------------------------------
@@ -323,9 +405,33 @@ def _messages(req: ChatCompletionRequest) -> list[dict]:
     return out
 
 
+def _texts(req: ChatCompletionRequest) -> list[str]:
+    """The text of the messages every template renders (system, user and tool contents,
+    text parts included): the part of a prompt known before it is rendered."""
+    out = []
+    for m in req.messages:
+        if m.role in ("system", "developer", "user", "tool"):
+            parts = [m.content] if isinstance(m.content, str) else m.content or []
+            out += [p if isinstance(p, str) else p.get("text") for p in parts]
+    return [t for t in out if isinstance(t, str)]
+
+
 def _usage(prompt: int, completion: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
+
+
+def _run_plan(slot, plan, cancelled: Callable[[], bool]) -> dict:
+    return run_plan(slot, plan, False, cancelled)
+
+
+def _until(chunks, cancelled: Callable[[], bool]):
+    """`chunks` (a completion's stream) until cancelled() after a chunk: then no more."""
+    with contextlib.closing(chunks):
+        for c in chunks:
+            yield c
+            if c.finish_reason is None and cancelled():
+                return
 
 
 def _complete(slot, ids: list[int], kwargs: dict,
@@ -351,13 +457,13 @@ def _encode_vector(v: np.ndarray, fmt: str):
 
 
 # streams -------------------------------------------------------------------------------
-def _sse(events, fields: set[str]) -> StreamingResponse:
+def _sse(events, fields: set[str], error_of=from_edgellm) -> StreamingResponse:
     async def body():
         try:
             async for e in events:
                 yield event(e)
         except EdgeLLMError as e:  # after the first byte: the error as the last event
-            yield event(from_edgellm(e, fields).body())
+            yield event(error_of(e, fields).body())
         yield DONE
 
     return StreamingResponse(body(), media_type="text/event-stream",
@@ -378,15 +484,22 @@ async def _chat_events(chunks, model_id: str, include_usage: bool):
 
 
 async def _completion_events(chunks, base: dict, prompt_tokens: int, include_usage: bool):
-    n = 0
+    """A completion's chunks as OpenAI streams them; one cut before its end (_until: a
+    shutdown) ends as cut at max_tokens, finish_reason "length"."""
+    n, finish = 0, None
+
+    def out(text: str, reason: str | None) -> dict:
+        return {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
+                                     "finish_reason": reason}],
+                **({"usage": None} if include_usage else {})}
+
     async for c in chunks:
         n += c.token is not None
-        if not c.text and c.finish_reason is None:
-            continue
-        out = {**base, "choices": [{"text": c.text, "index": 0, "logprobs": None,
-                                    "finish_reason": c.finish_reason}]}
-        if include_usage:
-            out["usage"] = None
-        yield out
-        if c.finish_reason is not None and include_usage:
-            yield {**base, "choices": [], "usage": _usage(prompt_tokens, n)}
+        finish = c.finish_reason
+        if c.text or c.finish_reason is not None:
+            yield out(c.text, c.finish_reason)
+    if finish is None:
+        finish = "length"
+        yield out("", finish)
+    if include_usage:
+        yield {**base, "choices": [], "usage": _usage(prompt_tokens, n)}

@@ -1,7 +1,10 @@
-"""Limits checked before a route runs: the API key (401) and the body size (413)."""
+"""Limits: the API key (401) and the body size (413), checked before a route runs; a
+prompt's tokens (fit_prompt: 400 context_length_exceeded), once the route has them."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import json
 
@@ -34,8 +37,9 @@ class Limits:
         too_big = APIError(413, f"request body is larger than {self.max_body} bytes",
                            param=None, code="request_too_large")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            await _drain(receive, DRAIN_LIMIT)
-            return await _reply(send, too_big)
+            # a client waiting for 100 Continue sends no body: nothing to read
+            return await _refuse(receive, send, too_big,
+                                 headers.get("expect", "").lower() != "100-continue")
         seen = 0
 
         async def bounded():
@@ -55,6 +59,54 @@ class Limits:
             await _reply(send, too_big)
 
 
+def token_bytes(tokenizer) -> int:
+    """The most bytes of text one token stands for, at most: the longest token's UTF-8
+    length (a byte-level token's characters are two bytes for one, a byte-fallback token
+    six: never fewer than the text they stand for)."""
+    return max(len((tokenizer.id_to_token(i) or "").encode("utf-8", "replace"))
+               for i in range(tokenizer.vocab_size)) or 1
+
+
+def refuse_early(nbytes: int, per_token: int, context: int, limit: int,
+                 what: str = "") -> None:
+    """A prompt whose text alone (`nbytes` UTF-8 bytes) takes more than `limit` tokens,
+    `per_token` bytes a token at most, refused before it is rendered and tokenized: a
+    750 KB message held the interpreter's lock for a second in the tokenizer, every other
+    request waiting."""
+    at_least = -(-nbytes // per_token)
+    if at_least > limit:
+        _too_long(f"at least {at_least}", context, limit, what)
+
+
+def fit_prompt(ids: list[int], context: int, limit: int, truncate: int | None,
+               what: str = "") -> list[int]:
+    """The prompt `ids` the server runs: its last `truncate` tokens when asked (-1: `limit`),
+    else all of it; refused (400, OpenAI's context_length_exceeded) when beyond `limit`
+    tokens (at most context - 1: room for the answer's first token). `what`: what the count
+    includes, for the message. Never prefilled through context shifts: that took minutes
+    for a 750 KB message, every later request waiting."""
+    if truncate is not None:
+        if truncate == 0:
+            raise APIError(400, "truncate_prompt_tokens must be -1 (as many as fit) or at "
+                           "least 1", param="truncate_prompt_tokens")
+        ids = ids[-(limit if truncate == -1 else truncate):]
+    if len(ids) > limit:
+        _too_long(str(len(ids)), context, limit, what)
+    return ids
+
+
+def _too_long(n: str, context: int, limit: int, what: str):
+    param = "messages" if what else "prompt"
+    if limit >= context - 1:
+        msg = (f"this model's maximum context length is {context} tokens, but the prompt is "
+               f"{n} tokens{what}")
+    else:
+        msg = (f"the prompt is {n} tokens{what}: this server takes at most {limit} "
+               "(--max-prompt-tokens)")
+    raise APIError(400, msg + "; shorten it, or send truncate_prompt_tokens=N to keep its "
+                   "last N tokens", param=param, code="context_length_exceeded")
+
+
 class BodyTooLarge(HTTPException):
     """A body without Content-Length found larger than the limit while read. An HTTP
     exception, so that FastAPI, reading the body, passes it on (any other exception there
@@ -67,6 +119,22 @@ class BodyTooLarge(HTTPException):
 
 
 DRAIN_LIMIT = 64 << 20  # bytes of a refused body read (and dropped) so the client sees 413
+DRAIN_S = 10.0  # and the most time spent reading them
+
+
+async def _refuse(receive, send, e: APIError, drain: bool) -> None:
+    """`e` (a 413) sent whole at once, before the body is read (the client waiting for its
+    answer has it at once); then, with `drain`, what the client still sends of its body read
+    and dropped (bounded) before the response is completed: the connection is closed then,
+    and one closed on unread data is reset, a client still sending seeing the reset (a
+    broken pipe), not the 413."""
+    body = json.dumps(e.body()).encode()
+    await send({"type": "http.response.start", "status": e.status, "headers": _headers(e, body)})
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    if drain:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_drain(receive, DRAIN_LIMIT), DRAIN_S)
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _drain(receive, limit: int) -> None:
@@ -80,10 +148,13 @@ async def _drain(receive, limit: int) -> None:
         seen += len(message.get("body", b""))
 
 
-async def _reply(send, e: APIError) -> None:
-    body = json.dumps(e.body()).encode()
+def _headers(e: APIError, body: bytes) -> list[tuple[bytes, bytes]]:
     headers = [(b"content-type", b"application/json"),
                (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in e.headers.items()]
-    await send({"type": "http.response.start", "status": e.status, "headers": headers})
+    return headers + [(k.lower().encode(), v.encode()) for k, v in e.headers.items()]
+
+
+async def _reply(send, e: APIError) -> None:
+    body = json.dumps(e.body()).encode()
+    await send({"type": "http.response.start", "status": e.status, "headers": _headers(e, body)})
     await send({"type": "http.response.body", "body": body})

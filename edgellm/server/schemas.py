@@ -51,6 +51,9 @@ class Sampling(_Body):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     logprobs: Literal[False] | None = None  # not computed: true is refused
+    # vLLM's: keep only the prompt's last N tokens (-1: as many as the server takes);
+    # without it a prompt beyond the server's limit is refused (limits.fit_prompt)
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
 
 
 class ChatCompletionRequest(Sampling):

@@ -54,6 +54,13 @@ def _as_id_list(value: object) -> list[int]:
     return []
 
 
+def _encode(backend: tokenizers.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """backend.encode(text).ids through encode_batch, which lets go of the interpreter's lock
+    while it works (encode holds it: a long prompt would stop every other thread, the
+    server's engine and requests among them, for as long as it takes). Same ids."""
+    return backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+
 class Tokenizer:
     """Text <-> token ids for one model."""
 
@@ -156,13 +163,13 @@ class Tokenizer:
                 raise ValueError("literal spans are for text without added special tokens")
             return self._encode_literal(text, literal)
         if add_special_tokens and (self._add_bos is not None or self._add_eos is not None):
-            ids = self._tok.encode(text, add_special_tokens=False).ids
+            ids = _encode(self._tok, text, False)
             if self._add_bos:
                 ids.insert(0, self.bos_id)
             if self._add_eos:
                 ids.append(self.eos_id)
             return ids
-        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+        return _encode(self._tok, text, add_special_tokens)
 
     def _literal_backend(self):
         """(a copy of the backend with a non-special alias for each special token, a
@@ -205,8 +212,7 @@ class Tokenizer:
             last = m.end()
         out.append(text[last:])
         back = {alias_id: i for _, alias_id, i in aliases.values()}
-        return [back.get(i, i) for i in backend.encode("".join(out),
-                                                       add_special_tokens=False).ids]
+        return [back.get(i, i) for i in _encode(backend, "".join(out), False)]
 
     def encode_truncated(self, texts: Sequence[str], max_length: int) -> list[list[int]]:
         """Each text -> ids with special tokens, at most max_length of them, as transformers'

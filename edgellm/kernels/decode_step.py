@@ -184,25 +184,28 @@ def _k_rows(kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
 
 def _family_rows(c: int):
     """The rows of type c, which has a generated family (registry.KERNELS): its float rows
-    kquant.py's where it has no float tiles (q5_0, q5_1)."""
+    kquant.py's where it has no float tiles (q5_0, q5_1). (Glue, not cached itself: it may
+    hold the kernels.)"""
+    k = KERNELS[c]
+    mv, mvp = k.get("mv_rows"), k.get("mvp_rows")
     if c == F32:
         @njit(**GLUE)
         def rows(kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
-            kern(c, "mvp_rows", w.view(np.float32), block, h, out, r0, r1)
-    elif "mvp_rows" not in KERNELS[c]:
+            mvp(w.view(np.float32), block, h, out, r0, r1)
+    elif mvp is None:
         @njit(**GLUE)
         def rows(kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
             if float_acts:
                 mvp_rows_k(kind, w, h, out, r0, r1)
             else:
-                kern(c, "mv_rows", w, block, xq, xd, xds, out, r0, r1)
+                mv(w, block, xq, xd, xds, out, r0, r1)
     else:
         @njit(**GLUE)
         def rows(kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
             if float_acts:
-                kern(c, "mvp_rows", w, block, h, out, r0, r1)
+                mvp(w, block, h, out, r0, r1)
             else:
-                kern(c, "mv_rows", w, block, xq, xd, xds, out, r0, r1)
+                mv(w, block, xq, xd, xds, out, r0, r1)
     return rows
 
 

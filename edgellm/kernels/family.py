@@ -101,23 +101,23 @@ def codes_of(kinds) -> list[int]:
 
 def by_kind(codes: list[int], case, tail=None):
     """A jitted f(kind, *args) returning case(c)(*args) where kind == c (c in codes), else
-    tail(*args) (a kernel; None: nothing).
+    tail(*args) (a kernel). Without a tail the last code takes every other kind: the caller
+    passes only codes it holds.
 
     case(c) is a jitted function of fixed arity that calls its kernels with c as a
     constant (a star call would pass c on as a plain int64)."""
     if not codes:
-        if tail is None:
-            @njit(**_JIT)
-            def nothing(kind, *args):
-                return None
-            return nothing
-
         @njit(**_JIT)
         def other(kind, *args):
             return tail(*args)
         return other
+    this = case(codes[0])
+    if len(codes) == 1 and tail is None:
+        @njit(**_JIT)
+        def last(kind, *args):
+            return this(*args)
+        return last
     c, rest = codes[0], by_kind(codes[1:], case, tail)
-    this = case(c)
 
     @njit(**_JIT)
     def chain(kind, *args):

@@ -3,8 +3,10 @@
 `TYPES` has one row (`QuantType`) per storage type: its name and number, its block layout,
 the numpy reference that defines it, and which kernels edgellm has for it. The loader
 (format.py), validation, the linear kernels (kernels/registry.py), the fused decode step,
-the converter and `edgellm info` read these rows instead of keeping their own lists; adding
-a type is adding a row here plus its kernels (README, Development).
+the converter and `edgellm info` read these rows instead of keeping their own lists; the
+kernels find a type by its code. Adding a type is a row here plus a line in
+kernels/tiles.py's RECIPES (its kernel family is generated from its tiles) and, for a new
+byte layout, the code generators' branch for it (README, Development).
 
 This module is the oracle: the converter writes what it computes and every Numba kernel is
 tested against `dequantize`. Rounding follows llama.cpp's reference C code
@@ -138,11 +140,12 @@ class QuantType:
     quantize_blocks / dequantize_blocks   the reference: float32 [rows, nb, B] <-> uint8
                   [rows, nb, block_bytes] (float types: None, they are only converted)
     int8_kernels  matvec / matmul kernels on int8 activation blocks of ACT_BLOCK (ActQ8),
-                  with prefill's 8-row panels (kernels/panel.py; q5_0, q5_1, q4_k, q5_k,
-                  q6_k: kernels/kquant_int.py; q2_k, q3_k: float only, kernels/kquant.py)
+                  with prefill's 8-row panels (kernels/panel.py; generated from the
+                  type's recipe, kernels/tiles.py; q4_k, q5_k, q6_k: kernels/kquant_int.py;
+                  q2_k, q3_k: float only, kernels/kquant.py)
     float_kernels matvec / matmul on float32 activations and the embedding lookup
     blocks        the block sizes it can be stored in (K-quants: 256 only; q5_0: 32)
-    The kernels themselves: kernels/registry.py, one entry per type that has them.
+    The kernels themselves: kernels/registry.py, by type code.
     """
 
     name: str
@@ -163,7 +166,7 @@ class QuantType:
 
     @property
     def superblock(self) -> bool:
-        """One fixed block size (K-quants, q5_0): kernels in kernels/kquant.py."""
+        """One fixed block size (K-quants, q5_0, q5_1): float kernels in kernels/kquant.py."""
         return self.quantized and len(self.blocks) == 1
 
     def is_ggml_block(self, block_size: int) -> bool:

@@ -18,15 +18,15 @@ from edgellm import quant
 from edgellm.format import Tensor
 from edgellm.kernels import linear as L
 from edgellm.kernels import simd
-from edgellm.kernels.amx import (
-    BX_BLOCK,
-    MIN_TOKENS,
-    amx_tokens_q4_0,
-    amx_tokens_q4_1,
-    amx_tokens_q8_0,
-)
-from edgellm.kernels.matmul import PANEL_Q4_0, PANEL_Q4_1, PANEL_Q8_0, panel_scratch, panel_tokens
-from edgellm.kernels.panel import pack_q4_0, pack_q4_1, pack_q8_0
+from edgellm.kernels.amx import BX_BLOCK, MIN_TOKENS
+from edgellm.kernels.matmul import panel_scratch, panel_tokens
+from edgellm.kernels.tiles import TILES
+
+PANEL_Q8_0, PANEL_Q4_0, PANEL_Q4_1 = (quant.TYPES[k].code for k in ("q8_0", "q4_0", "q4_1"))
+pack_q8_0, pack_q4_0, pack_q4_1 = (TILES[c]["pack"] for c in (PANEL_Q8_0, PANEL_Q4_0, PANEL_Q4_1))
+amx_tokens_q8_0, amx_tokens_q4_0, amx_tokens_q4_1 = (TILES[c]["amx"] for c in (PANEL_Q8_0,
+                                                                               PANEL_Q4_0,
+                                                                               PANEL_Q4_1))
 
 pytestmark = pytest.mark.skipif(not simd.AMX, reason="no AMX-INT8 here (CPU, OS or EDGELLM_NO_AMX)")
 KINDS = {"q8_0": PANEL_Q8_0, "q4_0": PANEL_Q4_0, "q4_1": PANEL_Q4_1}

@@ -16,7 +16,11 @@ from edgellm.arch.batched import BatchDecoder
 from edgellm.kernels import act_quant, simd
 from edgellm.kernels import interleave as il
 from edgellm.kernels.interleave import ILV_BLOCK
-from edgellm.kernels.tiles import tile_q4_0_8x1, tile_q4_1_8x1, tile_q8_0_4x1
+from edgellm.kernels.tiles import TILES
+
+# the single step's row-group tiles ("g": q4's 8x1, q8_0's 4x1)
+tile_q4_0_8x1, tile_q4_1_8x1, tile_q8_0_4x1 = (TILES[quant.TYPES[k].code]["g"]
+                                               for k in ("q4_0", "q4_1", "q8_0"))
 
 KINDS = ("q4_0", "q4_1", "q8_0")
 
@@ -65,7 +69,7 @@ CODE = {"q4_0": 0, "q4_1": 1, "q8_0": 8}
 
 def _sixteen(kind: str, RT: int):
     """A kernel running itile_<kind>_16x<RT> over all groups and tokens (RT at a time)."""
-    tile = getattr(il, f"itile_{kind}_16x{RT}")
+    tile = TILES[quant.TYPES[kind].code][f"i{RT}"]
 
     @njit
     def run(wi, xq, xd, xs, xds, out):

@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 from edgellm import quant
-from edgellm.kernels import act_quant, kquant, kquant_int, matmul, matvec, simd
+from edgellm.kernels import act_quant, kquant, kquant_int, matmul, registry, simd
 from edgellm.kernels import panel as panel_mod
+from edgellm.kernels.tiles import TILES
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +41,11 @@ def int16_dots(asm: str) -> int:
     the VNNI IR, not the generic one, was lowered."""
     n = asm.count("vpdpwssd")
     return n + asm.count("vpmaddwd") if n else 0
+
+
+def _kernel(kind: str, role: str):
+    """The generated kernel `role` of type `kind` (registry.KERNELS, by type code)."""
+    return registry.KERNELS[quant.TYPES[kind].code][role]
 
 
 def fresh_asm(dispatcher, *args) -> str:
@@ -70,10 +76,10 @@ def sample_args():
 
 def int8_asm(kind: str) -> tuple[str, str]:
     w, xq, f = sample_args()
-    mv = fresh_asm(getattr(matvec, f"mv_rows_{kind}"), w, 32, xq, f, f, f, 0, 4)
+    mv = fresh_asm(_kernel(kind, "mv_rows"), w, 32, xq, f, f, f, 0, 4)
     xs = np.zeros((1, 1), np.int32)
     panel, scales = matmul.panel_scratch(32)
-    mm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, xs, f, f, 0, 4, 1,
+    mm = fresh_asm(_kernel(kind, "mm_rows"), w, 32, xq, f, xs, f, f, 0, 4, 1,
                    panel, scales)
     return mv, mm
 
@@ -94,7 +100,7 @@ def test_vnni_int16_row_groups_emit_vpdpwssd(kind):
     w = np.zeros((8, 18 if kind == "q4_0" else 20), np.uint8)
     w.flags.writeable = False
     xq, f = np.zeros((1, 32), np.int16), np.zeros((1, 8), np.float32)
-    asm = fresh_asm(getattr(matvec, f"mv_rows_{kind}"), w, 32, xq, f, f, f, 0, 8)
+    asm = fresh_asm(_kernel(kind, "mv_rows"), w, 32, xq, f, f, f, 0, 8)
     assert int16_dots(asm) >= 8
 
 
@@ -106,7 +112,7 @@ def test_vnni_int16_q8_0_rows_emit_vpdpwssd():
     w = np.zeros((4, 34), np.uint8)
     w.flags.writeable = False
     xq, f = np.zeros((1, 32), np.int16), np.zeros((1, 4), np.float32)
-    asm = fresh_asm(matvec.mv_rows_q8_0, w, 32, xq, f, f, f, 0, 4)
+    asm = fresh_asm(_kernel("q8_0", "mv_rows"), w, 32, xq, f, f, f, 0, 4)
     assert int16_dots(asm) >= 4
 
 
@@ -118,7 +124,7 @@ def test_vnni_int16_prefill_panels_emit_vpdpwssd(kind):
     w, _, f = sample_args()
     xq, xs = np.zeros((1, 32), np.int16), np.zeros((1, 1), np.int32)
     panel, scales = matmul.panel_scratch(32)
-    asm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, xs, f, f, 0, 4, 1,
+    asm = fresh_asm(_kernel(kind, "mm_rows"), w, 32, xq, f, xs, f, f, 0, 4, 1,
                     panel, scales)
     assert int16_dots(asm) >= 8 * 11  # the 8x6, 8x4 and 8x1 tiles' chunks
 
@@ -132,7 +138,7 @@ def test_amx_prefill_panels_emit_tile_products(kind):
     w, _, f = sample_args()
     xq, xs = np.zeros((1, 32), np.int16), np.zeros((1, 1), np.int32)
     panel, scales = matmul.panel_scratch(32)
-    asm = fresh_asm(getattr(matmul, f"mm_rows_{kind}"), w, 32, xq, f, xs, f, f, 0, 4, 1,
+    asm = fresh_asm(_kernel(kind, "mm_rows"), w, 32, xq, f, xs, f, f, 0, 4, 1,
                     panel, scales)
     products = ("tdpbusd", "tdpbssd") if kind == "q8_0" else ("tdpbuud", "tdpbsud")
     for op in ("ldtilecfg", "tileloadd", "tilestored", "tilerelease", *products):
@@ -230,12 +236,12 @@ def test_float_paths_are_vectorized():
     w, xq, f = sample_args()
     packed_fma = re.compile(r"vfmadd\S*\s[^\n]*%[yz]mm")
     for kind in QTYPES:
-        asm = fresh_asm(getattr(matvec, f"mvp_rows_{kind}"), w, 32, f, f, 0, 4)
+        asm = fresh_asm(_kernel(kind, "mvp_rows"), w, 32, f, f, 0, 4)
         assert packed_fma.search(asm), kind
     wf = np.zeros((4, 32), np.float32)
-    assert packed_fma.search(fresh_asm(matvec.mvp_rows_f32, wf, 32, f, f, 0, 4))
+    assert packed_fma.search(fresh_asm(_kernel("f32", "mvp_rows"), wf, 32, f, f, 0, 4))
     wh = np.zeros((4, 32), np.uint16)
-    asm = fresh_asm(matvec.mvp_rows_f16, wh, 32, f, f, 0, 4)
+    asm = fresh_asm(_kernel("f16", "mvp_rows"), wh, 32, f, f, 0, 4)
     assert packed_fma.search(asm) and "vcvtph2ps" in asm
     x = np.zeros((1, 64), np.float32)
     q = fresh_asm(act_quant.quantize_rows, x, np.zeros((1, 64), np.int8), f, np.zeros(
@@ -275,7 +281,8 @@ def test_kquant_int_tiles_are_vectorized(kind):
     wssd = simd.SIMD_PATH == "vnni"
     dot = "vpdpwssd" if wssd else "vpmaddwd"
     for rt in (1, 4):
-        tile = getattr(kquant_int, f"ktile_{kind}_1x{rt}")
+        tile = (TILES[t.code][str(rt)] if t.code in TILES  # q5_0, q5_1: tiles.py
+                else getattr(kquant_int, f"ktile_{kind}_1x{rt}"))
 
         def probe(w, xq, xd, xds, out):
             tile(w, B, 0, xq, xd, xds, 0, out)
@@ -295,7 +302,7 @@ def test_kquant_int_tiles_are_vectorized(kind):
 @pytest.mark.skipif(not X86, reason="checks x86 vector registers")
 @pytest.mark.parametrize("kind", ["q5_0", "q5_1"])
 def test_q5_row_group_tiles(kind):
-    """Decode's q5_0 / q5_1 row-group tile (kquant_int.tile_<kind>_8x1): on AVX-512 VNNI the
+    """Decode's q5_0 / q5_1 row-group tile (tiles.py's "g"): on AVX-512 VNNI the
     q4 row group's vpdpwssd dots (two per row pair and block) with each code's fifth bit
     added under a mask register; elsewhere the 1x1 tile's vpmaddwd, row by row."""
     t = quant.TYPES[kind]
@@ -304,7 +311,7 @@ def test_q5_row_group_tiles(kind):
     xq = np.zeros((1, 256), np.int16)
     f = np.zeros((1, 8), np.float32)
     out = np.zeros((1, 8), np.float32)
-    tile = getattr(kquant_int, f"tile_{kind}_8x1")
+    tile = TILES[t.code]["g"]
 
     def probe(w, xq, xd, xds, out):
         tile(w, 32, 0, xq, xd, xds, 0, out)
@@ -334,7 +341,7 @@ def test_interleaved_tiles(kind, dtype):
     f = np.zeros((4, 2), np.float32)
     xs = np.zeros((4, 2), np.int32)
     out = np.zeros((4, 16), np.float32)
-    tile = getattr(interleave, f"itile_{kind}_16x4")
+    tile = TILES[quant.TYPES[kind].code]["i4"]
 
     def probe(w, xq, xd, xs, xds, out):
         tile(w, 0, xq, xd, xs, xds, 0, out, 0)

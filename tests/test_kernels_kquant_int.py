@@ -1,4 +1,5 @@
-"""The integer-activation kernels of q5_0, q5_1, q4_k, q5_k, q6_k (kernels/kquant_int.py)
+"""The integer-activation kernels of q5_0, q5_1, q4_k, q5_k, q6_k (kernels/kquant_int.py;
+q5_0 and q5_1: their generated family, kernels/tiles.py)
 against the float product of the same quantized activations, on raw random and adversarial
 blocks (f16 scales at their extremes and zero, codes at their limits, all-zero blocks), int16
 and int8 activations, decode rows and prefill tiles (four tokens, then the rest)."""
@@ -7,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_kernels_kquant import raw_blocks
 
 from edgellm import quant
-from edgellm.kernels import act_quant, kquant_int
-from test_kernels_kquant import raw_blocks
+from edgellm.kernels import act_quant, registry
 
 INT_K = [n for n in quant.K_TYPES if quant.TYPES[n].int8_kernels]
 
@@ -25,7 +26,7 @@ def quantized(x: np.ndarray, dtype):
 
 def test_the_int_types_are_the_expected_ones():
     assert INT_K == ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
-    assert set(INT_K) == set(kquant_int.KQ_TYPES)
+    assert set(INT_K) <= set(registry.INT8)
 
 
 @pytest.mark.parametrize("dtype", [np.int16, np.int8])
@@ -47,19 +48,19 @@ def test_rows_and_tiles_match_the_quantized_product(kind, adversarial, dtype):
     xq, xd, xs, xds = quantized(x, dtype)
     xr = (xq.astype(np.float64).reshape(T, K // 32, 32) * xd[..., None]).reshape(T, K)
     ref, scale = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
-    code = quant.TYPES[kind].code
+    k = registry.INT8[kind]
     rows = np.full((1, N), np.nan, np.float32)
-    kquant_int.mv_rows_kq(code, raw, xq, xd, xds, rows, 0, N)
+    k.rows(raw, B, xq, xd, xds, rows, 0, N)
     par = np.full((1, N), np.nan, np.float32)
-    kquant_int.mv_kq(code, raw, xq, xd, xds, par)
+    k.parallel(raw, B, xq, xd, xds, par)
     mm = np.full((T, N), np.nan, np.float32)
-    kquant_int.mm_kq(code, raw, xq, xd, xs, xds, mm, T, 2)
+    k.matmul(raw, B, xq, xd, xs, xds, mm, T, 2)
     for got, want, s in ((rows, ref[:1], scale[:1]), (par, ref[:1], scale[:1]), (mm, ref, scale)):
         assert np.isfinite(got).all()
         assert (np.abs(got - want) <= 2e-6 * s + 1e-30).all()
     np.testing.assert_array_equal(rows, par)
     # a worker's range that starts off the row groups (q5's tiles of 8 rows, then one by one)
     part = np.full((1, N), np.nan, np.float32)
-    kquant_int.mv_rows_kq(code, raw, xq, xd, xds, part, 3, N)
+    k.rows(raw, B, xq, xd, xds, part, 3, N)
     assert np.isnan(part[0, :3]).all()
     assert (np.abs(part[0, 3:] - ref[0, 3:]) <= 2e-6 * scale[0, 3:] + 1e-30).all()

@@ -312,14 +312,15 @@ def test_cache_dir_choice(tmp_path, monkeypatch):
 
 
 def _packer(kind):
-    """A jitted call of panel.pack_<kind> (intrinsics are not first-class values)."""
-    from edgellm.kernels import panel
+    """A jitted call of the type's "pack" tile (tiles.py; intrinsics are not first-class
+    values)."""
+    from edgellm.kernels.family import tile
 
-    pack = getattr(panel, f"pack_{kind}")
+    code = quant.TYPES[kind].code
 
     @numba.njit(cache=False)
     def run(w, block, i, pan, scales):
-        pack(w, block, i, pan, scales, 0)
+        tile(code, "pack", w, block, i, pan, scales, 0)
     return run
 
 

@@ -2,8 +2,9 @@
 
 Every row's ggml name, block size and bytes are gguf's (GGML_QUANT_SIZES); every type the
 table gives kernels has them in kernels/registry.py; every intrinsic or kernel a kernel
-module calls is defined by name (`name = make_...(...)` or `def name`) somewhere under
-edgellm/kernels, so that `git grep` finds it.
+module calls by name is defined (`name = make_...(...)` or `def name`) somewhere under
+edgellm/kernels, and every one it looks up by type code (family.tile / family.kern:
+`tile(code, "role", ...)`) is a role of the tables tiles.py and registry.py fill.
 """
 
 from __future__ import annotations
@@ -71,5 +72,23 @@ def test_every_kernel_name_has_a_definition():
     kernel_like = re.compile(r"^(f?tile|ptile|pack|row|mvp?|mmp?|embed)_\w+$|^quant_row$")
     missing = {n: f for n, f in calls.items() if kernel_like.match(n) and n not in defined}
     assert not missing, missing
-    tiles = [n for n in defined if re.match(r"^(f?tile|ptile|pack|row)_", n)]
-    assert len(tiles) >= 30, tiles  # the registries were read
+
+
+def test_every_role_looked_up_by_code_is_made():
+    from edgellm.kernels import registry  # noqa: F401  (fills FAMILIES)
+    from edgellm.kernels.family import KERNELS as FAMILIES
+    from edgellm.kernels.family import TILES
+
+    roles = {"tile": set(), "kern": set()}
+    for path in sorted(KERNELS.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and len(node.args) > 1
+                    and isinstance(f := node.func, (ast.Name, ast.Attribute))
+                    and (f.id if isinstance(f, ast.Name) else f.attr) in roles
+                    and isinstance(node.args[1], ast.Constant)):
+                roles[f.id if isinstance(f, ast.Name) else f.attr].add(node.args[1].value)
+    made = {"tile": {r for t in TILES.values() for r in t},
+            "kern": {r for k in FAMILIES.values() for r in k}}
+    for kind in roles:
+        assert roles[kind] and roles[kind] <= made[kind], (kind, roles[kind] - made[kind])
+    assert sum(len(t) for t in TILES.values()) >= 30, TILES  # the registries were read

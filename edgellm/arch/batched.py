@@ -30,7 +30,7 @@ from ..kernels.simd import VNNI
 from ..kernels.sync import new_state
 from ..kv_cache import lazy_zeros
 
-_ILV = {ds.Q4_0: "q4_0", ds.Q4_1: "q4_1", ds.Q8_0: "q8_0"}  # the types interleaved
+_ILV = {quant.TYPES[n].code: n for n in ILV_BLOCK}  # the types interleaved, by code
 
 
 class BatchDecoder:

@@ -382,11 +382,8 @@ ALL_FEATURES = (_ON,) * len(ds.FEATURES)
 def features(prog: Program, kv_type: str) -> tuple:
     """decode_step's feats for this program on a cache of kv_type: what it runs, None for
     the rest (so that numba neither types nor compiles that)."""
-    codes = {int(m[ds.MAT_KIND]) for m in prog.mats}
+    have = {ds.KIND_FEATURES[int(m[ds.MAT_KIND])] for m in prog.mats}  # by type code
     ops = {row[0] for row in prog.ops}
-    have = {name for name in ds.KIND_FEATURES[:4] if ds.KIND_CODE[name] in codes}
-    if any(c >= ds.K_FIRST for c in codes):
-        have.add("kquant")
     have.add("kv_" + kv_type)
     if ops & {ds.ROUTE, ds.MOE}:
         have.add("moe")

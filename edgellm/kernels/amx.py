@@ -38,30 +38,13 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import ir as irh
 from .codegen_int8 import GROUP
-from .ir import (
-    F32,
-    FAST,
-    I8,
-    I16,
-    I32,
-    _c,
-    _for,
-    _i64,
-    _llvm_fn,
-    _load,
-    _pick,
-    _Rows,
-    _splat,
-    _store_vec,
-    _typed,
-    _v,
-)
+from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
 from .panel import PANEL_BLOCK, SCALES_BLOCK
 from .simd import AMX
 
-__all__ = ["BX_BLOCK", "MIN_TOKENS", "ROWS", "TOKENS", "amx_panels", "amx_tokens_q8_0",
-           "amx_tokens_q4_0", "amx_tokens_q4_1"]
+__all__ = ["BX_BLOCK", "MIN_TOKENS", "ROWS", "TOKENS", "amx_panels", "make_tokens"]
 
 ROWS = 2 * GROUP  # weight rows a tile: two panels (C: 16 columns of i32)
 TOKENS = 16  # tokens a tile (A and C rows); a pass runs two tiles against the same B
@@ -78,7 +61,7 @@ V16I = _v(I32, 16)
 def _tile(b, name, *args):
     """Call llvm.x86.<name> with i8 tile numbers (ints) and other IR values."""
     vals = [_c(I8, a) if isinstance(a, int) else a for a in args]
-    fn = _llvm_fn(b, f"llvm.x86.{name}", VOID, [v.type for v in vals])
+    fn = irh._llvm_fn(b, f"llvm.x86.{name}", VOID, [v.type for v in vals])
     b.call(fn, vals)
 
 
@@ -123,11 +106,11 @@ def _expand(b, panel, bx, nblocks, signed):
                     lo = _pick(b, lanes, range(h, 16, 2))
                     hi = b.shl(b.bitcast(lo, _v(I16, 16)), _c(_v(I16, 16), [8] * 16))
                     off = b.add(dst, _i64(64 * (2 * c + h) + 32 * g))
-                    _store_vec(b, bx, off, lo)
-                    _store_vec(b, bx, b.add(off, _i64(BX_BLOCK // 2)), hi)
+                    irh._store_vec(b, bx, off, lo)
+                    irh._store_vec(b, bx, b.add(off, _i64(BX_BLOCK // 2)), hi)
         return st
 
-    _for(b, _i64(0), nblocks, [], body)
+    irh._for(b, _i64(0), nblocks, [], body)
 
 
 def _scale(b, kind, tot, dx, ds, dw, mw, acc):
@@ -145,7 +128,7 @@ def _scale(b, kind, tot, dx, ds, dw, mw, acc):
 def _tokens_codegen(kind):
     def codegen(ctx, b, sig, args):
         panel, scales, xq, xd, xs, xds, out, bx = (
-            _Rows(ctx, b, sig.args[k], args[k]) for k in range(8))
+            irh._Rows(ctx, b, sig.args[k], args[k]) for k in range(8))
         i, T = args[8], args[9]
         srows = [scales.row(_i64(g)) for g in (0, 1)]
         brow = bx.row(_i64(0))
@@ -211,12 +194,12 @@ def _tokens_codegen(kind):
                     multiply(bi)
                 return st
 
-            _for(b, _i64(0), b.add(nblocks, _i64(1)), [], block)
+            irh._for(b, _i64(0), b.add(nblocks, _i64(1)), [], block)
             for s, r in enumerate(rows):
-                _store_vec(b, out.row(r), b.mul(i, _i64(4)), b.load(b.gep(acc, [_i64(s)])))
+                irh._store_vec(b, out.row(r), b.mul(i, _i64(4)), b.load(b.gep(acc, [_i64(s)])))
             return st
 
-        _for(b, _i64(0), b.sdiv(b.add(T, _i64(2 * TOKENS - 1)), _i64(2 * TOKENS)), [], pass_)
+        irh._for(b, _i64(0), b.sdiv(b.add(T, _i64(2 * TOKENS - 1)), _i64(2 * TOKENS)), [], pass_)
         _tile(b, "tilerelease")
         return ctx.get_dummy_value()
 
@@ -249,9 +232,4 @@ def make_tokens(kind):
             return int16(ctx, b, sig, args)
         return ctx.get_dummy_value()
 
-    return _typed(f"amx_tokens_{kind}", codegen, arrays, ints=(8, 9))
-
-
-amx_tokens_q8_0 = make_tokens("q8_0")
-amx_tokens_q4_0 = make_tokens("q4_0")
-amx_tokens_q4_1 = make_tokens("q4_1")
+    return irh._typed(f"amx_tokens_{kind}", codegen, arrays, ints=(8, 9))

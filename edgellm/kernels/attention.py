@@ -7,14 +7,15 @@ attn_tiles.py), or a query row at a time where a head is not whole vectors
 """
 
 import numpy as np
-from numba import prange, types
+from numba import prange
 from numba.extending import overload
 
 from .attn_tiles import KW, QT, W, pv_tile, qk_tile, row_max
 from .dots import wsum_rows
+from .family import tile
 from .fastexp import MASKED, exp_shift
 from .jit import kernel
-from .tiles import row_f16, row_q8_0
+from .kv_store import _ROW_TYPE
 
 NEG = MASKED  # the score of a key a query does not see
 
@@ -68,6 +69,21 @@ def _key_positions(cache_pos, q_pos):
     for s in range(cap + T):
         kpos[s] = cache_pos[s] if s < cap else q_pos[s - cap]
     return kpos
+
+
+@kernel
+def _dims(q, k_new):
+    """(T, Hq, Dh, Hkv, G) of queries q [T, Hq, Dh] and keys [T, Hkv, Dh]: G query heads
+    a KV head."""
+    T, Hq, Dh = q.shape
+    Hkv = k_new.shape[1]
+    return T, Hq, Dh, Hkv, Hq // Hkv
+
+
+@kernel
+def _keys(cache_pos, q_pos, scale, softcap):
+    """(_key_positions, scale, softcap as float32): what every query row's softmax takes."""
+    return _key_positions(cache_pos, q_pos), np.float32(scale), np.float32(softcap)
 
 
 @kernel
@@ -126,9 +142,7 @@ def attention_tiled(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window,
     every key the last row sees, four vectors per qk_tile, then take the softmax's
     numerators (each row's own keys; its weights past them 0) and the weighted values,
     four per pv_tile, divided by the row's sum at the end. Dh % W == 0."""
-    T, Hq, Dh = q.shape
-    Hkv = k_new.shape[1]
-    G = Hq // Hkv
+    T, Hq, Dh, Hkv, G = _dims(q, k_new)
     cap = k_cache.shape[0]
     n_all = cap + T
     n_pad = (n_all + KW - 1) // KW * KW
@@ -141,8 +155,7 @@ def attention_tiled(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, window,
         for i in range(Dh):
             for s in range(n_all, n_pad):
                 kt[h, i, s] = 0.0
-    kpos = _key_positions(cache_pos, q_pos)
-    sc32, cap32 = np.float32(scale), np.float32(softcap)
+    kpos, sc32, cap32 = _keys(cache_pos, q_pos, scale, softcap)
     tiles = (T + QT - 1) // QT
     for item in prange(tiles * Hkv):
         # tiles in the order 0, last, 1, last - 1, ..: a tile's work grows with its rows, and
@@ -192,12 +205,9 @@ def attention_by_rows(q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos, windo
     heads of the group score the cache's keys and the chunk's first t + 1 one key at a
     time (_scores), then sum the value rows weighted (wsum_rows, read in place: a KV
     head's rows are strided views)."""
-    T, Hq, Dh = q.shape
-    Hkv = k_new.shape[1]
-    G = Hq // Hkv
+    T, Hq, Dh, Hkv, G = _dims(q, k_new)
     cap = k_cache.shape[0]
-    kpos = _key_positions(cache_pos, q_pos)
-    sc32, cap32 = np.float32(scale), np.float32(softcap)
+    kpos, sc32, cap32 = _keys(cache_pos, q_pos, scale, softcap)
     for tk in prange(T * Hkv):
         # rows in the order 0, T-1, 1, T-2, ..: a row's work grows with t, and prange hands
         # each thread one contiguous run of items, so the runs get equal work this way
@@ -226,11 +236,20 @@ def _stored_row(rows, r, out):
 
 @overload(_stored_row)
 def _stored_row_impl(rows, r, out):
-    if rows.dtype == types.uint16:
-        return lambda rows, r, out: row_f16(rows, 32, r, out, 0)
-    if rows.dtype == types.uint8:
-        return lambda rows, r, out: row_q8_0(rows, 32, r, out, 0)
-    return None
+    code = _ROW_TYPE.get(rows.dtype)
+    if code is None:
+        return None
+    return lambda rows, r, out: tile(code, "row", rows, 32, r, out, 0)
+
+
+@kernel
+def _key_row(rows, new, s, cap, kvh, Hkv, buf):
+    """Key (or value) s of KV head kvh: stored row s (< cap) decoded into buf, else this
+    call's row s - cap."""
+    if s < cap:
+        _stored_row(rows, s * Hkv + kvh, buf)
+        return buf[0]
+    return new[s - cap, kvh]
 
 
 TILE = 16  # query rows that share one dequantization of each cached row
@@ -243,12 +262,9 @@ def attention_rows(q, k_new, v_new, q_pos, k_rows, v_rows, cache_pos, window, sc
     h at row s * Hkv + h, as the bits of float16 (uint16, width Dh) or ggml q8_0 blocks
     (uint8, width Dh/32 * 34); cache_pos [cap]. Work items are (KV head, tile of TILE query
     rows): each cached row is dequantized once per item into a [1, Dh] buffer."""
-    T, Hq, Dh = q.shape
-    Hkv = k_new.shape[1]
-    G = Hq // Hkv
+    T, Hq, Dh, Hkv, G = _dims(q, k_new)
     cap = cache_pos.shape[0]
-    kpos = _key_positions(cache_pos, q_pos)
-    sc32, cap32 = np.float32(scale), np.float32(softcap)
+    kpos, sc32, cap32 = _keys(cache_pos, q_pos, scale, softcap)
     tiles = (T + TILE - 1) // TILE
     for item in prange(tiles * Hkv):
         kvh = item % Hkv
@@ -258,11 +274,7 @@ def attention_rows(q, k_new, v_new, q_pos, k_rows, v_rows, cache_pos, window, sc
         scores = np.empty(((t1 - t0) * G, n), dtype=np.float32)
         buf = np.empty((1, Dh), dtype=np.float32)
         for s in range(n):
-            if s < cap:
-                _stored_row(k_rows, s * Hkv + kvh, buf)
-                key = buf[0]
-            else:
-                key = k_new[s - cap, kvh]
+            key = _key_row(k_rows, k_new, s, cap, kvh, Hkv, buf)
             for t in range(max(t0, s - cap), t1):
                 for g in range(G):
                     qh = q[t, kvh * G + g]
@@ -278,11 +290,7 @@ def attention_rows(q, k_new, v_new, q_pos, k_rows, v_rows, cache_pos, window, sc
                 for i in range(Dh):
                     o[i] = 0.0
         for s in range(n):
-            if s < cap:
-                _stored_row(v_rows, s * Hkv + kvh, buf)
-                val = buf[0]
-            else:
-                val = v_new[s - cap, kvh]
+            val = _key_row(v_rows, v_new, s, cap, kvh, Hkv, buf)
             for t in range(max(t0, s - cap), t1):
                 for g in range(G):
                     w = scores[(t - t0) * G + g, s]

@@ -14,8 +14,8 @@ the compiler placed for one row hold for n:
           q8_0) in groups of 16 rows, 4, 2 or 1 sequences a tile, each row's sums added
           as the 16x1 tile adds them (the q4 tiles: as the single step's 8x1); the other
           q4_0/q4_1 (B = 32) row groups of 8 and q8_0's groups of 4 meet 4, 2 or 1
-          rows per tile, the weights unpacked once (tiles.py's 8x4c2/8x2c2, 4x4c2/4x2c2:
-          each row's sums added in the 8x1 or 4x1 tile's order); other matrices a tile of
+          rows per tile, the weights unpacked once (tiles.py's "g4" / "g2" of a type's
+          recipe: each row's sums added in its "g" tile's order); other matrices a tile of
           `tile` rows at a time (read from memory once, from L1 for the other rows), each
           row through _mv itself. Either way each row's result is its result alone
   ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier
@@ -38,9 +38,9 @@ checks the rows' arrays (n <= R, one row per cache). These kernels do not check 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import literally, njit, prange
+from numba.extending import overload
 
-from .codegen_int8 import GROUP
 from .decode_step import (
     ACT,
     ADD,
@@ -49,16 +49,16 @@ from .decode_step import (
     C_EPS,
     C_NORM_OFFSET,
     I_KMAX,
-    KIND_FEATURES,
+    KV_F16,
+    KV_F32,
+    KV_Q8_0,
     MAT_BLOCK,
     MAT_KIND,
     MAT_OFF,
     MAT_ROW_BYTES,
+    N_KINDS,
     NORM,
     PROJ,
-    Q4_0,
-    Q4_1,
-    Q8_0,
     QUANT,
     SLOTS,
     _act,
@@ -72,113 +72,113 @@ from .decode_step import (
     _quant_op,
     _row,
     _split,
+    _split_feats,
     _vec,
     _worker,
 )
-from .interleave import (  # noqa: F401  (intrinsics)
-    ILV_BLOCK,
-    ILV_ROWS,
-    itile_q4_0_16x1,
-    itile_q4_0_16x2,
-    itile_q4_0_16x4,
-    itile_q4_1_16x1,
-    itile_q4_1_16x2,
-    itile_q4_1_16x4,
-    itile_q8_0_16x1,
-    itile_q8_0_16x2,
-    itile_q8_0_16x4,
-)
-from .jit import kernel
+from .family import TILES, by_kind, codes_of, name_of, tile
+from .interleave import ILV_BLOCK, ILV_ROWS
+from .jit import GLUE, kernel
 from .kv_store import store_kv_row
 from .sync import barrier
-from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
-    tile_q4_0_8x1,
-    tile_q4_0_8x2c2,
-    tile_q4_0_8x4c2,
-    tile_q4_1_8x1,
-    tile_q4_1_8x2c2,
-    tile_q4_1_8x4c2,
-    tile_q8_0_4x1,
-    tile_q8_0_4x2c2,
-    tile_q8_0_4x4c2,
-)
+from .tiles import RECIPES
 
-N_KINDS = len(KIND_FEATURES)  # feats' first entries: the matrix types (decode_step.py)
-KV_F32, KV_F16, KV_Q8_0 = N_KINDS, N_KINDS + 1, N_KINDS + 2  # then the cache types
-ILV_BLOCK_Q4_0, ILV_BLOCK_Q4_1, ILV_BLOCK_Q8_0 = (ILV_BLOCK[k] for k in ("q4_0", "q4_1", "q8_0"))
 TILE = 32  # weight rows per tile (a multiple of the matvec row groups: the same groups)
-assert TILE % GROUP == 0 and TILE % 4 == 0  # q4 row groups, q8_0's four rows
+assert all(TILE % r.group == 0 for r in RECIPES.values() if r.group)
 
 
 @kernel
 def _groups(kind, w, g, xq, xd, xds, out, n):
-    """out[:n, g:g + R] = W[g:g + R] @ x[:n] for a row group of R (B = 32): q4_0/q4_1's 8
-    rows, q8_0's 4; four, two, then one sequence per tile, each row's sums
-    the one-sequence tile's (the single step's 8x1 or 4x1)."""
+    """out[:n, g:g + R] = W[g:g + R] @ x[:n] for a row group of R (B = 32) of type code
+    `kind` (a constant: its "g" tiles, q4_0/q4_1's 8 rows, q8_0's 4); four, two, then one
+    sequence per tile, each row's sums the one-sequence tile's (the single step's)."""
+    literally(kind)
     t = 0
     while t + 4 <= n:
-        if kind == Q4_1:
-            tile_q4_1_8x4c2(w, 32, g, xq, xd, xds, t, out)
-        elif kind == Q4_0:
-            tile_q4_0_8x4c2(w, 32, g, xq, xd, xds, t, out)
-        else:
-            tile_q8_0_4x4c2(w, 32, g, xq, xd, xds, t, out)
+        tile(kind, "g4", w, 32, g, xq, xd, xds, t, out)
         t += 4
     if t + 2 <= n:
-        if kind == Q4_1:
-            tile_q4_1_8x2c2(w, 32, g, xq, xd, xds, t, out)
-        elif kind == Q4_0:
-            tile_q4_0_8x2c2(w, 32, g, xq, xd, xds, t, out)
-        else:
-            tile_q8_0_4x2c2(w, 32, g, xq, xd, xds, t, out)
+        tile(kind, "g2", w, 32, g, xq, xd, xds, t, out)
         t += 2
     if t < n:
-        if kind == Q4_1:
-            tile_q4_1_8x1(w, 32, g, xq, xd, xds, t, out)
-        elif kind == Q4_0:
-            tile_q4_0_8x1(w, 32, g, xq, xd, xds, t, out)
-        else:
-            tile_q8_0_4x1(w, 32, g, xq, xd, xds, t, out)
+        tile(kind, "g", w, 32, g, xq, xd, xds, t, out)
 
 
 @kernel
 def _interleaved(kind, wi, g, xq, xd, xs, xds, out, n):
     """out[:n, 16g:16g + 16] = W[16g:16g + 16] @ x[:n] from interleaved group g of W
-    (interleave.py): four, two, then one sequence per tile, each row's sums added as the
-    one-sequence tile adds them."""
+    (interleave.py), type code `kind` (a constant): four, two, then one sequence per tile,
+    each row's sums added as the one-sequence tile adds them."""
+    literally(kind)
     t, i = 0, g * ILV_ROWS
     while t + 4 <= n:
-        if kind == Q4_1:
-            itile_q4_1_16x4(wi, g, xq, xd, xs, xds, t, out, i)
-        elif kind == Q4_0:
-            itile_q4_0_16x4(wi, g, xq, xd, xs, xds, t, out, i)
-        else:
-            itile_q8_0_16x4(wi, g, xq, xd, xs, xds, t, out, i)
+        tile(kind, "i4", wi, g, xq, xd, xs, xds, t, out, i)
         t += 4
     if t + 2 <= n:
-        if kind == Q4_1:
-            itile_q4_1_16x2(wi, g, xq, xd, xs, xds, t, out, i)
-        elif kind == Q4_0:
-            itile_q4_0_16x2(wi, g, xq, xd, xs, xds, t, out, i)
-        else:
-            itile_q8_0_16x2(wi, g, xq, xd, xs, xds, t, out, i)
+        tile(kind, "i2", wi, g, xq, xd, xs, xds, t, out, i)
         t += 2
     if t < n:
-        if kind == Q4_1:
-            itile_q4_1_16x1(wi, g, xq, xd, xs, xds, t, out, i)
-        elif kind == Q4_0:
-            itile_q4_0_16x1(wi, g, xq, xd, xs, xds, t, out, i)
-        else:
-            itile_q8_0_16x1(wi, g, xq, xd, xs, xds, t, out, i)
+        tile(kind, "i1", wi, g, xq, xd, xs, xds, t, out, i)
+
+
+def _group_rows(c: int):
+    """_proj's row groups of type c: rows r0.. of the worker's as _groups or _interleaved
+    tiles run them, through the interleaved copy where the matrix has one; returns the
+    first row left (the last rows go through _mv, one at a time, as the single step's)."""
+    R = RECIPES[name_of(c)].group
+    ilv_block = ILV_BLOCK[name_of(c)] if RECIPES[name_of(c)].interleave else 0
+
+    @njit(**GLUE)
+    def rows(m, mat, row0, rows, K, xqv, xdv, xsv, xdsv, outv, blob, ilv, n, r0, r1):
+        at = ilv[0][mat]
+        if ilv_block and at >= 0 and row0 % ILV_ROWS == 0 and rows % ILV_ROWS == 0:
+            gb = K // 32 * ilv_block  # bytes a group
+            lo = at + row0 // ILV_ROWS * gb
+            wi = ilv[1][lo:lo + rows // ILV_ROWS * gb].reshape((rows // ILV_ROWS, gb))
+            for g in range(r0 // ILV_ROWS, r1 // ILV_ROWS):  # r0, r1 on ALIGN = 16
+                _interleaved(c, wi, g, xqv, xdv, xsv, xdsv, outv, n)
+            return r1
+        off, rb = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]
+        w = blob[off:off + rows * rb].reshape((rows, rb))
+        c0 = r0 + (r1 - r0) // R * R
+        for g in range(r0, c0, R):
+            _groups(c, w, g, xqv, xdv, xdsv, outv, n)
+        return c0
+    return rows
+
+
+@njit(**GLUE)
+def _no_groups(m, mat, row0, rows, K, xqv, xdv, xsv, xdsv, outv, blob, ilv, n, r0, r1):
+    return r0
+
+
+def group_rows(kinds, kind, m, mat, row0, rows, K, xqv, xdv, xsv, xdsv, outv, blob, ilv, n,
+               r0, r1):
+    """_group_rows of type code `kind` among the codes kinds holds; r0 for a type without
+    row-group tiles."""
+    raise NotImplementedError("group_rows runs in kernels only")
+
+
+@overload(group_rows, jit_options=GLUE)
+def _group_rows_by_kind(kinds, kind, m, mat, row0, rows, K, xqv, xdv, xsv, xdsv, outv, blob,
+                        ilv, n, r0, r1):
+    codes = [c for c in codes_of(kinds) if "g4" in TILES.get(c, {})]
+    chain = by_kind(codes, _group_rows, _no_groups)
+
+    def impl(kinds, kind, m, mat, row0, rows, K, xqv, xdv, xsv, xdsv, outv, blob, ilv, n, r0,
+             r1):
+        return chain(kind, m, mat, row0, rows, K, xqv, xdv, xsv, xdsv, outv, blob, ilv, n, r0,
+                     r1)
+    return impl
 
 
 @kernel
-def _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, q8_0, q4_0, q4_1, f32, kquant):
+def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds):
     """The PROJ op of worker tid for rows 0..n-1: its rows of W as the single step splits
-    them; a matrix with an interleaved copy (ilv = (byte offset per matrix or -1, bytes))
-    through it (_interleaved), else q4 row groups and q8_0's groups of 4 meet all n rows
-    per tile (_groups), other matrices a tile of `tile` rows at a time, each row through
-    the single step's _mv."""
+    them; a type with row-group tiles (group_rows: through the matrix's interleaved copy
+    where it has one (ilv = (byte offset per matrix or -1, bytes)), else its row groups)
+    meets all n rows per tile, the other rows a tile of `tile_rows` rows at a time, each
+    row through the single step's _mv."""
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     ints = ints_all[0]
@@ -186,40 +186,21 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, q8_0, q4_0, q4_1, f32
     row0, rows, K, slot = op[2], op[3], op[4], tid * SLOTS + op[6]
     r0, r1 = _split(rows, tid, nt)
     float_acts = precise or op[9] != 0
-    kind = m[MAT_KIND]
     c0 = r0
-    q4 = kind == Q4_0 or kind == Q4_1
-    if not float_acts and m[MAT_BLOCK] == 32 and (q4 or kind == Q8_0 and q8_0 is not None):
+    if not float_acts and m[MAT_BLOCK] == 32:
         kmax = ints[I_KMAX]
         q0, b0, nb = slot * kmax, slot * (kmax // 32), K // 32
         dst = op[7] if op[7] >= 0 else shared + tid * private + (-1 - op[7])
-        xqv, xdv, xdsv = xq[:n, q0:q0 + K], xd[:n, b0:b0 + nb], xds[:n, b0:b0 + nb]
-        xsv = xs[:n, b0:b0 + nb]
-        outv = mem[:n, dst:dst + rows]
-        at = ilv[0][op[1]]
-        if at >= 0 and row0 % ILV_ROWS == 0 and rows % ILV_ROWS == 0:
-            gb = nb * (ILV_BLOCK_Q4_1 if kind == Q4_1 else ILV_BLOCK_Q4_0 if kind == Q4_0
-                       else ILV_BLOCK_Q8_0)  # bytes a group
-            lo = at + row0 // ILV_ROWS * gb
-            wi = ilv[1][lo:lo + rows // ILV_ROWS * gb].reshape((rows // ILV_ROWS, gb))
-            for g in range(r0 // ILV_ROWS, r1 // ILV_ROWS):  # r0, r1 on ALIGN = 16
-                _interleaved(kind, wi, g, xqv, xdv, xsv, xdsv, outv, n)
-            c0 = r1
-        else:
-            off, rb = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]
-            w = blob[off:off + rows * rb].reshape((rows, rb))
-            R = GROUP if q4 else 4
-            c0 = r0 + (r1 - r0) // R * R  # then the last rows one at a time, as _mv
-            for g in range(r0, c0, R):
-                _groups(kind, w, g, xqv, xdv, xdsv, outv, n)
+        c0 = group_rows(kinds, m[MAT_KIND], m, op[1], row0, rows, K, xq[:n, q0:q0 + K],
+                        xd[:n, b0:b0 + nb], xs[:n, b0:b0 + nb], xds[:n, b0:b0 + nb],
+                        mem[:n, dst:dst + rows], blob, ilv, n, r0, r1)
     while c0 < r1:
-        c1 = min(r1, c0 + tile)
+        c1 = min(r1, c0 + tile_rows)
         for r in range(n):
             aq, ad, asum, ads = _act(xq[r], xd[r], xs[r], xds[r], ints, slot, K)
             h = _row(mem[r], shared, private, tid, op[5], K)
             out = _row(mem[r], shared, private, tid, op[7], rows)
-            _mv(blob, m, row0, rows, h, aq, ad, ads, out, c0, c1, float_acts,
-                q8_0, q4_0, q4_1, f32, kquant)
+            _mv(blob, m, row0, rows, h, aq, ad, ads, out, c0, c1, float_acts, kinds)
         c0 = c1
     if op[8] >= 0:
         b = params[op[8]:op[8] + rows]
@@ -313,7 +294,7 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, f
     for i in range(prog.shape[0]):
         op = prog[i]
         if op[0] == PROJ:
-            _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, *feats[:N_KINDS])
+            _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, feats[:N_KINDS])
         elif op[0] == BARRIER:  # once for all rows
             barrier(state, nt)
         elif op[0] == ATTEND:
@@ -340,7 +321,7 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, f
                         (mem[r], shared, private, xq[r], xd[r], xs[r], xds[r], kq, scores,
                          state),
                         (k_all[c], v_all[c], pos_all[c], layers[r], cos[r], sin[r]), pos[r],
-                        precise, *feats)
+                        precise, *_split_feats(feats))
 
 
 @kernel(parallel=True)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import types
 
+from .. import quant
 from .ir import (
     BLOCK_BYTES,
     BYTES,
@@ -74,10 +75,15 @@ PF_ROWS = 2  # prefetch distance of the q8_0 multi-row tile, in tiles
 PF_GROUPS = 2  # prefetch distance of the row-group tiles, in groups (1: 4-7% slower from DRAM)
 # the output lane of each row after _group_reduce: pairs of rows share a vector
 _PAIR_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-# the int16 VNNI row group's block layouts: bytes a block, offset of the 16 nibble bytes,
-# offset of q5's u32 fifth bits (None: q4)
-_GROUP_LAYOUT = {"q4_0": (18, 2, None), "q4_1": (20, 4, None), "q5_0": (22, 6, 2),
-                 "q5_1": (24, 8, 4)}
+
+
+def _group_layout(kind):
+    """The int16 VNNI row group's block layout of a 4- or 5-bit type of blocks of 32, from its
+    quant.TYPES row: (bytes a block, offset of the 16 nibble bytes, offset of q5's u32 fifth
+    bits or None): the f16 scale (and minimum), [the fifth bits], the nibbles."""
+    t = quant.TYPES[kind]
+    five = t.bits == 5
+    return t.block_bytes(32), t.header_bytes + (4 if five else 0), t.header_bytes if five else None
 
 
 def _q8act_codegen(kind, B, RW, RT, A=I8):
@@ -547,7 +553,7 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
     q5_1's d q + m as q4_1's and q5_0's d (q - 16) as a minimum of -16 d: the kquant
     decode's 8-row tile (codegen_kquant.make_q5_group_tile).
     """
-    BB, qs, qh = _GROUP_LAYOUT[kind]
+    BB, qs, qh = _group_layout(kind)
     scale_kind = "q4_1" if qh is not None else kind  # q5: d q + m (q5_0's m = -16 d)
     R = GROUP
     order = tuple(range(R))

@@ -28,31 +28,9 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import types
 
+from . import ir as irh
 from .codegen_int8 import GROUP, _q4_i16_vnni_group_codegen
-from .ir import (
-    F32,
-    FAST,
-    I8,
-    I16,
-    I32,
-    _c,
-    _drop_block,
-    _f16,
-    _for,
-    _h2f,
-    _hadd,
-    _hsum,
-    _i64,
-    _llvm_fn,
-    _load,
-    _loop,
-    _pick,
-    _Rows,
-    _splat,
-    _store,
-    _typed,
-    _v,
-)
+from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
 from .simd import VNNI
 
 __all__ = ["KQ_TYPES", "SUPER_BYTES", "make_ktile", "make_q5_group_tile"]
@@ -128,8 +106,8 @@ def _block_dot(b, w, x, scale=None):
 
 def _block_sums(b, dots):
     """8 <8 x i32> block dots -> one <8 x i32>, lane g = block g's sum (vphaddd tree)."""
-    h = [_hadd(b, dots[k], dots[k + 1]) for k in range(0, 8, 2)]
-    q0, q1 = _hadd(b, h[0], h[1]), _hadd(b, h[2], h[3])
+    h = [irh._hadd(b, dots[k], dots[k + 1]) for k in range(0, 8, 2)]
+    q0, q1 = irh._hadd(b, h[0], h[1]), irh._hadd(b, h[2], h[3])
     return b.add(_pick(b, q0, (0, 1, 2, 3, 8, 9, 10, 11), q1),
                  _pick(b, q0, (4, 5, 6, 7, 12, 13, 14, 15), q1))
 
@@ -154,23 +132,32 @@ def _block_sums16(b, dots):
     return b.add(_pick(b, v, range(0, 16, 2)), _pick(b, v, range(1, 16, 2)))
 
 
+def _operands(ctx, b, sig, args, RT):
+    """A one-row tile's (W, block, i, xq, xd, xds, t, out) for RT tokens: (xq, out, i, t,
+    A the activations' int type, AB its bytes, wssd: vpdpwssd (int16 activations on VNNI;
+    the generic IR's dots lower to vpmaddwd), dpw: its function or None, W's row i, and
+    each token's xq, xd and xds rows)."""
+    w, xq, xd, xds, out = (irh._Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+    i, t = args[1], args[5]
+    A = I16 if sig.args[2].dtype == types.int16 else I8
+    wssd = VNNI and A == I16
+    dpw = (irh._llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", _v(I32, 16), [_v(I32, 16)] * 3)
+           if wssd else None)
+    wrow = w.row(i)
+    xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
+    drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
+    srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+    return xq, out, i, t, A, A.width // 8, wssd, dpw, wrow, xrow, drow, srow
+
+
 def _kq_codegen(kind, RT):
     SB = SUPER_BYTES[kind]
     mins = kind in _MINS
     v8 = _v(F32, 8)
 
     def codegen(ctx, b, sig, args):
-        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
-        i, t = args[1], args[5]
-        A = I16 if sig.args[2].dtype == types.int16 else I8
-        AB = A.width // 8
-        wssd = VNNI and A == I16  # vpdpwssd (the generic IR's dots lower to vpmaddwd)
-        dpw = (_llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", _v(I32, 16), [_v(I32, 16)] * 3)
-               if wssd else None)
-        wrow = w.row(i)
-        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
-        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
-        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
+        xq, out, i, t, A, AB, wssd, dpw, wrow, xrow, drow, srow = _operands(ctx, b, sig, args,
+                                                                           RT)
         zero = _c(v8, [0.0] * 8)
         init = [zero] * (RT * (2 if mins else 1))
 
@@ -178,13 +165,13 @@ def _kq_codegen(kind, RT):
             p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
             codes = _codes(b, kind, p)
             if mins:
-                d, dmin = _f16(b, p, 0), _f16(b, p, 2)
+                d, dmin = irh._f16(b, p, 0), irh._f16(b, p, 2)
                 sc8, m8 = _scales_k4(b, p)
                 ws = b.fmul(sc8, _splat(b, d, 8), flags=FAST)  # lane g: d sc_g
                 mw = b.fmul(m8, _splat(b, dmin, 8), flags=FAST)
                 scales = [None] * 8
             else:  # int8 scales per 16 values, applied to the codes (|q sc| <= 4096)
-                ws = _splat(b, _f16(b, p, 208), 8)
+                ws = _splat(b, irh._f16(b, p, 208), 8)
                 sc = b.sext(_load(b, p, 192, _v(I8, 16)), _v(I16, 16))
                 scales = [_pick(b, sc, [2 * g] * 16 + [2 * g + 1] * 16) for g in range(8)]
             new = list(st)
@@ -207,12 +194,12 @@ def _kq_codegen(kind, RT):
             return new
 
         nsb = b.sdiv(xq.cols, _i64(256))
-        final = _loop(b, nsb, init, body)[0]
+        final = irh._loop(b, nsb, init, body)[0]
         for s in range(RT):
-            v = _hsum(b, final[s])
+            v = irh._hsum(b, final[s])
             if mins:
-                v = b.fsub(v, _hsum(b, final[RT + s]), flags=FAST)
-            _store(b, out, b.add(t, _i64(s)), i, v)
+                v = b.fsub(v, irh._hsum(b, final[RT + s]), flags=FAST)
+            irh._store(b, out, b.add(t, _i64(s)), i, v)
         return ctx.get_dummy_value()
 
     return codegen
@@ -240,26 +227,17 @@ def _q5_codegen(kind, RT):
     v8 = _v(F32, 8)
 
     def codegen(ctx, b, sig, args):
-        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
-        i, t = args[1], args[5]
-        A = I16 if sig.args[2].dtype == types.int16 else I8
-        AB = A.width // 8
-        wssd = VNNI and A == I16
+        xq, out, i, t, A, AB, wssd, dpw, wrow, xrow, drow, srow = _operands(ctx, b, sig, args,
+                                                                           RT)
         G = 8 if wssd else 4
         vG = _v(F32, G)
-        dpw = (_llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", _v(I32, 16), [_v(I32, 16)] * 3)
-               if wssd else None)
-        wrow = w.row(i)
-        xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
-        drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
-        srow = [xds.row(b.add(t, _i64(s))) for s in range(RT)]
         nb = b.sdiv(xq.cols, _i64(32))
 
         def gather(ps, off):
             v = ir.Constant(_v(I16, G), ir.Undefined)
             for g, p in enumerate(ps):
                 v = b.insert_element(v, _load(b, p, off, I16), _c(I32, g))
-            return _h2f(b, v)
+            return irh._h2f(b, v)
 
         def body(k, st):
             ps = [b.gep(wrow, [b.mul(b.add(b.mul(k, _i64(G)), _i64(g)), _i64(BB))],
@@ -279,7 +257,7 @@ def _q5_codegen(kind, RT):
                                           for g in range(G)])
                 else:  # lanes g and 4 + g: block g's halves
                     dots = [_block_dot(b, codes[g], xs[g]) for g in range(G)]
-                    q = _hadd(b, _hadd(b, dots[0], dots[1]), _hadd(b, dots[2], dots[3]))
+                    q = irh._hadd(b, irh._hadd(b, dots[0], dots[1]), irh._hadd(b, dots[2], dots[3]))
                     f = _pick(b, f, (0, 1, 2, 3, 0, 1, 2, 3))
                 new[s] = b.fadd(new[s], b.fmul(b.sitofp(q, v8), f, flags=FAST), flags=FAST)
                 new[RT + s] = b.fadd(new[RT + s], b.fmul(fm, _load(b, srow[s], foff, vG),
@@ -287,21 +265,21 @@ def _q5_codegen(kind, RT):
             return new
 
         init = [_c(v8, [0.0] * 8)] * RT + [_c(vG, [0.0] * G)] * RT
-        st = _loop(b, b.sdiv(nb, _i64(G)), init, body)[0]
+        st = irh._loop(b, b.sdiv(nb, _i64(G)), init, body)[0]
         res = []
         for s in range(RT):
-            fix = _hsum(b, st[RT + s])
+            fix = irh._hsum(b, st[RT + s])
             if not one:
                 fix = b.fmul(fix, _c(F32, -16.0), flags=FAST)
-            res.append(b.fadd(_hsum(b, st[s]), fix, flags=FAST))
+            res.append(b.fadd(irh._hsum(b, st[s]), fix, flags=FAST))
 
         vt = _v(F32, 16 if wssd else 8)
 
         def tail(bi, st):  # st: RT float sums of the minima, then RT vectors of the dots
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
             codes = _q5_codes(b, p, h0)
-            d = _f16(b, p, 0)
-            fm = _f16(b, p, 2) if one else b.fmul(d, _c(F32, -16.0), flags=FAST)
+            d = irh._f16(b, p, 0)
+            fm = irh._f16(b, p, 2) if one else b.fmul(d, _c(F32, -16.0), flags=FAST)
             new = list(st)
             for s in range(RT):
                 x = _load(b, xrow[s], b.mul(bi, _i64(32 * AB)), _v(A, 32))
@@ -313,11 +291,11 @@ def _q5_codegen(kind, RT):
                     b, b.fmul(d, dx, flags=FAST), vt.count), flags=FAST), flags=FAST)
             return new
 
-        res = _for(b, b.mul(b.sdiv(nb, _i64(G)), _i64(G)), nb,
+        res = irh._for(b, b.mul(b.sdiv(nb, _i64(G)), _i64(G)), nb,
                    res + [_c(vt, [0.0] * vt.count)] * RT, tail)
-        res = [b.fadd(res[s], _hsum(b, res[RT + s]), flags=FAST) for s in range(RT)]
+        res = [b.fadd(res[s], irh._hsum(b, res[RT + s]), flags=FAST) for s in range(RT)]
         for s in range(RT):
-            _store(b, out, b.add(t, _i64(s)), i, res[s])
+            irh._store(b, out, b.add(t, _i64(s)), i, res[s])
         return ctx.get_dummy_value()
 
     return codegen
@@ -329,7 +307,7 @@ def make_ktile(kind, RT):
     arrays = {0: types.uint8, 3: (types.int8, types.int16), 4: types.float32, 5: types.float32,
               7: types.float32}
     gen = _q5_codegen if kind in ("q5_0", "q5_1") else _kq_codegen
-    return _typed(f"ktile_{kind}_1x{RT}", _drop_block(gen(kind, RT)), arrays,
+    return irh._typed(f"ktile_{kind}_1x{RT}", irh._drop_block(gen(kind, RT)), arrays,
                   ints=(1, 2, 6))
 
 
@@ -339,8 +317,8 @@ def make_q5_group_tile(kind):
     activations the q4 row group's tile with the fifth bits (codegen_int8: per block one
     vector of float work for the 8 rows; 1536x576 q5_1 from L2 68 -> 44 us a matrix); elsewhere
     the 1x1 tile row by row."""
-    group = _drop_block(_q4_i16_vnni_group_codegen(kind, 1))
-    one = _drop_block(_q5_codegen(kind, 1))
+    group = irh._drop_block(_q4_i16_vnni_group_codegen(kind, 1))
+    one = irh._drop_block(_q5_codegen(kind, 1))
 
     def codegen(ctx, b, sig, args):
         if VNNI and sig.args[3].dtype == types.int16:
@@ -351,4 +329,4 @@ def make_q5_group_tile(kind):
 
     arrays = {0: types.uint8, 3: (types.int8, types.int16), 4: types.float32, 5: types.float32,
               7: types.float32}
-    return _typed(f"tile_{kind}_8x1", codegen, arrays, ints=(1, 2, 6))
+    return irh._typed(f"tile_{kind}_8x1", codegen, arrays, ints=(1, 2, 6))

@@ -40,53 +40,50 @@ Every offset, shape and type in the tables is checked by the caller (arch/fused.
 before the first call: these kernels do not check bounds.
 
 The step compiles only what its model runs: `feats`, one entry per FEATURES (arch/fused.py,
-features()), says which kernels the program needs: its matrix types (KIND_FEATURES), the
-cache's type (kv_*), MoE (ROUTE, MOE) and LoRA (LORA_A, LORA_B), each None where the
-program has none, else an array (any; a flat tuple: numba's parallel region does not take
-a nested one holding None). The functions below test them as their own arguments (`if q4_0
-is not None`), which numba's dead-branch pruning resolves before typing, so a model's step
-never types or compiles the other kernels (a step with every entry set runs every
-program). The kernel cache keeps one step per feature set.
+features()), says which kernels the program needs: its matrix types (KIND_FEATURES, one
+entry per type code: feats[:N_KINDS] is the `kinds` tuple, indexed by code), the cache's
+type (kv_*), MoE (ROUTE, MOE) and LoRA (LORA_A, LORA_B), each None where the program has
+none, else an array (any; a flat tuple: numba's parallel region does not take a nested one
+holding None). `matvec_rows` dispatches a matrix by its code over the codes `kinds` holds
+(family.by_kind: the chain of branches is made while numba types it), and the functions
+below test the other entries as their own arguments (`if moe is not None`), which numba's
+dead-branch pruning resolves before typing, so a model's step never types or compiles the
+other kernels (a step with every entry set runs every program). The kernel cache keeps
+one step per feature set.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
+from numba.extending import overload
 
 from .. import quant
+from . import registry  # noqa: F401  (fills KERNELS)
 from .act_quant import quantize_rows
 from .activations import geglu_tanh_row, swiglu_row
 from .attn_tiles import row_max
 from .dots import LANES, dots16, prefetch_rows, wsum_rows
+from .family import KERNELS, by_kind, codes_of, kern
 from .fastexp import MASKED, exp_shift
-from .jit import kernel
+from .jit import GLUE, kernel
 from .kquant import mvp_rows_k
 from .kquant_int import has_kq, mv_rows_kq
 from .kv_store import kv_rows, store_kv_row
-from .matvec import (
-    mv_rows_q4_0,
-    mv_rows_q4_1,
-    mv_rows_q8_0,
-    mvp_rows_f16,
-    mvp_rows_f32,
-    mvp_rows_q4_0,
-    mvp_rows_q4_1,
-    mvp_rows_q8_0,
-)
 from .moe import route, scatter_add
 from .norms import add_inplace, rmsnorm, rmsnorm_heads
 from .rope import apply_rope
 from .sync import barrier
 
-# Matrix kinds the step has kernels for (f32 only where a step asks for float activations:
-# routers); each kind's code is its row's in the quant table (quant.TYPES[name].code).
-# q5_0 and the K-quants (codes from K_FIRST up) run kquant.py's float-activation rows, but
-# on integer activations q5_0, q5_1, q4_k, q5_k and q6_k run kquant_int.py's.
-KINDS = ("q8_0", "q4_0", "q4_1", "f32", *quant.K_TYPES)
+# Matrix kinds the step has kernels for: the quantized types (f32 only where a step asks
+# for float activations: routers); each kind's code is its row's in the quant table
+# (quant.TYPES[name].code). The types with a generated family run its rows
+# (registry.KERNELS; q5_0 and q5_1 on float activations kquant.py's); the K-quants
+# kquant.py's float-activation rows, but on integer activations q4_k, q5_k and q6_k run
+# kquant_int.py's.
+KINDS = tuple(n for n in quant.MATRIX_TYPES if quant.TYPES[n].quantized or n == "f32")
 KIND_CODE = {name: quant.TYPES[name].code for name in KINDS}
-K_FIRST = min(quant.TYPES[n].code for n in quant.K_TYPES)
-Q8_0, Q4_0, Q4_1, F32 = (KIND_CODE[n] for n in ("q8_0", "q4_0", "q4_1", "f32"))
+F32, F16 = quant.TYPES["f32"].code, quant.TYPES["f16"].code
 # mats[m] = (offset in the file, rows, row bytes, kind, block size)
 MAT_OFF, MAT_ROWS, MAT_ROW_BYTES, MAT_KIND, MAT_BLOCK = range(5)
 MAT_WIDTH = 5
@@ -124,9 +121,14 @@ SLOTS = 2  # int8 activation slots per worker (xq rows tid * SLOTS ..)
 SILU, GELU_TANH = 0, 1
 ALIGN = 16  # row split granularity (cache-line friendly, whole prefill tiles)
 NEG = MASKED  # the score of a slot a query does not see
-KIND_FEATURES = ("q8_0", "q4_0", "q4_1", "f32", "kquant")  # kquant: q5_0, q5_1, K-quants
+# one per type code (the kinds tuple is indexed by code; a type the step does not run, f16,
+# keeps its place)
+KIND_FEATURES = tuple(sorted(quant.TYPES, key=lambda n: quant.TYPES[n].code))
+assert [quant.TYPES[n].code for n in KIND_FEATURES] == list(range(len(KIND_FEATURES)))
+N_KINDS = len(KIND_FEATURES)
 KV_FEATURES = ("f32", "f16", "q8_0")
 FEATURES = (*KIND_FEATURES, *("kv_" + k for k in KV_FEATURES), "moe", "lora")
+KV_F32, KV_F16, KV_Q8_0, F_MOE, F_LORA = range(N_KINDS, len(FEATURES))  # their places
 
 
 @kernel
@@ -171,41 +173,70 @@ def _act(xq, xd, xs, xds, ints, s, K):
 
 
 @kernel
-def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts, q8_0, q4_0, q4_1, f32,
-        kquant):
-    """out[0, r0:r1] = W[row0 + r0:row0 + r1] @ h[0] for matrix table entry m; q8_0 ..
-    kquant: feats' matrix types (None for a type the model has not)."""
+def _k_rows(kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
+    """The K-quants: kquant_int.py's rows on integer activations where the type has them,
+    else kquant.py's on float ones (either: one compile for every code)."""
+    if not float_acts and has_kq(kind):
+        mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)
+    else:
+        mvp_rows_k(kind, w, h, out, r0, r1)
+
+
+def _family_rows(c: int):
+    """The rows of type c, which has a generated family (registry.KERNELS): its float rows
+    kquant.py's where it has no float tiles (q5_0, q5_1). (Glue, not cached itself: it may
+    hold the kernels.)"""
+    k = KERNELS[c]
+    mv, mvp = k.get("mv_rows"), k.get("mvp_rows")
+    if c == F32:
+        @njit(**GLUE)
+        def rows(kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
+            mvp(w.view(np.float32), block, h, out, r0, r1)
+    elif mvp is None:
+        @njit(**GLUE)
+        def rows(kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
+            if float_acts:
+                mvp_rows_k(kind, w, h, out, r0, r1)
+            else:
+                mv(w, block, xq, xd, xds, out, r0, r1)
+    else:
+        @njit(**GLUE)
+        def rows(kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
+            if float_acts:
+                mvp(w, block, h, out, r0, r1)
+            else:
+                mv(w, block, xq, xd, xds, out, r0, r1)
+    return rows
+
+
+_FAMILY = tuple(c for c in KIND_CODE.values() if c in KERNELS)  # generated families
+
+
+def matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
+    """out[0, r0:r1] = W[r0:r1] @ h[0] for W of type code `kind`: the kernels of the codes
+    `kinds` holds (see the module docstring)."""
+    raise NotImplementedError("matvec_rows runs in kernels only")
+
+
+@overload(matvec_rows, jit_options=GLUE)
+def _matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
+    codes = [c for c in codes_of(kinds) if c in KIND_CODE.values()]
+    k_any = any(c not in _FAMILY for c in codes)
+    chain = by_kind([c for c in codes if c in _FAMILY], _family_rows, _k_rows if k_any else None)
+
+    def impl(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
+        chain(kind, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1)
+    return impl
+
+
+@kernel
+def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts, kinds):
+    """out[0, r0:r1] = W[row0 + r0:row0 + r1] @ h[0] for matrix table entry m; kinds:
+    feats' matrix types (indexed by code, None for a type the model has not)."""
     off, rb, kind, block = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES], m[MAT_KIND], \
         m[MAT_BLOCK]
     w = blob[off:off + rows * rb].reshape((rows, rb))
-    # the unpruned step's branches as they were (each kernel behind its type's feature):
-    # LLVM then optimizes the step as before, whose rows the batched step's match bit for bit
-    if kind >= K_FIRST and not float_acts and has_kq(kind):  # q5_0/1, q4_k..q6_k
-        if kquant is not None:
-            mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)
-    elif kind >= K_FIRST:  # the other K-quants: float activations in either mode (kquant.py)
-        if kquant is not None:
-            mvp_rows_k(kind, w, h, out, r0, r1)
-    elif kind == F32:
-        if f32 is not None:
-            mvp_rows_f32(w.view(np.float32), block, h, out, r0, r1)
-    elif float_acts:
-        if kind == Q8_0:
-            if q8_0 is not None:
-                mvp_rows_q8_0(w, block, h, out, r0, r1)
-        elif kind == Q4_0:
-            if q4_0 is not None:
-                mvp_rows_q4_0(w, block, h, out, r0, r1)
-        elif q4_1 is not None:
-            mvp_rows_q4_1(w, block, h, out, r0, r1)
-    elif kind == Q8_0:
-        if q8_0 is not None:
-            mv_rows_q8_0(w, block, xq, xd, xds, out, r0, r1)
-    elif kind == Q4_0:
-        if q4_0 is not None:
-            mv_rows_q4_0(w, block, xq, xd, xds, out, r0, r1)
-    elif q4_1 is not None:
-        mv_rows_q4_1(w, block, xq, xd, xds, out, r0, r1)
+    matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1)
 
 
 @kernel
@@ -243,8 +274,8 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
     kv_rows decodes into tile [LANES, Dh] a few rows at a time (never the whole cache).
     Scores 16 cached keys at a time per head (dots16: no horizontal sum per key), soft-capped
     where softcap > 0; the weighted values are summed 16 rows at a time (wsum_rows; each
-    decoded once for the group's heads) and normalized at the end. Scratch: scores [>= ng, >= slots],
-    stats [1, >= ng]. out [Hq * Dh] receives the ng heads' rows.
+    decoded once for the group's heads) and normalized at the end. Scratch: scores
+    [>= ng, >= slots], stats [1, >= ng]. out [Hq * Dh] receives the ng heads' rows.
     """
     n, Dh = kc.shape[0], kh.shape[0]
     self_s = stats[0]
@@ -383,9 +414,9 @@ def _attend_rows(tid, nt, op, model, bufs, kv, k_all, v_all, p):
 
 
 @kernel
-def _moe(tid, nt, op, model, bufs, precise, q8_0, q4_0, q4_1, f32, kquant):
+def _moe(tid, nt, op, model, bufs, precise, kinds):
     """The MOE op of worker tid: the selected experts, in ascending order, as the
-    per-operation path adds them up (arch/moe.py). q8_0 .. kquant: feats' matrix types."""
+    per-operation path adds them up (arch/moe.py). kinds: feats' matrix types."""
     prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     mat0, top_k, src, slot, ga, ua, fa, ya, da = op[1], op[2], op[3], op[4], op[5], op[6], \
@@ -404,7 +435,6 @@ def _moe(tid, nt, op, model, bufs, precise, q8_0, q4_0, q4_1, f32, kquant):
     last = -1
     zero = ints[I_ZERO:I_ZERO + 1]  # the row index scatter_add takes
     row0 = np.int64(0)  # not a literal 0: the PROJ op's _mv, not a second compile of it
-    kinds = (q8_0, q4_0, q4_1, f32, kquant)
     for _ in range(top_k):
         e, j = 1 << 62, -1  # the next expert up, and its slot in idx
         for jj in range(top_k):
@@ -413,14 +443,14 @@ def _moe(tid, nt, op, model, bufs, precise, q8_0, q4_0, q4_1, f32, kquant):
         last = e
         m = mat0 + 3 * e
         r0, r1 = _split(F, tid, nt)
-        _mv(blob, mats[m], row0, F, h, hq, hd, hds, gate, r0, r1, precise, *kinds)
-        _mv(blob, mats[m + 1], row0, F, h, hq, hd, hds, up, r0, r1, precise, *kinds)
+        _mv(blob, mats[m], row0, F, h, hq, hd, hds, gate, r0, r1, precise, kinds)
+        _mv(blob, mats[m + 1], row0, F, h, hq, hd, hds, up, r0, r1, precise, kinds)
         _act_rows(act, gate[:, r0:r1], up[:, r0:r1], ffn[:, r0:r1])
         barrier(state, nt)
         if not precise:
             quantize_rows(ffn, fq, fd, fs, fds, 0, 1)
         r0, r1 = _split(D, tid, nt)
-        _mv(blob, mats[m + 2], row0, D, ffn, fq, fd, fds, y, r0, r1, precise, *kinds)
+        _mv(blob, mats[m + 2], row0, D, ffn, fq, fd, fds, y, r0, r1, precise, kinds)
         if r1 > r0:
             scatter_add(x[0, r0:r1].reshape((1, r1 - r0)), zero, wts[j:j + 1],
                         y[0, r0:r1].reshape((1, r1 - r0)))
@@ -430,14 +460,14 @@ def _moe(tid, nt, op, model, bufs, precise, q8_0, q4_0, q4_1, f32, kquant):
 @kernel
 def _lora_down(lora, a, R, K, src, t, r0, r1):
     """t[0, r0:r1] = A[r0:r1] @ src[0], A [R, K] float16 bits at lora[a:]."""
-    mvp_rows_f16(lora[a:a + R * K].reshape((R, K)), 32, src, t, r0, r1)
+    kern(F16, "mvp_rows", lora[a:a + R * K].reshape((R, K)), 32, src, t, r0, r1)
 
 
 @kernel
 def _lora_up(lora, b, R, row0, rows, t, tmp, out, r0, r1):
     """out[0, r] += B[row0 + r] . t[0] for r in [r0, r1), B [., R] float16 bits at lora[b:]."""
     w = lora[b + row0 * R:b + (row0 + rows) * R].reshape((rows, R))
-    mvp_rows_f16(w, 32, t, tmp, r0, r1)
+    kern(F16, "mvp_rows", w, 32, t, tmp, r0, r1)
     for r in range(r0, r1):
         out[0, r] += tmp[0, r]
 
@@ -487,10 +517,11 @@ def _act_op(op, mem, shared, private, tid, nt):
 
 
 @kernel
-def _worker(tid, nt, model, bufs, kv, p, precise, q8_0, q4_0, q4_1, f32, kquant, kv_f32, kv_f16,
-            kv_q8_0, moe, lora_ops):
-    """Worker tid's run of the whole program (see the module docstring); q8_0 .. lora_ops:
-    feats (lora_ops: its "lora", not to be confused with the model's LoRA table)."""
+def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0, moe,
+            lora_ops):
+    """Worker tid's run of the whole program (see the module docstring); kinds .. lora_ops:
+    feats (kinds its first N_KINDS entries; lora_ops: its "lora", not to be confused with
+    the model's LoRA table)."""
     prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
@@ -512,7 +543,7 @@ def _worker(tid, nt, model, bufs, kv, p, precise, q8_0, q4_0, q4_1, f32, kquant,
             h = _row(mem, shared, private, tid, op[5], K)
             out = _row(mem, shared, private, tid, op[7], rows)
             _mv(blob, mats[op[1]], op[2], rows, h, aq, ad, ads, out, r0, r1,
-                precise or op[9] != 0, q8_0, q4_0, q4_1, f32, kquant)
+                precise or op[9] != 0, kinds)
             if op[8] >= 0:
                 b = params[op[8]:op[8] + rows]
                 for r in range(r0, r1):
@@ -541,7 +572,7 @@ def _worker(tid, nt, model, bufs, kv, p, precise, q8_0, q4_0, q4_1, f32, kquant,
                   ints[op[5] + tid * k:op[5] + (tid + 1) * k].reshape((1, k)),
                   _row(mem, shared, private, tid, op[6], k))
         elif code == MOE and moe is not None:
-            _moe(tid, nt, op, model, bufs, precise, q8_0, q4_0, q4_1, f32, kquant)
+            _moe(tid, nt, op, model, bufs, precise, kinds)
         elif code == LORA_A and lora_ops is not None:
             K, R = op[2], op[4]
             r0, r1 = _heads(R, tid, nt) if op[6] else (0, R)
@@ -555,6 +586,13 @@ def _worker(tid, nt, model, bufs, kv, p, precise, q8_0, q4_0, q4_1, f32, kquant,
                 _lora_up(lora, op[2], R, op[4], rows, _row(mem, shared, private, tid, op[1], R),
                          _row(mem, shared, private, tid, op[7], rows),
                          _row(mem, shared, private, tid, op[6], rows), r0, r1)
+
+
+@kernel
+def _split_feats(feats):
+    """(kinds, kv_f32, kv_f16, kv_q8_0, moe, lora): _worker's feature arguments."""
+    return (feats[:N_KINDS], feats[KV_F32], feats[KV_F16], feats[KV_Q8_0], feats[F_MOE],
+            feats[F_LORA])
 
 
 @kernel(parallel=True)
@@ -571,11 +609,12 @@ def decode_parallel(nt, model, bufs, kv, p, precise, feats):
     feats: what the program uses (the module docstring).
     """
     for tid in prange(nt):  # tid as int64: prange's is uint64, which would compile _worker
-        _worker(np.int64(tid), nt, model, bufs, kv, p, precise, *feats)  # a second time
+        _worker(np.int64(tid), nt, model, bufs, kv, p, precise,  # a second time
+                *_split_feats(feats))
 
 
 @kernel
 def decode_serial(model, bufs, kv, p, precise, feats):
     """One decode step on the calling thread."""
     # int64s, not literals: decode_parallel's _worker, not a third compile of it
-    _worker(np.int64(0), np.int64(1), model, bufs, kv, p, precise, *feats)
+    _worker(np.int64(0), np.int64(1), model, bufs, kv, p, precise, *_split_feats(feats))

@@ -53,6 +53,7 @@ from __future__ import annotations
 import numpy as np
 from numba import types
 
+from .. import quant
 from .codegen_int8 import group_blocks
 from .ir import (
     BLOCK_BYTES,
@@ -80,13 +81,14 @@ from .ir import (
 )
 from .simd import VNNI
 
-__all__ = ["ILV_BLOCK", "ILV_ROWS", "interleave"]
+__all__ = ["ILV_BLOCK", "ILV_ROWS", "interleave", "make_itile"]
 
 ILV_ROWS = 16  # weight rows of a group: one <16 x i32> lane each
 PF = 2048  # bytes a tile prefetches ahead of its block (q8_0 49152x576, 1 thread, from
 # memory, one token: 1.80 -> 1.56 ms; 1024 and 4096 less)
-# bytes of a group's block: the 16 rows' scales, then their codes
-ILV_BLOCK = {"q4_0": 16 * 2 + 256, "q4_1": 16 * 4 + 256, "q8_0": 16 * 2 + 512}
+# the layouts this module writes, and bytes of a group's block: the 16 rows' scales (and
+# minima), then their codes: the 16 rows' blocks of 32, rearranged
+ILV_BLOCK = {n: ILV_ROWS * quant.TYPES[n].block_bytes(32) for n in ("q4_0", "q4_1", "q8_0")}
 
 
 def interleave(w: np.ndarray, kind: str, act=np.int16) -> np.ndarray:
@@ -268,18 +270,8 @@ def _itile_codegen(kind, RT):
     return codegen
 
 
-def _make_itile(kind, RT):
+def make_itile(kind, RT):
+    """The intrinsic itile_<kind>_16x<RT> (tiles.py)."""
     arrays = {0: types.uint8, 2: (types.int8, types.int16), 3: types.float32,
               4: types.int32, 5: types.float32, 7: types.float32}
     return _typed(f"itile_{kind}_16x{RT}", _itile_codegen(kind, RT), arrays, ints=(1, 6, 8))
-
-
-itile_q8_0_16x1 = _make_itile("q8_0", 1)
-itile_q8_0_16x2 = _make_itile("q8_0", 2)
-itile_q8_0_16x4 = _make_itile("q8_0", 4)
-itile_q4_0_16x1 = _make_itile("q4_0", 1)
-itile_q4_0_16x2 = _make_itile("q4_0", 2)
-itile_q4_0_16x4 = _make_itile("q4_0", 4)
-itile_q4_1_16x1 = _make_itile("q4_1", 1)
-itile_q4_1_16x2 = _make_itile("q4_1", 2)
-itile_q4_1_16x4 = _make_itile("q4_1", 4)

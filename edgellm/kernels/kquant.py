@@ -117,8 +117,7 @@ def _deq_q3_k(row, out, L):
     H = L // 2
     for sb in range(out.shape[0] // 256):
         o = sb * 110
-        d = _f16(row, o + 108)
-        hm = row[o:o + 32]
+        hm, d = row[o:o + 32], _f16(row, o + 108)  # high bits, super-block scale
         for h in range(2):
             qs = row[o + 32 + 32 * h:o + 64 + 32 * h]
             for k in range(4):
@@ -128,8 +127,8 @@ def _deq_q3_k(row, out, L):
                     f = d * np.float32(_q3_scale(row, o + 96, 8 * h + 2 * k + half))
                     for l in range(H):
                         i = 16 * half + l
-                        v = ((np.int32(qs[i]) >> (2 * k)) & 3) - 4 + (((np.int32(hm[i]) >> bit) & 1) << 2)
-                        y[i] = f * np.float32(v)
+                        low = (np.int32(qs[i]) >> (2 * k)) & 3
+                        y[i] = f * np.float32(low - 4 + (((np.int32(hm[i]) >> bit) & 1) << 2))
 
 
 @kernel

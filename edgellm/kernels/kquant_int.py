@@ -1,13 +1,14 @@
-"""Integer-activation kernels for q5_0, q5_1, q4_k, q5_k and q6_k weights (ggml's bytes) on
-ActQ8's int16 (default) or int8 activation blocks of 32: decode and prefill.
+"""Integer-activation kernels for q4_k, q5_k and q6_k weights (ggml's bytes) on ActQ8's int16
+(default) or int8 activation blocks of 32: decode and prefill. (q5_0 and q5_1 have a
+generated family: tiles.py's recipe.)
 
   mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1)   decode: out[0, r0:r1] = W[r0:r1] @ x[0]
   mv_kq(kind, w, xq, xd, xds, out)                the same over all rows, parallel in chunks
   mm_kq(kind, w, xq, xd, xs, xds, out, T, threads)   prefill: out[:T] = x[:T] @ W.T; a chunk
                                                   of ROWS rows (in L1) meets the tokens four
                                                   at a time, rows split between threads;
-                                                  q4_k, q5_k, q5_0, q5_1 on q4_1's
-                                                  panels, q6_k on its own (panel.py)
+                                                  q4_k, q5_k on q4_1's panels, q6_k
+                                                  on its own (panel.py)
 kind is the type's code (quant.TYPES[name].code, KQ_CODES); the tiles are
 codegen_kquant.py's. Callers validate shapes (linear.py, arch/fused.py): these kernels do not
 check bounds. q2_k and q3_k have kquant.py's float-activation kernels only.
@@ -16,26 +17,22 @@ check bounds. q2_k and q3_k have kquant.py's float-activation kernels only.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from .. import quant
-from .amx import amx_tokens_q4_1  # noqa: F401  (an intrinsic, resolved by numba)
 from .codegen_int8 import GROUP
-from .codegen_kquant import KQ_TYPES, make_ktile, make_q5_group_tile
-from .jit import kernel
+from .family import by_kind, tile
+from .jit import GLUE, kernel
 from .matmul import (
     AMX_ROWS,
-    PANEL_Q4_1,
     amx_rows,
     amx_tail,
-    panel_scratch,
     panel_tokens,
-    thread_rows,
+    thread_count,
+    thread_part,
 )
 from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     pack_q4_k,
-    pack_q5_0,
-    pack_q5_1,
     pack_q5_k,
     pack_q6_k,
     pack_q6_k_wide,
@@ -46,78 +43,47 @@ from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
 
 __all__ = ["KQ_CODES", "has_kq", "mm_kq", "mv_kq", "mv_rows_kq"]
 
+KQ_TYPES = ("q4_k", "q5_k", "q6_k")
 KQ_CODES = tuple(quant.TYPES[n].code for n in KQ_TYPES)
-Q5_0, Q5_1, Q4_K, Q5_K, Q6_K = KQ_CODES
+Q4_K, Q5_K, Q6_K = KQ_CODES
+PANEL_Q4_1 = quant.TYPES["q4_1"].code  # the panels q4_k and q5_k pack into
 CHUNK = 16  # decode: rows per parallel work item
 ROWS = 16  # prefill's last rows (fewer than a panel's 8): weight rows per chunk
 
-ktile_q5_0_1x1, ktile_q5_0_1x4 = make_ktile("q5_0", 1), make_ktile("q5_0", 4)
-ktile_q5_1_1x1, ktile_q5_1_1x4 = make_ktile("q5_1", 1), make_ktile("q5_1", 4)
-ktile_q4_k_1x1, ktile_q4_k_1x4 = make_ktile("q4_k", 1), make_ktile("q4_k", 4)
-ktile_q5_k_1x1, ktile_q5_k_1x4 = make_ktile("q5_k", 1), make_ktile("q5_k", 4)
-ktile_q6_k_1x1, ktile_q6_k_1x4 = make_ktile("q6_k", 1), make_ktile("q6_k", 4)
-tile_q5_0_8x1 = make_q5_group_tile("q5_0")  # decode's row groups (VNNI, int16 activations)
-tile_q5_1_8x1 = make_q5_group_tile("q5_1")
 
 
 @kernel
 def has_kq(kind):
     """Whether type code `kind` has these kernels."""
-    return kind == Q5_0 or kind == Q5_1 or kind == Q4_K or kind == Q5_K or kind == Q6_K
+    return kind == Q4_K or kind == Q5_K or kind == Q6_K
 
 
-@kernel
-def _tile1(kind, w, i, xq, xd, xds, t, out):
-    if kind == Q5_0:
-        ktile_q5_0_1x1(w, 32, i, xq, xd, xds, t, out)
-    elif kind == Q5_1:
-        ktile_q5_1_1x1(w, 32, i, xq, xd, xds, t, out)
-    elif kind == Q4_K:
-        ktile_q4_k_1x1(w, 256, i, xq, xd, xds, t, out)
-    elif kind == Q5_K:
-        ktile_q5_k_1x1(w, 256, i, xq, xd, xds, t, out)
-    else:
-        ktile_q6_k_1x1(w, 256, i, xq, xd, xds, t, out)
+def _one_row(role: str, rows: bool):
+    """by_kind's case: type c's one-row tile `role` (tiles.py) on row i, or on rows i..r1-1."""
+    def case(c: int):
+        if rows:
+            @njit(**GLUE)
+            def run(w, i, xq, xd, xds, t, out, r1):
+                for r in range(i, r1):
+                    tile(c, role, w, 256, r, xq, xd, xds, t, out)
+        else:
+            @njit(**GLUE)
+            def run(w, i, xq, xd, xds, t, out):
+                tile(c, role, w, 256, i, xq, xd, xds, t, out)
+        return run
+    return case
 
 
-@kernel
-def _tile4(kind, w, i, xq, xd, xds, t, out):
-    if kind == Q5_0:
-        ktile_q5_0_1x4(w, 32, i, xq, xd, xds, t, out)
-    elif kind == Q5_1:
-        ktile_q5_1_1x4(w, 32, i, xq, xd, xds, t, out)
-    elif kind == Q4_K:
-        ktile_q4_k_1x4(w, 256, i, xq, xd, xds, t, out)
-    elif kind == Q5_K:
-        ktile_q5_k_1x4(w, 256, i, xq, xd, xds, t, out)
-    else:
-        ktile_q6_k_1x4(w, 256, i, xq, xd, xds, t, out)
+# (kind, w, i, xq, xd, xds, t, out): the code's tile at run time, one branch a code
+_tile1 = by_kind(list(KQ_CODES), _one_row("1", False))
+_tile4 = by_kind(list(KQ_CODES), _one_row("4", False))
+_rows1 = by_kind(list(KQ_CODES), _one_row("1", True))  # (..., r1): rows i..r1-1
 
 
 @kernel
 def mv_rows_kq(kind, w, xq, xd, xds, out, r0, r1):
-    """out[0, r0:r1] = W[r0:r1] @ x[0]: q5_0 / q5_1 in row groups of 8 (then row by row),
-    the super-block types one row at a time (rows are one stream)."""
-    g1 = r0 + (r1 - r0) // GROUP * GROUP
-    if kind == Q5_0:
-        for i in range(r0, g1, GROUP):
-            tile_q5_0_8x1(w, 32, i, xq, xd, xds, 0, out)
-        for i in range(g1, r1):
-            ktile_q5_0_1x1(w, 32, i, xq, xd, xds, 0, out)
-    elif kind == Q5_1:
-        for i in range(r0, g1, GROUP):
-            tile_q5_1_8x1(w, 32, i, xq, xd, xds, 0, out)
-        for i in range(g1, r1):
-            ktile_q5_1_1x1(w, 32, i, xq, xd, xds, 0, out)
-    elif kind == Q4_K:
-        for i in range(r0, r1):
-            ktile_q4_k_1x1(w, 256, i, xq, xd, xds, 0, out)
-    elif kind == Q5_K:
-        for i in range(r0, r1):
-            ktile_q5_k_1x1(w, 256, i, xq, xd, xds, 0, out)
-    else:
-        for i in range(r0, r1):
-            ktile_q6_k_1x1(w, 256, i, xq, xd, xds, 0, out)
+    """out[0, r0:r1] = W[r0:r1] @ x[0], one row at a time (a super-block row is one stream)."""
+    _rows1(kind, w, r0, xq, xd, xds, 0, out, r1)
 
 
 @kernel(parallel=True)
@@ -142,12 +108,8 @@ def mm_rows_kq(kind, w, xq, xd, xds, out, r0, r1, T):
 
 @kernel
 def _pack_q4_1_panel(kind, w, i, panel, scales, g):
-    """Rows i..i+7 of a q5_0 / q5_1 / q4_k / q5_k matrix as a q4_1 panel in row g."""
-    if kind == Q5_0:
-        pack_q5_0(w, 32, i, panel, scales, g)
-    elif kind == Q5_1:
-        pack_q5_1(w, 32, i, panel, scales, g)
-    elif kind == Q4_K:
+    """Rows i..i+7 of a q4_k / q5_k matrix as a q4_1 panel in row g."""
+    if kind == Q4_K:
         pack_q4_k(w, 256, i, panel, scales, g)
     else:
         pack_q5_k(w, 256, i, panel, scales, g)
@@ -157,7 +119,7 @@ def _pack_q4_1_panel(kind, w, i, panel, scales, g):
 def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     """out[:T, r0:r1] = x[:T] @ W[r0:r1].T: groups of 8 rows packed into a panel once
     (panel.py's pack_<type>) and met by the tokens six at a time (q6_k: four), the last
-    rows through the 1x4 / 1x1 tiles. q5_0, q5_1, q4_k, q5_k pack into q4_1's panels
+    rows through the 1x4 / 1x1 tiles. q4_k and q5_k pack into q4_1's panels
     (value d q + m per 32 values) and run on q4_1's tiles (matmul.panel_tokens); q6_k
     (d sc (q - 32), a scale per 16 values) on its own."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
@@ -166,7 +128,7 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     for i in range(r0, a1, AMX_ROWS):  # q4_1's panels on AMX tiles (matmul.py)
         _pack_q4_1_panel(kind, w, i, panel, scales, 0)
         _pack_q4_1_panel(kind, w, i + GROUP, panel, scales, 1)
-        amx_tokens_q4_1(panel, scales, xq, xd, xs, xds, out, bx, i, ta)
+        tile(PANEL_Q4_1, "amx", panel, scales, xq, xd, xs, xds, out, bx, i, ta)
         amx_tail(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, ta, T)
     for i in range(a1, g1, GROUP):
         if kind != Q6_K:
@@ -187,9 +149,7 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
 
 @kernel(parallel=True)
 def mm_kq(kind, w, xq, xd, xs, xds, out, T, threads):
-    n = w.shape[0]
-    nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
+    nth = thread_count(w.shape[0], threads)
     for p in prange(nth):
-        r0, r1 = thread_rows(n, nth, p)
-        panel, scales = panel_scratch(xq.shape[1])
+        r0, r1, panel, scales = thread_part(w.shape[0], nth, p, xq.shape[1])
         mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales)

@@ -12,8 +12,12 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
+from .. import quant
+from . import family, tiles  # noqa: F401  (tiles: fills family.TILES)
 from .jit import kernel
-from .tiles import row_f16, row_q8_0
+
+# the cache types stored as rows of a matrix type, by row dtype: their row dequantizers
+_ROW_TYPE = {types.uint16: quant.TYPES["f16"].code, types.uint8: quant.TYPES["q8_0"].code}
 
 
 @kernel(exact=True)
@@ -93,19 +97,15 @@ def kv_rows(rows, s, m, tile):
 def _kv_rows_impl(rows, s, m, tile):
     if rows.dtype == types.float32:
         return lambda rows, s, m, tile: (rows, s)
-    if rows.dtype == types.uint16:
-        def decode_f16(rows, s, m, tile):
-            for j in range(m):
-                row_f16(rows, 32, s + j, tile, j)
-            return tile, 0
-        return decode_f16
-    if rows.dtype == types.uint8:
-        def decode_q8_0(rows, s, m, tile):
-            for j in range(m):
-                row_q8_0(rows, 32, s + j, tile, j)
-            return tile, 0
-        return decode_q8_0
-    return None
+    code = _ROW_TYPE.get(rows.dtype)
+    if code is None:
+        return None
+
+    def decode(rows, s, m, tile):
+        for j in range(m):
+            family.tile(code, "row", rows, 32, s + j, tile, j)
+        return tile, 0
+    return decode
 
 
 def store_kv_row(src, dst, tile):

@@ -195,6 +195,24 @@ def _threads() -> int:
     return n
 
 
+def check_product(w, x: np.ndarray, out: np.ndarray) -> tuple:
+    """ValueError unless out[T, N] = x[T, K] @ W[N, K].T can be computed as given (linear()
+    and panel_gemm.gemm); returns the weight's (kind, N, K, block, data)."""
+    kind, N, K, block, data = _weight(w)
+    _check_x(x)
+    _check_x(out, "out")
+    if x.shape[1] != K:
+        raise ValueError(f"x {list(x.shape)} does not match weight {w.name} [N={N}, K={K}]")
+    if out.shape != (x.shape[0], N):
+        raise ValueError(f"out {list(out.shape)} must be [{x.shape[0]}, {N}] for x "
+                         f"{list(x.shape)} and weight {w.name} [{N}, {K}]")
+    if not out.flags.writeable:
+        raise ValueError("out is read-only")
+    if np.may_share_memory(x, out):
+        raise ValueError("out overlaps x")
+    return kind, N, K, block, data
+
+
 def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
            act: ActQ8 | None = None, act_dtype=np.int8) -> None:
     """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (see the module docstring).
@@ -204,19 +222,8 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
     to act_dtype (int8 or int16) blocks. Raises ValueError on any
     shape, dtype or layout mismatch, before a kernel runs.
     """
-    kind, N, K, block, data = _weight(w)
-    _check_x(x)
-    _check_x(out, "out")
+    kind, N, K, block, data = check_product(w, x, out)
     T = x.shape[0]
-    if x.shape[1] != K:
-        raise ValueError(f"x {list(x.shape)} does not match weight {w.name} [N={N}, K={K}]")
-    if out.shape != (T, N):
-        raise ValueError(f"out {list(out.shape)} must be [{T}, {N}] for x {list(x.shape)} "
-                         f"and weight {w.name} [{N}, {K}]")
-    if not out.flags.writeable:
-        raise ValueError("out is read-only")
-    if np.may_share_memory(x, out):
-        raise ValueError("out overlaps x")
     if T == 0:
         return
     if kind in registry.INT8 and not precise:

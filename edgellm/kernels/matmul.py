@@ -12,65 +12,28 @@ contiguous ranges of row groups, each with its own panel. Rows past the last who
 (N % 8) use tiles.py's one-row tiles.
 float activations: a chunk of ROWS rows stays in L1 while it meets the tokens four at a
 time (one row x 4 tokens per weight unpack).
-  mm_rows_<type>(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
+Each type's kernels are made by `make_matmul(code)` from its tiles (tiles.py):
+  mm_rows(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
                                                          int8, serial over rows r0..r1-1
-  mm_<type>(w, block, xq, xd, xs, xds, out, T, threads)  int8, rows split between threads
+  mm(w, block, xq, xd, xs, xds, out, T, threads)         int8, rows split between threads
                                                          (numba.get_num_threads())
-  mmp_rows_<type>(w, block, x, out, r0, r1), mmp_<type>(w, block, x, out)   float x
+  mmp_rows(w, block, x, out, r0, r1), mmp(w, block, x, out)   float x
 The int8 kernels take T (ActQ8 buffers may hold more rows); the float ones use all of x.
 Callers validate shapes first (linear.py): these kernels do not check bounds.
 """
 
 import numpy as np
-from numba import prange
+from numba import literally, prange
 
-from .amx import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
-    BX_BLOCK,
-    MIN_TOKENS,
-    amx_panels,
-    amx_tokens_q4_0,
-    amx_tokens_q4_1,
-    amx_tokens_q8_0,
-)
-from .amx import (
-    ROWS as AMX_ROWS,
-)
+from .. import quant
+from .amx import BX_BLOCK, MIN_TOKENS, amx_panels
+from .amx import ROWS as AMX_ROWS
 from .codegen_int8 import GROUP
+from .family import kern, name_of, tile
 from .jit import kernel
-from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
-    SCALES_BLOCK,
-    WIDE_BLOCK,
-    pack_q4_0,
-    pack_q4_1,
-    pack_q8_0,
-    ptile_q4_0_8x1,
-    ptile_q4_0_8x4,
-    ptile_q4_0_8x6,
-    ptile_q4_1_8x1,
-    ptile_q4_1_8x4,
-    ptile_q4_1_8x6,
-    ptile_q8_0_8x1,
-    ptile_q8_0_8x4,
-    ptile_q8_0_8x6,
-)
-from .tiles import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
-    ftile_f16_1x1,
-    ftile_f16_1x4,
-    ftile_f32_1x1,
-    ftile_f32_1x4,
-    ftile_q4_0_1x1,
-    ftile_q4_0_1x4,
-    ftile_q4_1_1x1,
-    ftile_q4_1_1x4,
-    ftile_q8_0_1x1,
-    ftile_q8_0_1x4,
-    tile_q4_0_1x1,
-    tile_q4_0_1x4,
-    tile_q4_1_1x1,
-    tile_q4_1_1x4,
-    tile_q8_0_1x1,
-    tile_q8_0_1x4,
-)
+from .matvec import named, parallel_rows
+from .panel import SCALES_BLOCK, WIDE_BLOCK
+from .tiles import RECIPES
 
 ROWS = 16  # float path: weight rows per chunk (16 rows of 1536 q8_0 columns: 26 KB, in L1)
 
@@ -112,40 +75,38 @@ def thread_rows(n, nth, p):
     return min(n, p * groups // nth * GROUP), min(n, (p + 1) * groups // nth * GROUP)
 
 
-PANEL_Q8_0, PANEL_Q4_0, PANEL_Q4_1 = 0, 1, 2  # panel_tokens' tile types
+@kernel
+def thread_count(n, threads):
+    """Threads a matrix of n rows takes: at most one a group of 8."""
+    return max(1, min(threads, (n + GROUP - 1) // GROUP))
+
+
+@kernel
+def thread_part(n, nth, p, K):
+    """Thread p of nth's rows [r0, r1) (thread_rows) and its panels (panel_scratch)."""
+    r0, r1 = thread_rows(n, nth, p)
+    panel, scales = panel_scratch(K)
+    return r0, r1, panel, scales
 
 
 @kernel
 def panel_rows(kind, panel, scales, g, xq, xd, xs, xds, out, i, t0, T):
-    """out[t0:T, i:i+8] from the group packed in panel row g (a PANEL_<type> panel): the
-    tokens six at a time, the last (T - t0) % 6 four and one at a time."""
+    """out[t0:T, i:i+8] from the group packed in panel row g, a panel of type code `kind`
+    (a constant): the tokens six at a time, the last (T - t0) % 6 four and one at a time."""
+    literally(kind)
     n = T - t0
     for t in range(t0, T - 5, 6):
-        if kind == PANEL_Q8_0:
-            ptile_q8_0_8x6(panel, scales, g, xq, xd, xs, xds, t, out, i)
-        elif kind == PANEL_Q4_0:
-            ptile_q4_0_8x6(panel, scales, g, xq, xd, xs, xds, t, out, i)
-        else:
-            ptile_q4_1_8x6(panel, scales, g, xq, xd, xs, xds, t, out, i)
+        tile(kind, "p6", panel, scales, g, xq, xd, xs, xds, t, out, i)
     for t in range(T - n % 6, T - 3, 4):
-        if kind == PANEL_Q8_0:
-            ptile_q8_0_8x4(panel, scales, g, xq, xd, xs, xds, t, out, i)
-        elif kind == PANEL_Q4_0:
-            ptile_q4_0_8x4(panel, scales, g, xq, xd, xs, xds, t, out, i)
-        else:
-            ptile_q4_1_8x4(panel, scales, g, xq, xd, xs, xds, t, out, i)
+        tile(kind, "p4", panel, scales, g, xq, xd, xs, xds, t, out, i)
     for t in range(T - n % 6 + n % 6 // 4 * 4, T):
-        if kind == PANEL_Q8_0:
-            ptile_q8_0_8x1(panel, scales, g, xq, xd, xs, xds, t, out, i)
-        elif kind == PANEL_Q4_0:
-            ptile_q4_0_8x1(panel, scales, g, xq, xd, xs, xds, t, out, i)
-        else:
-            ptile_q4_1_8x1(panel, scales, g, xq, xd, xs, xds, t, out, i)
+        tile(kind, "p1", panel, scales, g, xq, xd, xs, xds, t, out, i)
 
 
 @kernel
 def panel_tokens(kind, panel, scales, xq, xd, xs, xds, out, i, T):
     """out[:T, i:i+8] from the group packed in panel row 0 (panel_rows)."""
+    literally(kind)
     panel_rows(kind, panel, scales, 0, xq, xd, xs, xds, out, i, 0, T)
 
 
@@ -153,205 +114,66 @@ def panel_tokens(kind, panel, scales, xq, xd, xs, xds, out, i, T):
 def amx_tail(kind, panel, scales, xq, xd, xs, xds, out, i, ta, T):
     """Tokens ta..T-1 of the two groups in panel rows 0 and 1 (rows i..i+15) on the panel
     tiles: what amx_rows leaves off the AMX passes."""
+    literally(kind)
     for g in range(2):
         panel_rows(kind, panel, scales, g, xq, xd, xs, xds, out, i + g * GROUP, ta, T)
 
 
-@kernel
-def mm_rows_q8_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
-    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q8_0 weights."""
-    g1 = r0 + (r1 - r0) // GROUP * GROUP
-    a1, ta, bx = amx_rows(xq, T, r0, g1)
-    for i in range(r0, a1, AMX_ROWS):
-        pack_q8_0(w, block, i, panel, scales, 0)
-        pack_q8_0(w, block, i + GROUP, panel, scales, 1)
-        amx_tokens_q8_0(panel, scales, xq, xd, xs, xds, out, bx, i, ta)
-        amx_tail(PANEL_Q8_0, panel, scales, xq, xd, xs, xds, out, i, ta, T)
-    for i in range(a1, g1, GROUP):
-        pack_q8_0(w, block, i, panel, scales, 0)
-        panel_tokens(PANEL_Q8_0, panel, scales, xq, xd, xs, xds, out, i, T)
-    for t in range(0, T - 3, 4):
-        for i in range(g1, r1):
-            tile_q8_0_1x4(w, block, i, xq, xd, xds, t, out)
-    for t in range(T - T % 4, T):
-        for i in range(g1, r1):
-            tile_q8_0_1x1(w, block, i, xq, xd, xds, t, out)
+def make_matmul(code: int) -> dict:
+    """Type `code`'s matrix-matrix kernels: {"mm_rows", "mm" (int8 types), "mmp_rows",
+    "mmp" (types with float tiles)}, each a kernel closing over the code alone (family.py:
+    caching)."""
+    name = name_of(code)
+    recipe = RECIPES[name]
+    P = quant.TYPES[recipe.panel or name].code  # the panel tiles its packed groups run on
 
-
-@kernel
-def mm_rows_q4_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
-    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q4_0 weights."""
-    g1 = r0 + (r1 - r0) // GROUP * GROUP
-    a1, ta, bx = amx_rows(xq, T, r0, g1)
-    for i in range(r0, a1, AMX_ROWS):
-        pack_q4_0(w, block, i, panel, scales, 0)
-        pack_q4_0(w, block, i + GROUP, panel, scales, 1)
-        amx_tokens_q4_0(panel, scales, xq, xd, xs, xds, out, bx, i, ta)
-        amx_tail(PANEL_Q4_0, panel, scales, xq, xd, xs, xds, out, i, ta, T)
-    for i in range(a1, g1, GROUP):
-        pack_q4_0(w, block, i, panel, scales, 0)
-        panel_tokens(PANEL_Q4_0, panel, scales, xq, xd, xs, xds, out, i, T)
-    for t in range(0, T - 3, 4):
-        for i in range(g1, r1):
-            tile_q4_0_1x4(w, block, i, xq, xd, xds, t, out)
-    for t in range(T - T % 4, T):
-        for i in range(g1, r1):
-            tile_q4_0_1x1(w, block, i, xq, xd, xds, t, out)
-
-
-@kernel
-def mm_rows_q4_1(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
-    """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, q4_1 weights."""
-    g1 = r0 + (r1 - r0) // GROUP * GROUP
-    a1, ta, bx = amx_rows(xq, T, r0, g1)
-    for i in range(r0, a1, AMX_ROWS):
-        pack_q4_1(w, block, i, panel, scales, 0)
-        pack_q4_1(w, block, i + GROUP, panel, scales, 1)
-        amx_tokens_q4_1(panel, scales, xq, xd, xs, xds, out, bx, i, ta)
-        amx_tail(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, ta, T)
-    for i in range(a1, g1, GROUP):
-        pack_q4_1(w, block, i, panel, scales, 0)
-        panel_tokens(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, T)
-    for t in range(0, T - 3, 4):
-        for i in range(g1, r1):
-            tile_q4_1_1x4(w, block, i, xq, xd, xds, t, out)
-    for t in range(T - T % 4, T):
-        for i in range(g1, r1):
-            tile_q4_1_1x1(w, block, i, xq, xd, xds, t, out)
-
-
-@kernel(parallel=True)
-def mm_q8_0(w, block, xq, xd, xs, xds, out, T, threads):
-    n = w.shape[0]
-    nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
-    for p in prange(nth):
-        r0, r1 = thread_rows(n, nth, p)
-        panel, scales = panel_scratch(xq.shape[1])
-        mm_rows_q8_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
-
-
-@kernel(parallel=True)
-def mm_q4_0(w, block, xq, xd, xs, xds, out, T, threads):
-    n = w.shape[0]
-    nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
-    for p in prange(nth):
-        r0, r1 = thread_rows(n, nth, p)
-        panel, scales = panel_scratch(xq.shape[1])
-        mm_rows_q4_0(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
-
-
-@kernel(parallel=True)
-def mm_q4_1(w, block, xq, xd, xs, xds, out, T, threads):
-    n = w.shape[0]
-    nth = max(1, min(threads, (n + GROUP - 1) // GROUP))
-    for p in prange(nth):
-        r0, r1 = thread_rows(n, nth, p)
-        panel, scales = panel_scratch(xq.shape[1])
-        mm_rows_q4_1(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
-
-
-# --- float activations ------------------------------------------------------------------
-
-@kernel
-def mmp_rows_q8_0(w, block, x, out, r0, r1):
-    """out[:, r0:r1] = x @ W[r0:r1].T, q8_0 weights dequantized in registers."""
-    T = x.shape[0]
-    for c0 in range(r0, r1, ROWS):
-        c1 = min(c0 + ROWS, r1)
+    @kernel
+    @named(f"mm_rows_{name}")
+    def mm_rows(w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
+        """out[:T, r0:r1] = x[:T] @ W[r0:r1].T: groups of 8 rows packed (two at a time on
+        AMX), the last rows one at a time."""
+        g1 = r0 + (r1 - r0) // GROUP * GROUP
+        a1, ta, bx = amx_rows(xq, T, r0, g1)
+        for i in range(r0, a1, AMX_ROWS):
+            tile(code, "pack", w, block, i, panel, scales, 0)
+            tile(code, "pack", w, block, i + GROUP, panel, scales, 1)
+            tile(P, "amx", panel, scales, xq, xd, xs, xds, out, bx, i, ta)
+            amx_tail(P, panel, scales, xq, xd, xs, xds, out, i, ta, T)
+        for i in range(a1, g1, GROUP):
+            tile(code, "pack", w, block, i, panel, scales, 0)
+            panel_tokens(P, panel, scales, xq, xd, xs, xds, out, i, T)
         for t in range(0, T - 3, 4):
-            for i in range(c0, c1):
-                ftile_q8_0_1x4(w, block, i, x, t, out)
+            for i in range(g1, r1):
+                tile(code, "4", w, block, i, xq, xd, xds, t, out)
         for t in range(T - T % 4, T):
-            for i in range(c0, c1):
-                ftile_q8_0_1x1(w, block, i, x, t, out)
+            for i in range(g1, r1):
+                tile(code, "1", w, block, i, xq, xd, xds, t, out)
 
+    @kernel(parallel=True)
+    @named(f"mm_{name}")
+    def mm(w, block, xq, xd, xs, xds, out, T, threads):
+        nth = thread_count(w.shape[0], threads)
+        for p in prange(nth):
+            r0, r1, panel, scales = thread_part(w.shape[0], nth, p, xq.shape[1])
+            kern(code, "mm_rows", w, block, xq, xd, xs, xds, out, r0, r1, T, panel, scales)
 
-@kernel
-def mmp_rows_q4_0(w, block, x, out, r0, r1):
-    """out[:, r0:r1] = x @ W[r0:r1].T, q4_0 weights dequantized in registers."""
-    T = x.shape[0]
-    for c0 in range(r0, r1, ROWS):
-        c1 = min(c0 + ROWS, r1)
-        for t in range(0, T - 3, 4):
-            for i in range(c0, c1):
-                ftile_q4_0_1x4(w, block, i, x, t, out)
-        for t in range(T - T % 4, T):
-            for i in range(c0, c1):
-                ftile_q4_0_1x1(w, block, i, x, t, out)
+    @kernel
+    @named(f"mmp_rows_{name}")
+    def mmp_rows(w, block, x, out, r0, r1):
+        """out[:, r0:r1] = x @ W[r0:r1].T, weights dequantized in registers."""
+        T = x.shape[0]
+        for c0 in range(r0, r1, ROWS):
+            c1 = min(c0 + ROWS, r1)
+            for t in range(0, T - 3, 4):
+                for i in range(c0, c1):
+                    tile(code, "f4", w, block, i, x, t, out)
+            for t in range(T - T % 4, T):
+                for i in range(c0, c1):
+                    tile(code, "f1", w, block, i, x, t, out)
 
+    mmp = parallel_rows(code, "mmp_rows", ROWS, f"mmp_{name}")
 
-@kernel
-def mmp_rows_q4_1(w, block, x, out, r0, r1):
-    """out[:, r0:r1] = x @ W[r0:r1].T, q4_1 weights dequantized in registers."""
-    T = x.shape[0]
-    for c0 in range(r0, r1, ROWS):
-        c1 = min(c0 + ROWS, r1)
-        for t in range(0, T - 3, 4):
-            for i in range(c0, c1):
-                ftile_q4_1_1x4(w, block, i, x, t, out)
-        for t in range(T - T % 4, T):
-            for i in range(c0, c1):
-                ftile_q4_1_1x1(w, block, i, x, t, out)
-
-
-@kernel
-def mmp_rows_f32(w, block, x, out, r0, r1):
-    """out[:, r0:r1] = x @ W[r0:r1].T, float32 W [N, K], any K."""
-    T = x.shape[0]
-    for c0 in range(r0, r1, ROWS):
-        c1 = min(c0 + ROWS, r1)
-        for t in range(0, T - 3, 4):
-            for i in range(c0, c1):
-                ftile_f32_1x4(w, block, i, x, t, out)
-        for t in range(T - T % 4, T):
-            for i in range(c0, c1):
-                ftile_f32_1x1(w, block, i, x, t, out)
-
-
-@kernel
-def mmp_rows_f16(w, block, x, out, r0, r1):
-    """out[:, r0:r1] = x @ W[r0:r1].T, W the uint16 bits of float16 [N, K], any K."""
-    T = x.shape[0]
-    for c0 in range(r0, r1, ROWS):
-        c1 = min(c0 + ROWS, r1)
-        for t in range(0, T - 3, 4):
-            for i in range(c0, c1):
-                ftile_f16_1x4(w, block, i, x, t, out)
-        for t in range(T - T % 4, T):
-            for i in range(c0, c1):
-                ftile_f16_1x1(w, block, i, x, t, out)
-
-
-@kernel(parallel=True)
-def mmp_q8_0(w, block, x, out):
-    n = w.shape[0]
-    for c in prange((n + ROWS - 1) // ROWS):
-        mmp_rows_q8_0(w, block, x, out, c * ROWS, min(n, c * ROWS + ROWS))
-
-
-@kernel(parallel=True)
-def mmp_q4_0(w, block, x, out):
-    n = w.shape[0]
-    for c in prange((n + ROWS - 1) // ROWS):
-        mmp_rows_q4_0(w, block, x, out, c * ROWS, min(n, c * ROWS + ROWS))
-
-
-@kernel(parallel=True)
-def mmp_q4_1(w, block, x, out):
-    n = w.shape[0]
-    for c in prange((n + ROWS - 1) // ROWS):
-        mmp_rows_q4_1(w, block, x, out, c * ROWS, min(n, c * ROWS + ROWS))
-
-
-@kernel(parallel=True)
-def mmp_f32(w, block, x, out):
-    n = w.shape[0]
-    for c in prange((n + ROWS - 1) // ROWS):
-        mmp_rows_f32(w, block, x, out, c * ROWS, min(n, c * ROWS + ROWS))
-
-
-@kernel(parallel=True)
-def mmp_f16(w, block, x, out):
-    n = w.shape[0]
-    for c in prange((n + ROWS - 1) // ROWS):
-        mmp_rows_f16(w, block, x, out, c * ROWS, min(n, c * ROWS + ROWS))
+    kernels = dict(mmp_rows=mmp_rows, mmp=mmp) if recipe.floats else {}
+    if recipe.group:
+        kernels.update(mm_rows=mm_rows, mm=mm)
+    return kernels

@@ -47,6 +47,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .. import quant
 from .codegen_int8 import GROUP, group_blocks, scale_block
 from .codegen_kquant import SUPER_BYTES, _codes, _q5_codes, _scales_k4
 from .ir import (
@@ -78,12 +79,8 @@ from .ir import (
 )
 from .simd import VNNI
 
-__all__ = ["PANEL_BLOCK", "SCALES_BLOCK",
-           "pack_q8_0", "pack_q4_0", "pack_q4_1",
-           "ptile_q8_0_8x1", "ptile_q8_0_8x4", "ptile_q8_0_8x6",
-           "ptile_q4_0_8x1", "ptile_q4_0_8x4", "ptile_q4_0_8x6",
-           "ptile_q4_1_8x1", "ptile_q4_1_8x4", "ptile_q4_1_8x6",
-           "pack_q4_k", "pack_q5_k", "pack_q5_0", "pack_q5_1",
+__all__ = ["PANEL_BLOCK", "SCALES_BLOCK", "make_pack", "make_ptile",
+           "pack_q4_k", "pack_q5_k",
            "pack_q6_k", "pack_q6_k_wide", "ptile_q6_k_8x1", "ptile_q6_k_8x4",
            "q6_k_wide", "WIDE_BLOCK"]
 
@@ -91,7 +88,9 @@ PANEL_BLOCK = 32 * GROUP  # panel bytes per block: 32 weights of each of the 8 r
 WIDE_BLOCK = 2 * PANEL_BLOCK  # q6_k's int16 panels (int16 activations on VNNI)
 SCALES_BLOCK = 2 * GROUP  # scales floats per block: 8 scales, 8 minima (q4_1)
 CHAINS = 2  # independent vpdpbusd chains per token and block (integer sums: exact)
-Q5 = {"q5_0": (22, 2), "q5_1": (24, 4)}  # block bytes, offset of the high bits' word
+# q5_0, q5_1 (quant.TYPES): block bytes, offset of the high bits' word (after the header)
+Q5 = {n: (t.block_bytes(32), t.header_bytes) for n, t in quant.TYPES.items()
+      if t.bits == 5 and t.blocks == (32,)}
 
 
 def _interleave(b, prow, pb, codes, group=I32):
@@ -433,26 +432,9 @@ def make_ptile(kind, RT):
     return _typed(name, codegen, arrays, ints=(2, 7, 9))
 
 
-pack_q8_0 = make_pack("q8_0")
-pack_q4_0 = make_pack("q4_0")
-pack_q4_1 = make_pack("q4_1")
-# 8x6 runs the tokens (8 rows x 6 tokens: 1536x576 q8_0 1.45x, q4_1 1.15x the rate of
-# 8x4 on AVX-512), 8x4 and 8x1 the last T % 6
-ptile_q8_0_8x1 = make_ptile("q8_0", 1)
-ptile_q8_0_8x4 = make_ptile("q8_0", 4)
-ptile_q8_0_8x6 = make_ptile("q8_0", 6)
-ptile_q4_0_8x1 = make_ptile("q4_0", 1)
-ptile_q4_0_8x4 = make_ptile("q4_0", 4)
-ptile_q4_0_8x6 = make_ptile("q4_0", 6)
-ptile_q4_1_8x1 = make_ptile("q4_1", 1)
-ptile_q4_1_8x4 = make_ptile("q4_1", 4)
-ptile_q4_1_8x6 = make_ptile("q4_1", 6)
-# q5_0 / q5_1 (GGUF files' fallback where a row is not a multiple of 256: most of Gemma 3
-# 270M Q4_K_M's matrices), q4_k and q5_k: packed as q4_1 panels, run on ptile_q4_1
+# q4_k and q5_k (and q5_0 / q5_1: tiles.py): packed as q4_1 panels, run on q4_1's tiles
 pack_q4_k = make_pack("q4_k")
 pack_q5_k = make_pack("q5_k")
-pack_q5_0 = make_pack("q5_0")
-pack_q5_1 = make_pack("q5_1")
 # q6_k: signed codes and a scale per 16 values (int8 activations, no VNNI), or the wide
 # panels of sc (q - 32) (int16 on VNNI; q6_k_wide says which), four tokens a tile
 pack_q6_k = make_pack("q6_k")

@@ -1,17 +1,17 @@
 """Float GEMM over dequantized weight panels (the encoders' prefill):
 out[T, N] = x[T, K] @ W[N, K].T for every stored type, with float activations.
 
-Each group of 16 weight rows is dequantized once (matvec.embed_<type>: the embedding
-kernels) and transposed into a panel P [K, 16]; then every token meets it as an outer
-product: for each k, broadcast x[t, k] and multiply-add the two <8 x f32> halves of P[k]
-into RT x 2 accumulators held in registers (an RT x 16 output tile, written once). This is
-the register-blocked form BLAS kernels use; the row-dot tiles of matmul.py (x . W[n] with a
+Each group of 16 weight rows is dequantized once (the type's embedding kernel, matvec.py)
+and transposed into a panel P [K, 16]; then every token meets it as an outer product: for
+each k, broadcast x[t, k] and multiply-add the two <8 x f32> halves of P[k] into RT x 2
+accumulators held in registers (an RT x 16 output tile, written once). This is the
+register-blocked form BLAS kernels use; the row-dot tiles of matmul.py (x . W[n] with a
 horizontal sum per output) reach about half its rate on AVX2. The k loop runs in steps of
 16 (a cache line of each token's row of x), hinting each row PF_FLOATS ahead: the
 hardware prefetcher follows the RT rows badly. Threads take groups of 16 rows. Rows past
 the last whole group (N % 16) are plain dot products.
 
-    gemm_<type>(w, block, x, out)    w as linear.py validates it; x, out float32, C order
+    make_gemm(code)(w, block, x, out)  w as linear.py validates it; x, out float32, C order
 Callers validate shapes (kernels/linear.py's checks; arch/bert.py's _linear): these kernels
 do not check bounds.
 """
@@ -24,9 +24,10 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .family import kern, name_of
 from .ir import _prefetch
 from .jit import kernel
-from .matvec import embed_f16, embed_f32, embed_q4_0, embed_q4_1, embed_q8_0
+from .matvec import named
 
 W = 16  # panel width: output features per group (two <8 x f32> vectors)
 RT = 6  # tokens per register tile (12 accumulators)
@@ -147,88 +148,30 @@ def _tail(rows, x, out, n0):
             out[t, n0 + j] = s
 
 
-# One driver per type (the row dequantizer is the only difference).
-
-@kernel(parallel=True)
-def gemm_q8_0(w, block, x, out):
-    N, K = w.shape[0], x.shape[1]
-    for g in prange((N + W - 1) // W):
-        ids = np.arange(g * W, min(N, g * W + W))
-        rows = np.empty((ids.shape[0], K), np.float32)
-        embed_q8_0(w, block, ids, rows)
-        if ids.shape[0] == W:
-            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
-        else:
-            _tail(rows, x, out, g * W)
-
-
-@kernel(parallel=True)
-def gemm_q4_0(w, block, x, out):
-    N, K = w.shape[0], x.shape[1]
-    for g in prange((N + W - 1) // W):
-        ids = np.arange(g * W, min(N, g * W + W))
-        rows = np.empty((ids.shape[0], K), np.float32)
-        embed_q4_0(w, block, ids, rows)
-        if ids.shape[0] == W:
-            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
-        else:
-            _tail(rows, x, out, g * W)
-
-
-@kernel(parallel=True)
-def gemm_q4_1(w, block, x, out):
-    N, K = w.shape[0], x.shape[1]
-    for g in prange((N + W - 1) // W):
-        ids = np.arange(g * W, min(N, g * W + W))
-        rows = np.empty((ids.shape[0], K), np.float32)
-        embed_q4_1(w, block, ids, rows)
-        if ids.shape[0] == W:
-            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
-        else:
-            _tail(rows, x, out, g * W)
-
-
-@kernel(parallel=True)
-def gemm_f32(w, block, x, out):
-    N, K = w.shape[0], x.shape[1]
-    for g in prange((N + W - 1) // W):
-        ids = np.arange(g * W, min(N, g * W + W))
-        rows = np.empty((ids.shape[0], K), np.float32)
-        embed_f32(w, block, ids, rows)
-        if ids.shape[0] == W:
-            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
-        else:
-            _tail(rows, x, out, g * W)
-
-
-@kernel(parallel=True)
-def gemm_f16(w, block, x, out):
-    N, K = w.shape[0], x.shape[1]
-    for g in prange((N + W - 1) // W):
-        ids = np.arange(g * W, min(N, g * W + W))
-        rows = np.empty((ids.shape[0], K), np.float32)
-        embed_f16(w, block, ids, rows)
-        if ids.shape[0] == W:
-            _group(np.empty((K, W), np.float32), rows, x, out, g * W)
-        else:
-            _tail(rows, x, out, g * W)
+def make_gemm(code: int):
+    """Type `code`'s gemm(w, block, x, out): the type's rows dequantized by its embedding
+    kernel (its only difference from another type's)."""
+    @kernel(parallel=True)
+    @named(f"gemm_{name_of(code)}")
+    def gemm(w, block, x, out):
+        N, K = w.shape[0], x.shape[1]
+        for g in prange((N + W - 1) // W):
+            ids = np.arange(g * W, min(N, g * W + W))
+            rows = np.empty((ids.shape[0], K), np.float32)
+            kern(code, "embed", w, block, ids, rows)
+            if ids.shape[0] == W:
+                _group(np.empty((K, W), np.float32), rows, x, out, g * W)
+            else:
+                _tail(rows, x, out, g * W)
+    return gemm
 
 
 def gemm(w, x: np.ndarray, out: np.ndarray) -> None:
     """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (any type linear() runs),
     float activations; validated as linear() validates, then one kernel call."""
-    from .linear import _check_x, _weight
+    from .linear import check_product  # linear imports registry, which imports this
     from .registry import FLOAT
 
-    kind, N, K, block, data = _weight(w)
-    _check_x(x)
-    _check_x(out, "out")
-    if x.shape[1] != K or out.shape != (x.shape[0], N):
-        raise ValueError(f"x {list(x.shape)} and out {list(out.shape)} do not fit weight "
-                         f"{w.name} [{N}, {K}]")
-    if not out.flags.writeable:
-        raise ValueError("out is read-only")
-    if np.may_share_memory(x, out):
-        raise ValueError("out overlaps x")
+    kind, N, K, block, data = check_product(w, x, out)
     if x.shape[0]:
         FLOAT[kind].gemm(data, block, x, out)

@@ -1,14 +1,20 @@
-"""Which kernels run each stored matrix type: one entry per type, each function named.
+"""Which kernels run each stored matrix type, by type code.
+
+The block-size types' kernels are generated, one family a type (KERNELS[code][role]: the
+matvec.py, matmul.py and panel_gemm.py factories over the tiles tiles.py's recipe gives it);
+these tables name them by role for linear.py:
 
   INT8[type]   Int8Kernels: matvec on int8 activation blocks (ActQ8), serial over rows and
                parallel, and the matmul on packed panels; for quant.INT8_TYPES
   FLOAT[type]  FloatKernels: the same on float32 activations, the embedding lookup and
                the encoders' panel GEMM (panel_gemm.py); for quant.MATRIX_TYPES
 quant.TYPES says which types have which kernels; this says which functions they are, and
-checks at import that the two agree. linear.py dispatches through it.
-q5_0 and the K-quants share kquant.py's float-activation kernels, which take the type's code
-first: their entries bind it (`_k_float`; the `block` argument is unused, the type fixes it);
-q4_k, q5_k and q6_k also have kquant_int.py's integer-activation ones (`_k_int`, likewise).
+checks at import that the two agree. linear.py dispatches through it, the fused step
+through family.kern (KERNELS, by code).
+q5_0, q5_1 and the K-quants share kquant.py's float-activation kernels, which take the
+type's code first: their entries bind it (`_k_float`; the `block` argument is unused, the
+type fixes it); q4_k, q5_k and q6_k also have kquant_int.py's integer-activation ones
+(`_k_int`, likewise), q5_0 and q5_1 a generated family's (tiles.py's recipe).
 """
 
 from __future__ import annotations
@@ -16,9 +22,14 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from .. import quant
-from . import kquant, kquant_int, matmul, matvec, panel_gemm
+from . import kquant, kquant_int
+from .family import KERNELS
+from .matmul import make_matmul
+from .matvec import make_matvec
+from .panel_gemm import make_gemm
+from .tiles import RECIPES
 
-__all__ = ["FLOAT", "INT8", "FloatKernels", "Int8Kernels"]
+__all__ = ["FLOAT", "INT8", "KERNELS", "FloatKernels", "Int8Kernels"]
 
 
 class Int8Kernels(NamedTuple):
@@ -35,24 +46,17 @@ class FloatKernels(NamedTuple):
     gemm: Any  # (w, block, x, out): the encoders' matmul on dequantized panels
 
 
-INT8 = {
-    "q8_0": Int8Kernels(matvec.mv_rows_q8_0, matvec.mv_q8_0, matmul.mm_q8_0),
-    "q4_0": Int8Kernels(matvec.mv_rows_q4_0, matvec.mv_q4_0, matmul.mm_q4_0),
-    "q4_1": Int8Kernels(matvec.mv_rows_q4_1, matvec.mv_q4_1, matmul.mm_q4_1),
-}
-FLOAT = {
-    "f32": FloatKernels(matvec.mvp_rows_f32, matvec.mvp_f32, matmul.mmp_f32, matvec.embed_f32,
-                        panel_gemm.gemm_f32),
-    "f16": FloatKernels(matvec.mvp_rows_f16, matvec.mvp_f16, matmul.mmp_f16, matvec.embed_f16,
-                        panel_gemm.gemm_f16),
-    "q8_0": FloatKernels(matvec.mvp_rows_q8_0, matvec.mvp_q8_0, matmul.mmp_q8_0,
-                         matvec.embed_q8_0, panel_gemm.gemm_q8_0),
-    "q4_0": FloatKernels(matvec.mvp_rows_q4_0, matvec.mvp_q4_0, matmul.mmp_q4_0,
-                         matvec.embed_q4_0, panel_gemm.gemm_q4_0),
-    "q4_1": FloatKernels(matvec.mvp_rows_q4_1, matvec.mvp_q4_1, matmul.mmp_q4_1,
-                         matvec.embed_q4_1, panel_gemm.gemm_q4_1),
-}
-
+INT8: dict[str, Int8Kernels] = {}
+FLOAT: dict[str, FloatKernels] = {}
+for _name, _recipe in RECIPES.items():
+    _code = quant.TYPES[_name].code
+    _k = KERNELS[_code] = {**make_matvec(_code), **make_matmul(_code)}
+    if _recipe.floats:
+        _k["gemm"] = make_gemm(_code)
+        FLOAT[_name] = FloatKernels(_k["mvp_rows"], _k["mvp"], _k["mmp"], _k["embed"],
+                                    _k["gemm"])
+    if "mv_rows" in _k:
+        INT8[_name] = Int8Kernels(_k["mv_rows"], _k["mv"], _k["mm"])
 
 
 def _k_float(code: int) -> FloatKernels:
@@ -72,9 +76,10 @@ def _k_int(code: int) -> Int8Kernels:
             code, w, xq, xd, xs, xds, out, T, threads))
 
 
-for _name in quant.K_TYPES:
-    FLOAT[_name] = _k_float(quant.TYPES[_name].code)
-    if quant.TYPES[_name].int8_kernels:
+for _name in quant.K_TYPES:  # kquant.py's and kquant_int.py's kernels, by code
+    if _name not in FLOAT:
+        FLOAT[_name] = _k_float(quant.TYPES[_name].code)
+    if quant.TYPES[_name].int8_kernels and _name not in INT8:
         INT8[_name] = _k_int(quant.TYPES[_name].code)
 
 if set(INT8) != set(quant.INT8_TYPES) or set(FLOAT) != set(quant.MATRIX_TYPES):

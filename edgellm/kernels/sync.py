@@ -59,6 +59,13 @@ def _slot(context, builder, arr_type, arr, index):
     return cgutils.get_item_pointer(context, builder, arr_type, a, [index])
 
 
+def _call(builder, ret, name: str, *args):
+    """A call of the function `name` (an LLVM intrinsic or a libc symbol) on args."""
+    fn = cgutils.get_or_insert_function(builder.module,
+                                        ir.FunctionType(ret, [a.type for a in args]), name)
+    return builder.call(fn, list(args))
+
+
 @intrinsic
 def atomic_add(typingctx, arr, index, value):
     """arr[index] += value atomically (int64 array); returns the old value."""
@@ -73,53 +80,40 @@ def atomic_add(typingctx, arr, index, value):
     return sig, codegen
 
 
-@intrinsic
-def cpu_relax(typingctx):
+def _no_args(emit):
+    """The intrinsic emit() of no arguments: emit(builder) builds its value (None: void),
+    its annotation the numba type it returns."""
+    ret = types.void if emit.__annotations__["return"] == "None" else types.int64
+
+    def typer(typingctx):
+        def codegen(context, builder, signature, args):
+            v = emit(builder)
+            return context.get_dummy_value() if v is None else v
+        return ret(), codegen
+    typer.__name__ = typer.__qualname__ = emit.__name__
+    typer.__doc__ = emit.__doc__
+    return intrinsic(typer)
+
+
+@_no_args
+def cpu_relax(builder) -> None:
     """A spin-wait hint (x86 pause, arm yield); nothing elsewhere."""
-    sig = types.void()
-
-    def codegen(context, builder, signature, args):
-        mod = builder.module
-        if _ARCH in ("x86_64", "amd64"):
-            fn = cgutils.get_or_insert_function(mod, ir.FunctionType(ir.VoidType(), []),
-                                                "llvm.x86.sse2.pause")
-            builder.call(fn, [])
-        elif _ARCH in ("aarch64", "arm64"):  # hint #1 = yield
-            fn = cgutils.get_or_insert_function(
-                mod, ir.FunctionType(ir.VoidType(), [ir.IntType(32)]), "llvm.aarch64.hint")
-            builder.call(fn, [ir.Constant(ir.IntType(32), 1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
+    if _ARCH in ("x86_64", "amd64"):
+        _call(builder, ir.VoidType(), "llvm.x86.sse2.pause")
+    elif _ARCH in ("aarch64", "arm64"):  # hint #1 = yield
+        _call(builder, ir.VoidType(), "llvm.aarch64.hint", ir.Constant(ir.IntType(32), 1))
 
 
-@intrinsic
-def os_yield(typingctx):
+@_no_args
+def os_yield(builder) -> None:
     """sched_yield(): let a descheduled worker run (resolved from libc at link time)."""
-    sig = types.void()
-
-    def codegen(context, builder, signature, args):
-        fn = cgutils.get_or_insert_function(builder.module,
-                                            ir.FunctionType(ir.IntType(32), []), "sched_yield")
-        builder.call(fn, [])
-        return context.get_dummy_value()
-
-    return sig, codegen
+    _call(builder, ir.IntType(32), "sched_yield")
 
 
-@intrinsic
-def ticks(typingctx):
-    """x86: the time-stamp counter (rdtsc, constant rate); elsewhere 0."""
-    sig = types.int64()
-
-    def codegen(context, builder, signature, args):
-        if not _X86:
-            return ir.Constant(I64, 0)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(I64, []),
-                                            "llvm.readcyclecounter")
-        return builder.call(fn, [])
-
-    return sig, codegen
+@_no_args
+def ticks(builder) -> int:
+    """x86: the time-stamp counter (rdtsc, constant rate); elsewhere 0 (an int64)."""
+    return _call(builder, I64, "llvm.readcyclecounter") if _X86 else ir.Constant(I64, 0)
 
 
 @intrinsic

@@ -1,70 +1,98 @@
-"""The tile intrinsics the matvec and matmul kernels call, each defined here by name.
+"""Every tile of the types with a generated kernel family (f32, f16, q8_0, q4_0, q4_1 and,
+int8 activations only, q5_0, q5_1), made from one recipe a type: TILES[code][role], found
+by type code (family.tile) by the kernels the type's family is generated from (matvec.py,
+matmul.py, panel_gemm.py, batch_step.py).
 
-`block` (32, 64 or 128) is a runtime argument: each intrinsic holds one loop per block
-size behind a switch (f32/f16 ignore it).
-  tile_<type>_<RW>x<RT>(W, block, i, xq, xd, xds, t, out)   int8 activations (codegen_int8)
-  ftile_<type>_<RW>x<RT>(W, block, i, x, t, out)            float activations (codegen_float)
-  row_<type>(W, block, i, out, t)                           out[t] = row i (embedding)
-Each writes out[t + s, i + r] for r < RW, s < RT and reads nothing else of out. Prefill's
-panel intrinsics (pack_<type>, ptile_<type>_8x<RT>) are in panel.py.
-A new type adds its lines here: int8 tiles for the types quant.TYPES marks int8_kernels,
-ftile and row for every matrix type (registry.py checks that the kernels exist).
+`block` (32, 64 or 128) is a runtime argument of the weight tiles: each holds one loop per
+block size behind a switch (f32/f16 ignore it). Roles, with the code generators that make
+them:
+  "f1" "f4"        ftile (W, block, i, x, t, out): one row x 1 or 4 tokens, float
+                   activations (codegen_float)
+  "row"            row (W, block, i, out, t): out[t] = row i dequantized (the embedding)
+  int8 activation blocks (codegen_int8, q5: codegen_kquant; types quant.TYPES marks
+  int8_kernels):
+  "1" "4"          tile (W, block, i, xq, xd, xds, t, out): one row x 1 or 4 tokens
+  "g"              decode's row group: `group` rows x 1 token (q4: GROUP rows, the per-block
+                   float work once for the group; q8_0: 4 rows sharing the activation side)
+  "g2" "g4"        the batched step's row group x 2 or 4 tokens, each token's sums added
+                   as "g" adds them (B = 32)
+  "pack"           prefill: rows i..i+7 packed into a panel (panel.py)
+  "p1" "p4" "p6"   the panel x 1, 4 or 6 tokens (panel.py; a type packing into another's
+                   panel (`panel`) has none)
+  "amx"            two panels x the tokens on AMX tiles (amx.py)
+  "i1" "i2" "i4"   the batched step's interleaved 16-row groups x 1, 2 or 4 tokens
+                   (interleave.py; where `interleave` is set)
+Each tile writes out[t + s, i + r] for its rows r and tokens s and reads nothing else of out.
+
+A new type is its row in quant.TYPES, its code generators' branches for its bytes (where
+no existing layout reads them), and one line in RECIPES.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from .. import quant
+from .amx import make_tokens
 from .codegen_float import make_ftile, make_row
 from .codegen_int8 import GROUP, make_tile
+from .codegen_kquant import make_ktile, make_q5_group_tile
+from .family import TILES
+from .interleave import make_itile
+from .panel import make_pack, make_ptile
 
-__all__ = [
-    "tile_q8_0_1x1", "tile_q8_0_1x4", "tile_q8_0_4x1",
-    "tile_q4_0_1x1", "tile_q4_0_1x4", "tile_q4_0_8x1",
-    "tile_q4_1_1x1", "tile_q4_1_1x4", "tile_q4_1_8x1",
-    "tile_q4_0_8x2c2", "tile_q4_0_8x4c2", "tile_q4_1_8x2c2", "tile_q4_1_8x4c2",
-    "tile_q8_0_4x2c2", "tile_q8_0_4x4c2",
-    "ftile_f32_1x1", "ftile_f32_1x4", "ftile_f16_1x1", "ftile_f16_1x4",
-    "ftile_q8_0_1x1", "ftile_q8_0_1x4", "ftile_q4_0_1x1", "ftile_q4_0_1x4",
-    "ftile_q4_1_1x1", "ftile_q4_1_1x4",
-    "row_f32", "row_f16", "row_q8_0", "row_q4_0", "row_q4_1",
-]
+__all__ = ["RECIPES", "Recipe", "TILES"]
 
-# int8 activations: one row (decode's last rows; prefill's N % 8 rows, one or four tokens),
-# decode's multi-row tile (q8_0: 4 rows sharing the activation side; q4: a row group)
-tile_q8_0_1x1 = make_tile("q8_0", 1, 1)
-tile_q8_0_1x4 = make_tile("q8_0", 1, 4)
-tile_q8_0_4x1 = make_tile("q8_0", 4, 1)
-tile_q4_0_1x1 = make_tile("q4_0", 1, 1)
-tile_q4_0_1x4 = make_tile("q4_0", 1, 4)
-tile_q4_0_8x1 = make_tile("q4_0", GROUP, 1)
-tile_q4_1_1x1 = make_tile("q4_1", 1, 1)
-tile_q4_1_1x4 = make_tile("q4_1", 1, 4)
-tile_q4_1_8x1 = make_tile("q4_1", GROUP, 1)
 
-# the batched decode step's (batch_step.py): a row group x 2 or 4 sequences, each one's
-# sums added as the 8x1 tile adds them (bit for bit its results), the weights unpacked once
-tile_q4_0_8x2c2 = make_tile("q4_0", GROUP, 2, chains=2)
-tile_q4_0_8x4c2 = make_tile("q4_0", GROUP, 4, chains=2)
-tile_q4_1_8x2c2 = make_tile("q4_1", GROUP, 2, chains=2)
-tile_q4_1_8x4c2 = make_tile("q4_1", GROUP, 4, chains=2)
-# ... and q8_0's 4 rows x 2 or 4 sequences, each one's sums the 4x1 tile's
-tile_q8_0_4x2c2 = make_tile("q8_0", 4, 2, chains=2)
-tile_q8_0_4x4c2 = make_tile("q8_0", 4, 4, chains=2)
+class Recipe(NamedTuple):
+    """The tiles a type has: for int8 types its row group's rows, whose panels it packs
+    into (its own by default) and whether the batched step interleaves it; whose code
+    generators make its int8 tiles; whether it has float tiles (else its float-activation
+    kernels are kquant.py's, by code)."""
 
-# float activations: one row x one or four tokens
-ftile_f32_1x1 = make_ftile("f32", 1, 1)
-ftile_f32_1x4 = make_ftile("f32", 1, 4)
-ftile_f16_1x1 = make_ftile("f16", 1, 1)
-ftile_f16_1x4 = make_ftile("f16", 1, 4)
-ftile_q8_0_1x1 = make_ftile("q8_0", 1, 1)
-ftile_q8_0_1x4 = make_ftile("q8_0", 1, 4)
-ftile_q4_0_1x1 = make_ftile("q4_0", 1, 1)
-ftile_q4_0_1x4 = make_ftile("q4_0", 1, 4)
-ftile_q4_1_1x1 = make_ftile("q4_1", 1, 1)
-ftile_q4_1_1x4 = make_ftile("q4_1", 1, 4)
+    group: int = 0  # rows of decode's row-group tile ("g"); 0: float activations only
+    panel: str = ""  # the type whose panel tiles run its packed panels ("": its own)
+    interleave: bool = False
+    codegen: str = "int8"  # codegen_int8's tiles, or "k": codegen_kquant's (one block size)
+    floats: bool = True
 
-# one row dequantized (the embedding lookup)
-row_f32 = make_row("f32")
-row_f16 = make_row("f16")
-row_q8_0 = make_row("q8_0")
-row_q4_0 = make_row("q4_0")
-row_q4_1 = make_row("q4_1")
+
+RECIPES = {
+    "f32": Recipe(),
+    "f16": Recipe(),
+    "q8_0": Recipe(group=4, interleave=True),  # 8-row groups measured 10% slower
+    "q4_0": Recipe(group=GROUP, interleave=True),
+    "q4_1": Recipe(group=GROUP, interleave=True),
+    # GGUF files' fallback where a row is not a multiple of 256 (most of Gemma 3 270M
+    # Q4_K_M's matrices): packed as q4_1 panels, run on q4_1's panel tiles
+    "q5_0": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False),
+    "q5_1": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False),
+}
+
+
+def _tiles(name: str, r: Recipe) -> dict:
+    """TILES' entry of type `name` (see the module docstring for the roles)."""
+    t = {}
+    if r.floats:
+        t.update(f1=make_ftile(name, 1, 1), f4=make_ftile(name, 1, 4), row=make_row(name))
+    if not r.group:
+        return t
+    if r.codegen == "k":  # its 8-row group: q4's on VNNI with int16 activations (fifth bits)
+        t.update({"1": make_ktile(name, 1), "4": make_ktile(name, 4),
+                  "g": make_q5_group_tile(name)})
+    else:
+        t.update({"1": make_tile(name, 1, 1), "4": make_tile(name, 1, 4),
+                  "g": make_tile(name, r.group, 1), "g2": make_tile(name, r.group, 2, chains=2),
+                  "g4": make_tile(name, r.group, 4, chains=2)})
+    t["pack"] = make_pack(name)
+    if not r.panel:
+        t.update({f"p{rt}": make_ptile(name, rt) for rt in (1, 4, 6)}, amx=make_tokens(name))
+    if r.interleave:
+        t.update({f"i{rt}": make_itile(name, rt) for rt in (1, 2, 4)})
+    return t
+
+
+for _name, _recipe in RECIPES.items():
+    TILES[quant.TYPES[_name].code] = _tiles(_name, _recipe)
+for _name in ("q4_k", "q5_k", "q6_k"):  # kquant_int.py's one-row tiles (no generated family)
+    TILES[quant.TYPES[_name].code] = {"1": make_ktile(_name, 1), "4": make_ktile(_name, 4)}

@@ -1,4 +1,4 @@
-"""Decode tokens/s of the server's batched step (arch/batched.py) with 1, 2 and 4 rows,
+"""Decode tokens/s of the server's batched step (step/batched.py) with 1, 2 and 4 rows,
 against the single fused step and the per-operation batched rows; runs alternating.
 
     python benchmarks/batch_decode.py --model EDGELLM_FILE [--threads 2] [--rounds 5]
@@ -20,8 +20,8 @@ import numpy as np
 
 import edgellm
 from edgellm.arch import ACT_TYPES
-from edgellm.arch.batched import BatchDecoder
 from edgellm.batch import decode_rows
+from edgellm.step.batched import BatchDecoder
 
 
 class _View:

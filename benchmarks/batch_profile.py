@@ -1,4 +1,4 @@
-"""Where the batched decode step's time goes: the step's program (arch/fused.py) cut down to
+"""Where the batched decode step's time goes: the step's program (step/fused.py) cut down to
 one class of op (with the barriers kept), timed on 1, 2 and 4 rows; alternating, best round.
 
     python benchmarks/batch_profile.py --model EDGELLM_FILE [--threads 1] [--rounds 5]
@@ -20,9 +20,9 @@ import numpy as np
 
 import edgellm
 from edgellm.arch import ACT_TYPES
-from edgellm.arch.batched import BatchDecoder
-from edgellm.kernels import batch_step as bs
-from edgellm.kernels import decode_step as ds
+from edgellm.step import batch_step as bs
+from edgellm.step import decode_step as ds
+from edgellm.step.batched import BatchDecoder
 
 
 def main() -> None:

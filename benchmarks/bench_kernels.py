@@ -21,10 +21,11 @@ import time
 import numba
 import numpy as np
 
-from edgellm import quant
-from edgellm.format import Tensor
 from edgellm.kernels import linear as L
-from edgellm.kernels import registry, simd
+from edgellm.kernels import registry
+from edgellm.modelfile import quant
+from edgellm.modelfile.format import Tensor
+from edgellm.runtime import simd
 
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576), (2560, 960)]
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]

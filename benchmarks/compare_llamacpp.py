@@ -86,7 +86,7 @@ def llama_run(gguf: str, threads: int, a, script: str) -> dict:
 
 def weight_bytes(model: str) -> int:
     """Bytes of matrices a decode step reads (everything but the embedding lookup)."""
-    from edgellm.format import PackedModel
+    from edgellm.modelfile.format import PackedModel
 
     with PackedModel(model) as p:
         tied = "lm_head.weight" not in p.tensors

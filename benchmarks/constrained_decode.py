@@ -87,7 +87,7 @@ def build_gemma_tiny(gguf_path: str, out_dir: Path) -> Path:
 def child(path: str, threads: int, rounds: int, n: int) -> dict:
     """One process: alternate the three modes `rounds` times on one model."""
     import edgellm
-    from edgellm import constraints
+    from edgellm.text import constraints
 
     fills: list[float] = []
     fill_now = constraints.Constraint._fill_now

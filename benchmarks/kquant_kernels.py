@@ -24,8 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edgellm import quant  # noqa: E402
 from edgellm.kernels import act_quant, kquant, kquant_int, matmul, matvec  # noqa: E402
+from edgellm.modelfile import quant  # noqa: E402
 
 
 def best(fn, reps: int, rounds: int = 5) -> float:

@@ -25,9 +25,8 @@ import numpy as np  # noqa: E402
 from numba import njit  # noqa: E402
 
 import edgellm  # noqa: E402
-from edgellm.kernels import decode_step as ds  # noqa: E402
 from edgellm.kernels.act_quant import quantize_rows  # noqa: E402
-
+from edgellm.step import decode_step as ds  # noqa: E402
 
 
 @njit(cache=False, fastmath=True)

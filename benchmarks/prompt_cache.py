@@ -127,7 +127,7 @@ def decode_speed(model: Path, threads: int, rounds: int, ids: list[int], n: int 
     decodes n tokens after them and cuts the cache back (the variants alternating)."""
     import numpy as np
 
-    from edgellm.kv_cache import encode_rows
+    from edgellm.cache.kv_cache import encode_rows
     from edgellm.llm import LLM
 
     kv_types = ("f32", "f16", "q8_0")

@@ -191,9 +191,9 @@ def main() -> None:
 
     import numpy as np
 
-    from edgellm.format import PackedModel
+    from edgellm.modelfile.format import PackedModel
     from edgellm.perplexity import bos_for, make_chunks, summarize
-    from edgellm.tokenizer import Tokenizer
+    from edgellm.text.tokenizer import Tokenizer
 
     work = Path(a.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -38,11 +38,11 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from edgellm.kernels import batch_step as bs
-from edgellm.kernels.decode_step import Q4_1
+from edgellm.codegen.ir import F32, I32, _c, _llvm_fn, _v, vpdpwssd
 from edgellm.kernels.interleave import interleave
-from edgellm.kernels.ir import F32, I32, _c, _llvm_fn, _v, vpdpwssd
-from edgellm.kernels.simd import VNNI
+from edgellm.runtime.simd import VNNI
+from edgellm.step import batch_step as bs
+from edgellm.step.decode_step import Q4_1
 
 CHAINS = 10  # independent accumulators: more than the instruction's latency needs
 

@@ -30,8 +30,8 @@ def _now() -> dict:
 
 def child(path: str) -> dict:
     from edgellm import memory_plan
-    from edgellm.format import PackedModel
-    from edgellm.tokenizer import Tokenizer
+    from edgellm.modelfile.format import PackedModel
+    from edgellm.text.tokenizer import Tokenizer
 
     start = _now()
     packed = PackedModel(path)

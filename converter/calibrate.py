@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from edgellm.errors import EdgeLLMError
-from edgellm.format import Tensor
+from edgellm.modelfile.format import Tensor
 
 DEFAULT_TOKENS = 2048  # calibration tokens: 4 chunks of CONTEXT
 CONTEXT = 512

@@ -37,7 +37,7 @@ def open_source(path: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from edgellm import quant
+    from edgellm.modelfile import quant
 
     from . import recipes
     from .recipes import DEFAULT_GGUF, DEFAULT_HF, RECIPES
@@ -123,8 +123,8 @@ def _check_quality_arguments(ap: argparse.ArgumentParser, args) -> None:
 def _convert(source, args, recipe: str) -> None:
     """Calibrate, plan the types for a target, convert, and report, as the flags ask."""
     from .pack import convert
-    from .searcher import searcher
     from .recipes import K_REPORTED, SEARCHED
+    from .searcher import searcher
 
     target = args.target_size is not None or args.target_bpw is not None
     gptq = args.quantizer == "gptq"

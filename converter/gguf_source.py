@@ -19,8 +19,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 
-from edgellm import quant
 from edgellm.errors import EdgeLLMError, SourceError, UnsupportedArchitectureError
+from edgellm.modelfile import quant
 
 from . import gguf_names
 from .gguf_tokenizer import build_tokenizer

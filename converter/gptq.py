@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgellm import quant
 from edgellm.errors import QuantizationError
+from edgellm.modelfile import quant
 
 from . import quantizers as qz
 

@@ -10,8 +10,8 @@ import numpy as np
 from safetensors import safe_open
 
 from edgellm.errors import SourceError, TokenizerError
-from edgellm.guard import native
-from edgellm.tokenizer import Tokenizer
+from edgellm.runtime.guard import native
+from edgellm.text.tokenizer import Tokenizer
 
 from . import sentence_transformers
 from .names import sanitize

@@ -29,9 +29,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from edgellm import quant
 from edgellm.arch.llama import FOLDED_GAIN
 from edgellm.errors import SourceError
+from edgellm.modelfile import quant
 
 from .source import SourceTensor
 

@@ -1,6 +1,6 @@
-"""Searched quantizers: edgellm.quant's block bytes, with better scales, minimums and codes.
+"""Searched quantizers: edgellm.modelfile.quant's block bytes, with better scales, minimums and codes.
 
-`edgellm.quant.quantize` (llama.cpp's reference rounding) scales each block by its largest
+`edgellm.modelfile.quant.quantize` (llama.cpp's reference rounding) scales each block by its largest
 magnitude. Here each block's scale d (and, for q4_1, its minimum m) is searched to minimize
 the weighted squared error  sum_i w_i (x_i - x^_i)^2  of the block, as llama.cpp's
 `make_qx_quants` / `make_qkx2_quants` do for its k-quants and imatrix quantizers:
@@ -20,7 +20,7 @@ search minimizes the expected squared error of the layer's output, sum_j err_j^2
 also multiplies by sqrt(mean x^2 of the row + x_ij^2); measured here on SmolLM2-135M, that
 factor made perplexity worse, with and without calibration.
 
-Block layouts are exactly edgellm.quant's (the runtime kernels read them); only the choice
+Block layouts are exactly edgellm.modelfile.quant's (the runtime kernels read them); only the choice
 of d, m and codes differs. Vectorized numpy over all blocks of a row chunk.
 """
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgellm import quant
 from edgellm.errors import QuantizationError
+from edgellm.modelfile import quant
 
 QUANTIZERS = ("ref", "search", "gptq")
 REFINE_ROUNDS = 2
@@ -225,7 +225,7 @@ def _search_affine(x: np.ndarray, w: np.ndarray, nmax: int
     return d.astype(np.float32), m.astype(np.float32), q.astype(np.int32)
 
 
-# --- block bytes (edgellm.quant's layout) -----------------------------------------------
+# --- block bytes (edgellm.modelfile.quant's layout) -----------------------------------------------
 
 def _f16_bytes(v: np.ndarray) -> np.ndarray:
     """float32 [N] -> uint8 [N, 2] (little-endian f16)."""

@@ -18,7 +18,7 @@ Recipes (`--quant`):
   auto                (GGUF sources only) each tensor stays in its source type where
                       edgellm has sized-block kernels for it (q8_0, q4_0, q4_1, floats);
                       K-quants and q5_0/q5_1 become q8_0 (before their integer-activation
-                      kernels, kernels/kquant_int.py, they decoded ~3x slower than q8_0)
+                      kernels, kernels/kquant_int.py, they decoded far slower than q8_0)
   q4_k_m, q5_k_m      llama.cpp's mixes from a float source, with llama-quantize's per-tensor
   (and q6_k)          choices (no importance matrix): the output matrix (and a tied
                       embedding) q6_k, v_proj and down_proj q6_k in use_more_bits layers, the
@@ -27,7 +27,7 @@ Recipes (`--quant`):
                       q2_k/q3_k -> q4_0)
 Instead of a recipe, --target-size 80MB / --target-bpw 4.5 (converter/size_target.py) give
 each matrix q4_0, q4_1 or q8_0 by its measured sensitivity so that the file meets the budget.
-The plain recipes use llama.cpp's reference rounding (edgellm.quant), bit for bit, unless
+The plain recipes use llama.cpp's reference rounding (edgellm.modelfile.quant), bit for bit, unless
 convert-model is given --quantizer search; the *_best recipes and --target-size always search.
 --quantizer gptq (with --calibrate) keeps the searched scales and rounds the codes with GPTQ's
 error feedback (converter/gptq.py), which minimizes each layer's output error instead.
@@ -37,7 +37,7 @@ Vectors (norms, biases) and matrices whose columns do not split into blocks stay
 
 from __future__ import annotations
 
-from edgellm import quant
+from edgellm.modelfile import quant
 
 # every type of quant.TYPES is a recipe of its own
 K_MIXES = {"q4_k_m": "q4_k", "q5_k_m": "q5_k"}  # llama.cpp's _M mixes and their base type

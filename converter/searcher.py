@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgellm import quant
+from edgellm.modelfile import quant
 
 from .gptq import gptq_quantize
 from .quantizers import quantize

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from edgellm import format as fmt
-from edgellm import quant
 from edgellm.errors import EdgeLLMError, QuantizationError
-from edgellm.format import Tensor
+from edgellm.modelfile import format as fmt
+from edgellm.modelfile import quant
+from edgellm.modelfile.format import Tensor
 
 from .quantizers import weighted_error
 from .recipes import TARGET_TYPES

@@ -13,9 +13,9 @@ time). A slot's generation runs in its caller's thread as an LLM's does, unchang
 round the engine runs
   - one decode step for every slot waiting with one token (`decode_rows`): where the
     model has a fused step, its program on all the rows in one parallel region
-    (arch/batched.py), each weight block read once for all of them and each row attending
+    (step/batched.py), each weight block read once for all of them and each row attending
     over its own slot's cache; a row's logits are the step's for that sequence alone, bit
-    for bit (arch/batched.py: the single fused step's too, but for q8_0 matrices' rounding),
+    for bit (step/batched.py: the single fused step's too, but for q8_0 matrices' rounding),
     so a greedy answer does not depend on what else the server is doing. Without a fused
     step the rows [n, D] go through the per-operation kernels together (whose matrix
     kernels round a row differently with 1, 2-3 or 4 rows: a near-tie can then go either
@@ -40,7 +40,8 @@ the engine wait at all: the engine samples its next token itself, with the reque
 sampler, right after the row's step, and queues that token's row for the next round
 (_Chain; llama-server's loop does the same), at most one token ahead of the request
 thread. Waiting for four request threads, each sampling, detokenizing and streaming its
-token in turn under the GIL, had left 0.5-1.0 ms between the server's 4-row steps of ~6.5.
+token in turn under the GIL, had left a gap between the server's steps of a sizeable
+fraction of a step.
 """
 
 from __future__ import annotations
@@ -54,12 +55,12 @@ from typing import Any
 import numpy as np
 
 from .arch.base import CachedTokens
-from .arch.batched import BatchDecoder
+from .cache.prompt_cache import PromptCache
 from .errors import ArgumentError, ClosedError, ContextError, EdgeLLMError
 from .kernels.linear import embedding
 from .lifetime import Lifetime
 from .llm import LLM
-from .prompt_cache import PromptCache
+from .step.batched import BatchDecoder
 
 GATHER_S = 0.004  # how long a round waits for the rows of slots that are mid-generation
 # a round that runs decode rows prefills at most model.chunk // MIXED_SHARE prompt tokens:
@@ -107,7 +108,7 @@ class _Chain:
     """A slot's unconstrained generation, sampled by the engine (SlotModel.run_ahead): after
     a row's step the engine draws its next token and queues that token's row at once, so the
     next step need not wait for the request thread (its detokenizing and streaming, in turns
-    of the GIL with the other slots' threads, kept four rows ~0.5 ms apart). The engine runs
+    of the GIL with the other slots' threads, held the rows apart). The engine runs
     at most one token ahead of what the request thread has taken."""
 
     __slots__ = ("sampler", "history", "limit", "eos", "shift", "sampled", "taken", "stop")
@@ -242,8 +243,8 @@ class SlotLLM(LLM):
         """The slot has a new request, whose prompt is coming: the engine waits for it (up to
         GATHER_S) as for a generation's next row, so that requests arriving together prefill
         in one round and start decoding together. (The engine had started a round on the
-        first prompt to arrive: four requests admitted within 2-7 ms prefilled in two
-        rounds, two streams then ~50 ms ahead of the others, their last steps alone.)"""
+        first prompt to arrive: four requests admitted together prefilled in two rounds,
+        two streams then well ahead of the others, their last steps alone.)"""
         if self.model is not None:
             self.model.expected = True
 
@@ -268,7 +269,7 @@ class SlotLLM(LLM):
 class Batch:
     """`slots` SlotLLMs over one LLM's model, served by one engine thread. `interleave`:
     whether the batched step keeps interleaved copies of its q4_0/q4_1/q8_0 matrices
-    (arch/batched.py: faster, for their size in memory once more); default: with 2 or
+    (step/batched.py: faster, for their size in memory once more); default: with 2 or
     more slots (one slot is never batched: it decodes as fast from the file)."""
 
     def __init__(self, llm: LLM, slots: int, interleave: bool | None = None):
@@ -332,7 +333,7 @@ class Batch:
     @contextmanager
     def arriving(self):
         """A request being prepared for a slot (its template rendered, its prompt
-        tokenized: 1-7 ms each, four at once), counted while the engine has no decode row:
+        tokenized: milliseconds each, four at once), counted while the engine has no decode row:
         a round of prompts alone waits for it up to GATHER_S, as for an acquired slot
         (SlotLLM.begin_generation)."""
         with self._cond:
@@ -498,8 +499,8 @@ class Batch:
     def _prefill_together(self, pairs: list[tuple[_Job, int]]) -> None:
         """The next n tokens of each (job, n) in one pass (prefill_rows): one matrix product
         a weight for all of them, where a pass each paid the weights' reading and the
-        kernels' calls once per prompt (SmolLM2, 2 threads: 15 tokens 22 ms, 128 tokens
-        105 ms). A job whose slot has no room (context full, no shift) fails alone."""
+        kernels' calls once per prompt (a short prompt cost a good part of a long one's time).
+        A job whose slot has no room (context full, no shift) fails alone."""
         ready = []
         for job, n in pairs:
             try:

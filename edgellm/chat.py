@@ -105,7 +105,7 @@ class ChatSession:
         the model (the cache must not move while written). If another generation has used
         the model since this chat's last turn, the cache holds its tokens, not this chat's:
         it is emptied and the conversation saved without it (prefilled again after load)."""
-        from .session import save_session
+        from .cache.session import save_session
 
         with self.llm.lifetime.exclusive(owner=self) as turn:
             if turn.previous_owner is not self or not self.cached_text:
@@ -118,8 +118,8 @@ class ChatSession:
         """The conversation saved at `path`, its cache read back in under a turn of the
         model (SessionError, and the model unchanged, if the file is bad or belongs to
         another model or setup)."""
+        from .cache.session import apply, read_session
         from .errors import SessionError
-        from .session import apply, read_session
 
         chat = cls(llm, parse_special=parse_special)
         with llm.lifetime.exclusive(owner=chat):

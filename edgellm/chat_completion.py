@@ -30,9 +30,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import arguments, reasoning, tool_calls
+from . import arguments
 from .errors import ArgumentError, ConstraintError
 from .lifetime import wait_arguments
+from .text import reasoning, tool_calls
 
 
 @dataclass
@@ -52,7 +53,7 @@ class _Plan:
 def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
           enable_thinking, chat_template_kwargs, max_reasoning_tokens, sampling,
           parallel_tool_calls: bool = True) -> _Plan:
-    from .constraints import ConstraintSpec, spec_from
+    from .text.constraints import ConstraintSpec, spec_from
 
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)) \
             or not all(isinstance(m, Mapping) for m in messages):
@@ -98,7 +99,7 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
         grammar = tool_calls.grammar(callable_tools, fmt, mode, llm.constraint_engine.token_id,
                                      parallel=bool(parallel_tool_calls) and not named)
         if grammar is not None and spec is None:
-            from .constraints import lark_grammar
+            from .text.constraints import lark_grammar
 
             spec = ConstraintSpec("tools", lark_grammar(grammar))
     if max_tokens is None:

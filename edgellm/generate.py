@@ -18,8 +18,8 @@ from .kernels.token_mask import mask_logits
 from .sampling import Sampler
 
 if TYPE_CHECKING:
-    from .constraints import Constraint
-from .tokenizer import StreamingDetokenizer, Tokenizer
+    from .text.constraints import Constraint
+from .text.tokenizer import StreamingDetokenizer, Tokenizer
 
 
 @dataclass

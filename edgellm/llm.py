@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from . import arch, arguments, loader
+from .cache.prompt_cache import PromptCache
 from .errors import (
     ClosedError,
     ContextError,
@@ -26,15 +27,14 @@ from .errors import (
     TemplateError,
     TokenizerError,
 )
-from .format import PackedModel
 from .generate import Chunk, stream
-from .guard import native
 from .lifetime import Lifetime, Stream, Turn
 from .memory_plan import CHUNK
-from .prompt_cache import PromptCache
+from .modelfile.format import PackedModel
+from .modelfile.validate import check_model
+from .runtime.guard import native
 from .sampling import Sampler, SamplingParams
-from .tokenizer import Tokenizer
-from .validate import check_model
+from .text.tokenizer import Tokenizer
 
 DEFAULT_MAX_TOKENS = 256
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
@@ -52,7 +52,7 @@ class LLM:
                  lora=None, act_type: str = "int16"):
         import numba
 
-        from .numba_setup import set_threads
+        from .runtime.numba_setup import set_threads
 
         path = arguments.file_path(path)
         threads = arguments.integer(threads, "threads", 1, none=True)
@@ -223,7 +223,7 @@ class LLM:
         if self._template is None:
             if not self.packed.chat_template:
                 raise TemplateError(f"{self.packed.path}: the model has no chat template")
-            from .chat_template import ChatTemplate  # jinja2: only for chat prompts
+            from .text.chat_template import ChatTemplate  # jinja2: only for chat prompts
 
             try:
                 self._template = ChatTemplate(self.packed.chat_template,
@@ -293,7 +293,7 @@ class LLM:
     def constraint_engine(self):
         """The constraint engine for this model's tokenizer (built on first use)."""
         if self._engine is None:
-            from .constraints import ConstraintEngine
+            from .text.constraints import ConstraintEngine
 
             self._engine = ConstraintEngine(self.tokenizer.to_json(),
                                             self.args.vocab_size, self.tokenizer.eos_ids)
@@ -302,7 +302,7 @@ class LLM:
     def constraint(self, spec=None, **kwargs):
         """A Constraint for a ConstraintSpec or for response_format=, json_schema=, regex=,
         grammar=, choices= (None if none is given); ConstraintError if it is invalid."""
-        from .constraints import spec_from
+        from .text.constraints import spec_from
 
         spec = spec if spec is not None else spec_from(**kwargs)
         return None if spec is None else self.constraint_engine.compile(spec)
@@ -497,7 +497,7 @@ class LLM:
     def save_session(self, path: str | os.PathLike, messages: Sequence[dict] | None = None):
         """Save the token ids and KV cache as they stand (and `messages`) to `path`
         (session.py: atomic, checksummed, bound to this model file, kv_type and context)."""
-        from .session import save_session
+        from .cache.session import save_session
 
         if messages is not None and (isinstance(messages, (str, bytes)) or not isinstance(
                 messages, Sequence) or not all(isinstance(m, Mapping) for m in messages)):
@@ -510,7 +510,7 @@ class LLM:
         """Restore a saved session (SessionError, and the model unchanged, if the file is
         bad or made with another model, kv_type or context); returns it (.tokens,
         .messages)."""
-        from .session import load_session
+        from .cache.session import load_session
 
         with self.lifetime.exclusive():
             return load_session(self, path)

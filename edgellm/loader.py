@@ -8,21 +8,21 @@ from __future__ import annotations
 import numpy as np
 
 from . import arch
-from .config import ModelArgs
-from .format import PackedModel
 from .memory_plan import CHUNK
+from .modelfile.config import ModelArgs
+from .modelfile.format import PackedModel
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
           chunk: int = CHUNK, kv_type: str = "f32", fused: bool = True, act_dtype=np.int16,
           args: ModelArgs | None = None):
     """The runnable model of a packed file (arch.build's arguments); fused: decoders decode
-    through the fused step (one compiled step per token, arch/fused.py) where the model's
+    through the fused step (one compiled step per token, step/fused.py) where the model's
     weights allow it, else through the per-operation path."""
     model = arch.build(packed, precise=precise, context=context, chunk=chunk,
                        kv_type=kv_type, act_dtype=act_dtype, args=args)
     if fused and isinstance(model, arch.Transformer):
-        from .arch.fused import FusedDecoder
+        from .step.fused import FusedDecoder
 
         model.fused = FusedDecoder.build(model, act_dtype=model.act_dtype)
     return model

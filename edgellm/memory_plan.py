@@ -60,9 +60,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .config import ModelArgs
-from .format import PackedModel
-from .kv_types import kv_row_bytes
+from .cache.kv_types import kv_row_bytes
+from .modelfile.config import ModelArgs
+from .modelfile.format import PackedModel
 
 MIB = 2**20
 BASELINE = 88 * MIB  # Python + numpy + numba + tokenizers imported, kernels loaded (CLI)
@@ -133,7 +133,7 @@ def chunk_buffer_bytes(args: ModelArgs, inner: int, chunk: int) -> int:
 
 def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
                         threads: int = PLAN_THREADS) -> int:
-    """As arch/fused.py allocates them (where a model has the fused step; planned for every
+    """As step/fused.py allocates them (where a model has the fused step; planned for every
     model with int8 activations): the arena of the step's rows (shared, and one normed row
     per thread), the per-thread int16 activation slots and attention scratch, and its tables (the
     program, matrix table and the copies of the norms and biases: bounded, ~32 operations
@@ -168,7 +168,7 @@ def fused_table_bytes(args: ModelArgs) -> int:
 
 
 def _pad(n: int) -> int:
-    """arch/fused.py's regions: whole 64-byte lines of float32."""
+    """step/fused.py's regions: whole 64-byte lines of float32."""
     return (n + 15) // 16 * 16
 
 

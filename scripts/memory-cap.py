@@ -251,7 +251,7 @@ def runtime_files() -> list[Path]:
             if libs.is_dir():
                 paths.add(libs)
     sys.path.insert(0, str(REPO))
-    from edgellm import numba_setup
+    from edgellm.runtime import numba_setup
 
     paths.add(Path(numba_setup.CACHE_DIR))
     return sorted(paths)

@@ -15,11 +15,11 @@ LLAMA_FAMILY = ["llama", "llama-bf16-sharded", "qwen2", "qwen3", "mistral-swa"]
 
 def pytest_configure(config):
     """One fused decode step for every test model: compiled with every op (not each
-    model's own, arch/fused.py), here and in the CLI's subprocesses, so that the suite
+    model's own, step/fused.py), here and in the CLI's subprocesses, so that the suite
     compiles it once; test_fused_features.py checks a pruned step against it."""
     import os
 
-    from edgellm.arch.fused import FusedDecoder
+    from edgellm.step.fused import FusedDecoder
 
     FusedDecoder.prune = False
     os.environ["EDGELLM_FUSED"] = "all"

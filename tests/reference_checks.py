@@ -7,8 +7,8 @@ import numpy as np
 from conftest import reference
 
 import edgellm
-from edgellm import format as fmt
-from edgellm import quant
+from edgellm.modelfile import format as fmt
+from edgellm.modelfile import quant
 
 
 def decode_steps(llm, ids) -> np.ndarray:

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from numba import njit
 
-from edgellm import quant
-from edgellm.format import Tensor
 from edgellm.kernels import linear as L
-from edgellm.kernels import simd
 from edgellm.kernels.amx import BX_BLOCK, MIN_TOKENS
 from edgellm.kernels.matmul import panel_scratch, panel_tokens
 from edgellm.kernels.tiles import TILES
+from edgellm.modelfile import quant
+from edgellm.modelfile.format import Tensor
+from edgellm.runtime import simd
 
 PANEL_Q8_0, PANEL_Q4_0, PANEL_Q4_1 = (quant.TYPES[k].code for k in ("q8_0", "q4_0", "q4_1"))
 pack_q8_0, pack_q4_0, pack_q4_1 = (TILES[c]["pack"] for c in (PANEL_Q8_0, PANEL_Q4_0, PANEL_Q4_1))

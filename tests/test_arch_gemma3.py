@@ -23,9 +23,9 @@ from converter.hf_source import open_hf
 from converter.pack import convert
 from edgellm.arch.gemma3 import embed_scale, layer_rope_params
 from edgellm.commands import info as info_cmd
-from edgellm.config import ModelArgs
-from edgellm.format import PackedModel
 from edgellm.memory_plan import plan
+from edgellm.modelfile.config import ModelArgs
+from edgellm.modelfile.format import PackedModel
 
 NAME = "gemma3"
 
@@ -275,7 +275,7 @@ def test_gguf_import(tmp_path):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-7, err_msg=name)
 
     # The vocabulary with scores: SentencePiece BPE without a space prefix.
-    tok = edgellm.tokenizer.Tokenizer.from_json(src.tokenizer_json, src.tokenizer_config)
+    tok = edgellm.text.tokenizer.Tokenizer.from_json(src.tokenizer_json, src.tokenizer_config)
     spm = json.loads((FIXTURES / "gguf" / "spm_bpe_tiny.json").read_text())
     cases = [c for c in spm["cases"] if c["text"]]
     for case in cases:  # ids of llama.cpp with the space prefix: " " + text here

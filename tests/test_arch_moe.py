@@ -20,8 +20,8 @@ from converter.names import sanitize
 from converter.pack import convert
 from converter.source import Source, SourceTensor
 from edgellm.errors import SourceError
-from edgellm.format import PackedModel
 from edgellm.kernels.moe import route
+from edgellm.modelfile.format import PackedModel
 
 NAMES = ["qwen3-moe", "mixtral"]
 

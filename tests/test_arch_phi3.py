@@ -19,7 +19,7 @@ from converter.hf_source import open_hf
 from converter.pack import convert
 from edgellm.arch.phi3 import head_permutation
 from edgellm.errors import UnsupportedArchitectureError
-from edgellm.format import PackedModel
+from edgellm.modelfile.format import PackedModel
 
 NAME = "phi3"
 

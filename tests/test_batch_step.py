@@ -1,4 +1,4 @@
-"""The batched decode step (arch/batched.py, kernels/batch_step.py): one token of each of n
+"""The batched decode step (step/batched.py, step/batch_step.py): one token of each of n
 sequences through the fused program at once, each row the step's result for that sequence
 alone bit for bit, whatever else the step carries; the single fused step's bit for bit
 where no matrix is interleaved (q4 rows always: the interleaved q4 tiles are the 8x1
@@ -13,9 +13,9 @@ import pytest
 from conftest import reference
 
 import edgellm
-from edgellm import quant
-from edgellm.arch.batched import BatchDecoder
 from edgellm.batch import Batch, decode_rows, prefill_rows
+from edgellm.modelfile import quant
+from edgellm.step.batched import BatchDecoder
 
 
 class _View:
@@ -291,7 +291,7 @@ def test_each_row_count_chooses_parallel_or_serial_apart(converted):
 def test_interleaved_copies_only_where_rows_are_batched(converted):
     """A one-slot Batch (never batched) and interleave=False keep no interleaved copy; two
     slots do, on VNNI; and both answer alike (q4_1 matrices: bit for bit)."""
-    from edgellm.kernels import simd
+    from edgellm.runtime import simd
 
     ids = [int(t) for t in reference("llama")["input_ids"]][:6]
     with edgellm.load(converted("llama", "q4_1"), threads=2) as llm:

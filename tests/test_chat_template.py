@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from edgellm.chat_template import ChatTemplate
 from edgellm.errors import TemplateError
+from edgellm.text.chat_template import ChatTemplate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMOL = FIXTURES / "smollm2"
@@ -264,7 +264,7 @@ AMPLIFIERS = [
 
 _AMPLIFY = """
 import json, resource, sys
-from edgellm.chat_template import ChatTemplate
+from edgellm.text.chat_template import ChatTemplate
 from edgellm.errors import TemplateError
 out = []
 for source in json.loads(sys.argv[1]):

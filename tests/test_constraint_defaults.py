@@ -13,8 +13,8 @@ import jsonschema
 import pytest
 
 import edgellm
-from edgellm.constraints import MAX_KEY, MAX_STRING, NUMBER_BOUND, bounded
 from edgellm.errors import ConstraintError
+from edgellm.text.constraints import MAX_KEY, MAX_STRING, NUMBER_BOUND, bounded
 
 # what pydantic writes for `class Person(BaseModel): name: str; age: int`
 PERSON = {"properties": {"name": {"title": "Name", "type": "string"},

@@ -11,11 +11,11 @@ import sys
 import textwrap
 
 import pytest
+from server_helpers import ROOT, request, serve_subprocess
 
 import edgellm
-from edgellm.constraints import MAX_GBNF_RULES, MAX_GRAMMAR_RULES, MAX_SCHEMA_DEPTH
 from edgellm.errors import ConstraintError, EdgeLLMError
-from server_helpers import ROOT, request, serve_subprocess
+from edgellm.text.constraints import MAX_GBNF_RULES, MAX_GRAMMAR_RULES, MAX_SCHEMA_DEPTH
 
 
 def ref_chain(n: int) -> dict:

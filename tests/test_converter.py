@@ -12,8 +12,8 @@ from conftest import TINY, TINY_NAMES
 from converter.cli import main as convert_main
 from converter.hf_source import open_hf
 from converter.pack import convert
-from edgellm import format as fmt
 from edgellm.commands import info as info_cmd
+from edgellm.modelfile import format as fmt
 
 
 @pytest.mark.parametrize("name", TINY_NAMES)

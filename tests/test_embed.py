@@ -75,7 +75,7 @@ def test_packed_batches_do_not_mix_sequences(packed):
 
 
 def test_header_keeps_pooling_and_length(packed):
-    from edgellm.format import PackedModel
+    from edgellm.modelfile.format import PackedModel
 
     with PackedModel(packed("bert-tiny")) as p:
         assert p.header["embedding"] == {"pooling": "mean", "normalize": True,

@@ -17,8 +17,8 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from edgellm.kernels import simd
 from edgellm.kernels.fastexp import exp32
+from edgellm.runtime import simd
 
 
 @intrinsic

@@ -9,9 +9,9 @@ import sys
 import numba
 import numpy as np
 
-from edgellm.arch.fused import FusedDecoder
 from edgellm.commands import common, first_run
 from edgellm.kernels.jit import is_cached
+from edgellm.step.fused import FusedDecoder
 
 
 def _generate(model: str, capsys) -> tuple[str, str]:

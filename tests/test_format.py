@@ -9,9 +9,9 @@ from conftest import TINY, TINY_NAMES
 
 from converter.hf_source import open_hf
 from converter.norm_fold import fold_norms
-from edgellm import format as fmt
-from edgellm import quant
 from edgellm.errors import FormatError
+from edgellm.modelfile import format as fmt
+from edgellm.modelfile import quant
 
 
 def same_tokenizer(a: str, b: str) -> bool:

@@ -8,9 +8,9 @@ from conftest import LLAMA_FAMILY, reference
 from reference_checks import check_fused_equals_per_operation, decode_fused_or_not
 
 import edgellm
-from edgellm import numba_setup
 from edgellm.kernels import sync
 from edgellm.kernels.sync import CALM, SPIN_TICKS, atomic_add, barrier, new_state, ticks
+from edgellm.runtime import numba_setup
 
 
 @pytest.mark.parametrize("name", LLAMA_FAMILY)
@@ -35,7 +35,7 @@ def test_fused_step_matches_layer_by_layer(name, converted):
     """The model cut after each layer in turn (steps and weights of layers < n, then the
     head): the fused program compiled from those steps equals the per-operation path, so
     a difference would show at the first layer whose steps it compiles wrongly."""
-    from edgellm.arch.fused import FusedDecoder
+    from edgellm.step.fused import FusedDecoder
 
     ids = reference(name)["input_ids"][:12]
     with edgellm.load(converted(name, "q8_0"), precise=True, threads=2) as llm:
@@ -109,7 +109,7 @@ def test_thread_choice_falls_back_to_serial_under_contention_and_returns():
     """ThreadChoice: quiet parallel steps never probe serial; steps 5x slower than the best
     (a busy machine) try serial at once and keep it while it is faster; once the machine is
     quiet again a probe every PROBE steps finds parallel faster and switches back."""
-    from edgellm.kernels.schedule import ThreadChoice
+    from edgellm.step.schedule import ThreadChoice
 
     c = ThreadChoice()
     times = {True: 1.0, False: 1.8}
@@ -137,7 +137,7 @@ def test_thread_choice_stays_parallel_when_serial_is_only_about_as_fast():
     """A parallel step's late outlier (the server's clients sharing the cores) probes serial;
     a serial step about as fast as parallel's average does not take over (MARGIN), one
     clearly faster does."""
-    from edgellm.kernels.schedule import ThreadChoice
+    from edgellm.step.schedule import ThreadChoice
 
     c = ThreadChoice()
     for _ in range(20):

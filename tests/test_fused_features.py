@@ -1,4 +1,4 @@
-"""The fused step compiled for a model's own ops (arch/fused.py: features): it is given
+"""The fused step compiled for a model's own ops (step/fused.py: features): it is given
 exactly the matrix types, KV type, MoE and LoRA the program has, and computes what the
 step compiled with every op computes, bit for bit (the suite runs that one: conftest)."""
 
@@ -7,8 +7,8 @@ import pytest
 from conftest import reference
 
 import edgellm
-from edgellm.arch import fused
-from edgellm.kernels import decode_step as ds
+from edgellm.step import decode_step as ds
+from edgellm.step import fused
 
 
 def _named(feats) -> set:

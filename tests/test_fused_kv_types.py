@@ -7,9 +7,9 @@ import pytest
 from conftest import LLAMA_FAMILY, reference
 
 import edgellm
-from edgellm.kernels.kv_store import kv_rows
+from edgellm.cache.kv_cache import decode_rows, encode_rows
 from edgellm.kernels.jit import kernel
-from edgellm.kv_cache import decode_rows, encode_rows
+from edgellm.kernels.kv_store import kv_rows
 
 # every architecture the fused step serves; q8_0 needs head_dim % 32 == 0 (gemma3, qwen3)
 SERVED = LLAMA_FAMILY + ["gemma3", "phi3", "olmo2", "granite", "qwen3-moe", "mixtral"]

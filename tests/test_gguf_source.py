@@ -19,8 +19,8 @@ from gguf import GGMLQuantizationType as QT
 
 from converter import gguf_names
 from converter.gguf_source import open_gguf
-from edgellm import quant
 from edgellm.errors import SourceError, UnsupportedArchitectureError
+from edgellm.modelfile import quant
 
 try:
     from tests.realmodel import smollm2_gguf_path

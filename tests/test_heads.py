@@ -166,7 +166,7 @@ def test_a_classifier_without_its_head_tensors_still_embeds(packed, tmp_path):
 
 
 def test_the_converter_keeps_heads_only_for_classifiers(packed):
-    from edgellm.format import PackedModel
+    from edgellm.modelfile.format import PackedModel
 
     with PackedModel(packed("cross-encoder")) as p:
         assert {"pooler.dense.weight", "classifier.weight"} <= set(p.tensors)

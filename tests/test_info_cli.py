@@ -20,7 +20,7 @@ def test_bad_files_give_one_line_and_exit_1(converted, tmp_path):
     import json
     import struct
 
-    from edgellm import format as fmt
+    from edgellm.modelfile import format as fmt
 
     hlen = struct.unpack_from("<Q", good, 16)[0]
     header = json.loads(good[64:64 + hlen])

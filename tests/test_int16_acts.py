@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_kernels_linear import make_weight, make_x
 
-from edgellm import quant
 from edgellm.kernels import act_quant, registry
 from edgellm.kernels import linear as L
-from test_kernels_linear import make_weight, make_x
+from edgellm.modelfile import quant
 
 # the int8-kernel types stored at block sizes 32/64/128 (the K-quants and q5_0/q5_1, with their
 # one fixed block size: test_kernels_kquant_int.py)

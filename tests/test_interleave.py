@@ -11,12 +11,13 @@ import pytest
 from numba import njit
 
 import edgellm
-from edgellm import quant
-from edgellm.arch.batched import BatchDecoder
-from edgellm.kernels import act_quant, simd
+from edgellm.kernels import act_quant
 from edgellm.kernels import interleave as il
 from edgellm.kernels.interleave import ILV_BLOCK
 from edgellm.kernels.tiles import TILES
+from edgellm.modelfile import quant
+from edgellm.runtime import simd
+from edgellm.step.batched import BatchDecoder
 
 # the single step's row-group tiles ("g": q4's 8x1, q8_0's 4x1)
 tile_q4_0_8x1, tile_q4_1_8x1, tile_q8_0_4x1 = (TILES[quant.TYPES[k].code]["g"]

@@ -24,10 +24,11 @@ import numba
 import numpy as np
 import pytest
 
-from edgellm import quant
-from edgellm.kernels import act_quant, kquant, kquant_int, matmul, registry, simd
+from edgellm.kernels import act_quant, kquant, kquant_int, matmul, registry
 from edgellm.kernels import panel as panel_mod
 from edgellm.kernels.tiles import TILES
+from edgellm.modelfile import quant
+from edgellm.runtime import simd
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,7 +173,7 @@ PORTABLE_PROBE = """
 import json, sys
 sys.path.insert(0, {root!r})
 from tests.test_kernels_asm import int8_asm
-from edgellm.kernels import simd
+from edgellm.runtime import simd
 found = {{"path": simd.SIMD_PATH}}
 for kind in ("q8_0", "q4_0", "q4_1"):
     asm = "\\n".join(int8_asm(kind))
@@ -199,7 +200,8 @@ import json, sys
 import numpy as np
 sys.path.insert(0, {root!r})
 from tests.test_kernels_linear import make_weight, make_x, oracle, run
-from edgellm.kernels import linear as L, simd
+from edgellm.kernels import linear as L
+from edgellm.runtime import simd
 errors = {{}}
 for kind in ("q8_0", "q4_1", "f16"):
     w = make_weight(kind, 9, 64)

@@ -9,9 +9,10 @@ import numba
 import numpy as np
 import pytest
 
-from edgellm import numba_setup, quant, quant_k
-from edgellm.format import Tensor
 from edgellm.kernels import linear as L
+from edgellm.modelfile import quant, quant_k
+from edgellm.modelfile.format import Tensor
+from edgellm.runtime import numba_setup
 
 gguf = pytest.importorskip("gguf")
 
@@ -128,7 +129,7 @@ def test_gguf_q5_0_and_q5_1_are_kept_and_decode_fused(tmp_path):
 
     from converter.gguf_source import open_gguf
     from converter.pack import convert
-    from edgellm.format import PackedModel
+    from edgellm.modelfile.format import PackedModel
 
     for qt in (gguf.GGMLQuantizationType.Q5_0, gguf.GGMLQuantizationType.Q5_1):
         path = tmp_path / f"{qt.name}.gguf"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from test_kernels_kquant import raw_blocks
 
-from edgellm import quant
 from edgellm.kernels import act_quant, registry
+from edgellm.modelfile import quant
 
 INT_K = [n for n in quant.K_TYPES if quant.TYPES[n].int8_kernels]
 

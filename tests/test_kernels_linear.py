@@ -1,4 +1,4 @@
-"""edgellm.kernels.linear against the numpy oracle in edgellm.quant.
+"""edgellm.kernels.linear against the numpy oracle in edgellm.modelfile.quant.
 
 default (int8 activations): x is quantized with quant.quantize_activations_q8 and the
   reference is the float64 product of the dequantized activations and weights; the kernel's
@@ -16,9 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgellm import numba_setup, quant
-from edgellm.format import Tensor
 from edgellm.kernels import linear as L
+from edgellm.modelfile import quant
+from edgellm.modelfile.format import Tensor
+from edgellm.runtime import numba_setup
 
 QTYPES = quant.SIZED_TYPES  # every block-size type; K-quants: test_kernels_kquant.py
 FTYPES = quant.FLOAT_TYPES

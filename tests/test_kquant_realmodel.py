@@ -19,7 +19,7 @@ from conftest import FIXTURES
 import edgellm
 from converter.gguf_source import open_gguf
 from converter.pack import convert
-from edgellm.format import PackedModel
+from edgellm.modelfile.format import PackedModel
 
 GGUF = os.environ.get("EDGELLM_GEMMA3_Q4KM", "/tmp/arch-g3/gemma-3-270m-q4_k_m.gguf")
 

@@ -8,12 +8,13 @@ import pytest
 from conftest import attention_inputs, reference
 
 import edgellm
-from edgellm import memory_plan, quant
+from edgellm import memory_plan
+from edgellm.cache.kv_cache import decode_rows, encode_rows
 from edgellm.errors import CacheTypeError
-from edgellm.format import PackedModel
 from edgellm.kernels.attention import attention, attention_rows
-from edgellm.kv_cache import decode_rows, encode_rows
-from edgellm.validate import check_model
+from edgellm.modelfile import quant
+from edgellm.modelfile.format import PackedModel
+from edgellm.modelfile.validate import check_model
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])

@@ -13,8 +13,8 @@ import pytest
 
 import edgellm
 from edgellm import memory_plan
-from edgellm.format import PackedModel
-from edgellm.validate import check_model
+from edgellm.modelfile.format import PackedModel
+from edgellm.modelfile.validate import check_model
 
 
 def _array_bytes(obj) -> int:
@@ -42,7 +42,7 @@ def _fused_bytes(f) -> int:
 
 
 def _runtime_buffers(model) -> int:
-    """What arch/base.py and arch/fused.py allocate besides weights and KV cache."""
+    """What arch/base.py and step/fused.py allocate besides weights and KV cache."""
     total = _array_bytes(model.buffers) + model.logit_buf.nbytes
     return total + (_fused_bytes(model.fused) if model.fused is not None else 0)
 

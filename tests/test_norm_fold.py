@@ -11,7 +11,7 @@ from converter import norm_fold
 from converter.hf_source import open_hf
 from converter.pack import convert
 from converter.searcher import searcher
-from edgellm.format import PackedModel
+from edgellm.modelfile.format import PackedModel
 
 
 def _logits(path, ids):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgellm import quant
-from edgellm.format import Tensor
 from edgellm.kernels.panel_gemm import gemm
+from edgellm.modelfile import quant
+from edgellm.modelfile.format import Tensor
 
 RTOL = 1e-5
 

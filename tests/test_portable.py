@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgellm import numba_setup
-from edgellm.kernels import jit, simd
+from edgellm.kernels import jit
+from edgellm.runtime import numba_setup, simd
 
 ROOT = Path(__file__).resolve().parents[1]
 MACHINE = platform.machine().lower()
@@ -70,7 +70,7 @@ def test_spin_barrier_runs_on_this_cpu(threads):
     `pause` or aarch64 `yield`) compiles for this CPU, and no worker passes it early."""
     import numba
 
-    from edgellm import numba_setup
+    from edgellm.runtime import numba_setup
 
     if threads > numba.config.NUMBA_NUM_THREADS:
         pytest.skip("one thread only")
@@ -127,6 +127,6 @@ def test_kernel_and_fused_tests_pass_on_the_portable_path():
 def test_edgellm_portable_forces_the_portable_path():
     env = dict(os.environ, EDGELLM_PORTABLE="1")
     probe = subprocess.run([sys.executable, "-c",
-                            "from edgellm.kernels import simd; print(simd.SIMD_PATH)"],
+                            "from edgellm.runtime import simd; print(simd.SIMD_PATH)"],
                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert probe.stdout.strip() == "portable", probe.stderr[-2000:]

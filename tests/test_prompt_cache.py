@@ -1,4 +1,4 @@
-"""Prefix reuse across calls (edgellm/prompt_cache.py): the same logits and greedy ids as a
+"""Prefix reuse across calls (edgellm/cache/prompt_cache.py): the same logits and greedy ids as a
 full prefill, sliding windows reused exactly as far as they hold, an LRU within its budget."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import reference
 
-from edgellm.kv_cache import truncatable
+from edgellm.cache.kv_cache import truncatable
 from edgellm.llm import LLM
 
 NAMES = ["llama", "mistral-swa", "gemma3"]  # full attention, sliding window 16, both mixed

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from edgellm import quant
 from edgellm.errors import QuantizationError
+from edgellm.modelfile import quant
 
 BLOCKS = st.sampled_from(quant.BLOCK_SIZES)
 finite = st.floats(-1e4, 1e4, allow_nan=False, width=32)

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgellm import quant
+from edgellm.modelfile import quant
 
 KERNELS = Path(__file__).resolve().parents[1] / "edgellm" / "kernels"
 

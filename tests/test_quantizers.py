@@ -13,11 +13,11 @@ from converter.gptq import gptq_quantize
 from converter.hf_source import open_hf
 from converter.pack import convert
 from converter.quantizers import importance, quantize, weighted_error
-from converter.searcher import searcher
 from converter.recipes import choose_type
-from edgellm import format as fmt
-from edgellm import quant
+from converter.searcher import searcher
 from edgellm.errors import EdgeLLMError, QuantizationError
+from edgellm.modelfile import format as fmt
+from edgellm.modelfile import quant
 
 TYPES = ("q8_0", "q4_0", "q4_1")
 

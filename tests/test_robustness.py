@@ -20,8 +20,6 @@ from conftest import TINY
 
 import edgellm
 from converter.cli import main as convert_main
-from edgellm import format as fmt
-from edgellm import quant
 from edgellm.cli import main as edgellm_main
 from edgellm.errors import (
     ContextError,
@@ -33,8 +31,10 @@ from edgellm.errors import (
     TokenizerError,
     UnsupportedArchitectureError,
 )
-from edgellm.format import PackedModel
-from edgellm.validate import check_config, check_model, check_shapes
+from edgellm.modelfile import format as fmt
+from edgellm.modelfile import quant
+from edgellm.modelfile.format import PackedModel
+from edgellm.modelfile.validate import check_config, check_model, check_shapes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fuzz.mutate import HOSTILE_TEMPLATES, Packed  # noqa: E402
@@ -690,7 +690,7 @@ def test_unwritable_output_directory(no_dac, tmp_path):
 
 
 def test_permission_denied_simulated(llama_q8, monkeypatch, capsys):
-    import edgellm.format as format_module
+    import edgellm.modelfile.format as format_module
 
     def refuse(path, mode="r", *a, **k):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))

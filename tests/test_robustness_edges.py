@@ -14,9 +14,9 @@ import pytest
 from test_robustness import assert_error_line, rewrite, run_cli
 
 import edgellm
-from edgellm.chat_template import ChatTemplate
 from edgellm.cli import main as edgellm_main
 from edgellm.errors import ArgumentError, EdgeLLMError, TemplateError
+from edgellm.text.chat_template import ChatTemplate
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -67,7 +67,7 @@ def test_squaring_a_large_int_is_refused():
 def test_nested_loop_template_in_a_model_file_ends_within_the_limit(converted, tmp_path):
     """What hung `edgellm generate --chat`: a four-level loop over a range in a variable,
     at the default limit (10 s)."""
-    from edgellm.chat_template import MAX_SECONDS
+    from edgellm.text.chat_template import MAX_SECONDS
 
     path = rewrite(converted("llama", "q8_0"), tmp_path / "t.edgellm",
                    lambda h: h.__setitem__("chat_template", SLOW_TEMPLATES["nested loops"]))

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import TINY
 
-from edgellm.format import PackedModel
+from edgellm.modelfile.format import PackedModel
 
 # the exits are timed to the second: not beside another worker's compiles
 pytestmark = pytest.mark.serial

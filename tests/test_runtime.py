@@ -11,7 +11,7 @@ from reference_checks import (
 )
 
 import edgellm
-from edgellm import quant
+from edgellm.modelfile import quant
 
 
 @pytest.mark.parametrize("name", LLAMA_FAMILY)

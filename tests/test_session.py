@@ -1,4 +1,4 @@
-"""Sessions on disk (edgellm/session.py): a round trip through a fresh process continues
+"""Sessions on disk (edgellm/cache/session.py): a round trip through a fresh process continues
 token for token; bad files are one-line SessionErrors that leave the model as it was."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from conftest import reference
 
+from edgellm.cache.session import PREAMBLE
 from edgellm.chat import ChatSession
 from edgellm.errors import SessionError
 from edgellm.llm import LLM
-from edgellm.session import PREAMBLE
 
 ROOT = Path(__file__).resolve().parent.parent
 CTX = 64
@@ -166,7 +166,7 @@ def _write_v1(llm, path: Path) -> None:
             c = zlib.crc32(np.ascontiguousarray(a).tobytes(), c)
         return c
 
-    from edgellm.session import model_identity
+    from edgellm.cache.session import model_identity
 
     header = {"model": model_identity(llm), "kv_type": cache.kv_type,
               "context": int(cache.context),

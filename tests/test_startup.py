@@ -7,8 +7,8 @@ import numpy as np
 from conftest import reference
 
 import edgellm
-from edgellm.kernels import decode_step as ds
 from edgellm.kernels import warmup
+from edgellm.step import decode_step as ds
 
 
 def test_compile_notice_shows_each_compile_and_is_silent_when_nothing_compiles():

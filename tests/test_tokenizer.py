@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from tokenizers import decoders, models, normalizers, processors, trainers
 
 from edgellm.errors import TokenizerError
-from edgellm.tokenizer import StreamingDetokenizer, Tokenizer
+from edgellm.text.tokenizer import StreamingDetokenizer, Tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SMOL = FIXTURES / "smollm2"

@@ -9,9 +9,9 @@ import pytest
 from conftest import TINY
 
 import edgellm
-from edgellm import tool_calls
 from edgellm.errors import ArgumentError, ConstraintError, EdgeLLMError
-from edgellm.reasoning import ReasoningSplitter
+from edgellm.text import tool_calls
+from edgellm.text.reasoning import ReasoningSplitter
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12},

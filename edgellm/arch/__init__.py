@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelArgs
 from ..errors import UnsupportedArchitectureError
-from ..format import PackedModel
 from ..memory_plan import CHUNK
+from ..modelfile.config import ModelArgs
+from ..modelfile.format import PackedModel
 from .base import Transformer
 from .registry import spec_for, supported
 

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ModelArgs, rope_inv_freq
+from ..cache.kv_cache import KVCache
 from ..errors import ContextError, FormatError
-from ..format import PackedModel, Tensor
 from ..kernels.linear import ActQ8, embedding, linear, quantize_act
 from ..kernels.norms import rmsnorm, rmsnorm_heads
 from ..kernels.rope import apply_rope, rope_tables
-from ..kv_cache import KVCache
 from ..memory_plan import CHUNK, LOGIT_ROWS
+from ..modelfile.config import ModelArgs, rope_inv_freq
+from ..modelfile.format import PackedModel, Tensor
 from .spec import MAT
 from .steps import Attend, StepRunner
 

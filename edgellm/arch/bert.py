@@ -26,10 +26,9 @@ sentence-transformers over tests/fixtures/embed/minilm; float activations: 0.999
 int8 activations on q/k/v and FFN-up 0.9984, on q/k/v alone 0.9989 (LayerNorm's outlier
 channels), on FFN-up alone 0.9991, on the attention output and FFN-down 0.9993; int16
 ones 0.99955. On an AVX2 machine without VNNI none of them is faster than the float panel
-kernel (~40 GMAC/s per core, near the FMA peak): vpmaddwd does 16 products where an FMA
-does 8 but runs at half its rate, and an int8 tile on vpmaddubsw (llama.cpp's sign trick)
-needs sign, multiply-add, widening and add per 32 products: 37 against 42 GMAC/s (CPU
-time). `precise` makes no difference here.
+kernel (near the FMA peak): vpmaddwd does 16 products where an FMA does 8 but runs at
+half its rate, and an int8 tile on vpmaddubsw (llama.cpp's sign trick) needs sign,
+multiply-add, widening and add per 32 products (measured slower).
 """
 
 from __future__ import annotations
@@ -38,18 +37,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ModelArgs
 from ..errors import ContextError, FormatError, ModelKindError
-from ..format import PackedModel, Tensor
 from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
 from ..kernels.linear import embedding
 from ..kernels.panel_gemm import gemm
+from ..modelfile.config import ModelArgs
+from ..modelfile.format import PackedModel, Tensor
 from .spec import ArchSpec
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
 _OFFSET_TYPES = ("roberta", "xlm-roberta")  # positions start after the padding index
 
-# Tensor table for edgellm.validate: name -> (role, shape in named dims, required).
+# Tensor table for edgellm.modelfile.validate: name -> (role, shape in named dims, required).
 VEC, MAT = "vector", "matrix"
 GLOBAL = {
     "embeddings.word_embeddings.weight": (MAT, ("vocab", "hidden"), True),

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ModelArgs, _round_bf16, rope_inv_freq
 from ..errors import UnsupportedArchitectureError
+from ..modelfile.config import ModelArgs, _round_bf16, rope_inv_freq
 from .base import LayerWeights, Transformer
 from .llama import ATTENTION, DENSE_MLP
 from .spec import REQ, VEC, ArchSpec, TensorSpec

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ModelArgs
 from ..errors import FormatError, UnsupportedArchitectureError
-from ..format import Tensor
 from ..kernels.activations import swiglu
 from ..kernels.linear import linear
 from ..kernels.moe import route, scatter_add
+from ..modelfile.config import ModelArgs
+from ..modelfile.format import Tensor
 from .base import LayerWeights
 from .llama import ATTENTION, DENSE_MLP, FFN_NORM, Llama
 from .spec import MAT, ArchSpec, TensorSpec

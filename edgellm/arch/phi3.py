@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ModelArgs, rope_inv_freq
 from ..errors import FormatError, UnsupportedArchitectureError
-from ..format import Tensor
+from ..modelfile.config import ModelArgs, rope_inv_freq
+from ..modelfile.format import Tensor
 from .base import LayerWeights, Transformer
 from .spec import MAT, VEC, ArchSpec, TensorSpec
 from .steps import Act, Add, Attend, Linear, Norm

@@ -2,7 +2,7 @@
 
 An architecture's `steps(i, w)` returns layer i's block as a list of these records; the
 per-operation path (`run`, below: one kernel call per step over a chunk of T tokens) and
-the fused decode step (arch/fused.py compiles the same list into one parallel region per
+the fused decode step (step/fused.py compiles the same list into one parallel region per
 token) both execute it, so a block is written once.
 
 Buffers are named rows [T, width]: "x" (the residual stream), "h" (a normed or projected
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..format import Tensor
 from ..kernels.activations import geglu_tanh, swiglu
 from ..kernels.linear import linear, quantize_act
 from ..kernels.norms import add_inplace, rmsnorm
+from ..modelfile.format import Tensor
 
 ACTIVATIONS = ("silu", "gelu_tanh")
 

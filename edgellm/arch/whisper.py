@@ -32,12 +32,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import ModelArgs
 from ..errors import ContextError, FormatError, ModelKindError
-from ..format import PackedModel, Tensor
 from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
 from ..kernels.linear import embedding, linear
 from ..kernels.panel_gemm import gemm
+from ..modelfile.config import ModelArgs
+from ..modelfile.format import PackedModel, Tensor
 from .spec import MAT, VEC, ArchSpec
 
 ATTN = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "v_proj.weight", "v_proj.bias",

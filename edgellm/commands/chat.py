@@ -68,7 +68,7 @@ def _check_writable(path: str) -> None:
     import tempfile
 
     from ..errors import EdgeLLMError
-    from ..output_file import target
+    from ..runtime.output_file import target
 
     folder = target(path, EdgeLLMError).parent
     try:
@@ -150,7 +150,7 @@ def _show(pieces, args) -> None:
 
 
 def _answer(session, text: str, args, interactive: bool) -> None:
-    from ..reasoning import ReasoningSplitter, supports_thinking
+    from ..text.reasoning import ReasoningSplitter, supports_thinking
 
     last = None
     split = ReasoningSplitter() if supports_thinking(session.llm.packed.chat_template) else None

@@ -130,7 +130,7 @@ def add_act_type_argument(p) -> None:
 
 
 def add_kv_type_argument(p) -> None:
-    from ..kv_types import KV_TYPES
+    from ..cache.kv_types import KV_TYPES
 
     p.add_argument("--kv-type", choices=KV_TYPES, default="f32",
                    help="how the KV cache stores K and V (default: f32)")
@@ -167,9 +167,9 @@ def open_model(args, defer_variants: bool = False, warm: bool = True) -> LLM:
     first run's other variants (a decoder's warmup) to finish_first_run, after the answer.
     warm=False: no warmup here, for a caller whose kernels run on another thread: it warms
     the model there (warm_on) instead."""
-    from ..kernels.warmup import compile_notice, release_compiler_pages
-
     import warnings
+
+    from ..kernels.warmup import compile_notice, release_compiler_pages
 
     path = resolve(args.model, say=say)
     with compile_notice(say):
@@ -206,8 +206,8 @@ def warm_on(call: Callable, *llms: LLM) -> None:
     engine thread, which runs all their kernels). Numba's omp layer keeps a team of threads
     for each thread that starts a parallel region: a warmup on the main thread left a second
     team, and with more of its threads than cores libgomp's workers stop spinning between
-    regions, so every region waited for a sleeping worker to wake (`edgellm serve`: a
-    12-token prefill 43 ms against 22, a decode step 4.6 ms against 3.0)."""
+    regions, so every region waited for a sleeping worker to wake (in `edgellm serve`
+    prefill and decode steps took far longer)."""
     from ..kernels.warmup import compile_notice, release_compiler_pages
 
     with compile_notice(say):

@@ -107,7 +107,7 @@ def _atomic_write(path: str, write) -> None:
     the umask's mode, as any other the command writes."""
     import os
 
-    from ..output_file import target
+    from ..runtime.output_file import target
 
     out = target(path, EdgeLLMError)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

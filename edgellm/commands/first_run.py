@@ -1,8 +1,7 @@
 """The first run on a machine: the decode step compiles in a second process.
 
-On an empty kernel cache the fused decode step is the largest compile (SmolLM2-135M, one
-core: its worker ~9 s, then the parallel region ~6 s, each optimizing again the kernels it
-links in), and the first generated token does not need it: that token comes from the
+On an empty kernel cache the fused decode step is the largest compile (its worker, then
+the parallel region, each optimizing again the kernels it links in), and the first generated token does not need it: that token comes from the
 prompt's prefill. Where the machine has a second core and memory to spare, the CLI's
 generate has child processes (`python -m edgellm.commands.first_run SPEC`) compile into
 the same kernel cache while it compiles the prefill and answers:

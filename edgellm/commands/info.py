@@ -11,12 +11,12 @@ from collections import Counter
 
 import numpy as np
 
-from .. import quant
+from ..cache.kv_types import KV_TYPES
 from ..errors import EdgeLLMError, FormatError
-from ..format import PackedModel
-from ..kv_types import KV_TYPES
 from ..memory_plan import default_context, largest_context, plan
-from ..validate import check_model
+from ..modelfile import quant
+from ..modelfile.format import PackedModel
+from ..modelfile.validate import check_model
 from .common import MIN_CONTEXT
 
 

@@ -15,4 +15,4 @@ exp32 for softmax and SwiGLU. No module here reads the environment: the process'
 settings come from numba_setup.py.
 """
 
-from .. import numba_setup  # noqa: F401
+from ..runtime import numba_setup  # noqa: F401

@@ -11,7 +11,7 @@ from numba import prange, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from .ir import F32, I8, I16, I32, _c, _for, _i64, _llvm_fn, _load, _Rows, _splat, _v
+from ..codegen.ir import F32, I8, I16, I32, _c, _for, _i64, _llvm_fn, _load, _Rows, _splat, _v
 from .jit import kernel
 
 __all__ = ["quant_row", "quantize_rows", "quantize_rows_parallel"]

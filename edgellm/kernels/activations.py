@@ -29,8 +29,8 @@ def geglu_tanh_row(gate, up, out):
     """out[:] = gelu_tanh(gate) * up for 1-D rows (Gemma's gelu_pytorch_tanh).
 
     0.5 g (1 + tanh(u)) = g sigmoid(2u) = g / (1 + exp(-2u)), u = sqrt(2/pi) (g + 0.044715 g^3):
-    the sigmoid form with exp32 vectorizes (np.tanh is libm's tanhf, one element at a time:
-    ~37 ns each, 1.4 ms of a Gemma 3 270M token) and has no cancellation near u = 0. IEEE
+    the sigmoid form with exp32 vectorizes (np.tanh is libm's tanhf, one element at a time,
+    a visible share of a Gemma 3 token) and has no cancellation near u = 0. IEEE
     operations in their written order (no fastmath), as swiglu_row."""
     c = np.float32(-2.0 * 0.7978845608028654)  # -2 sqrt(2/pi)
     for i in range(gate.shape[0]):
@@ -41,8 +41,8 @@ def geglu_tanh_row(gate, up, out):
 
 @kernel(parallel=True)
 def geglu_tanh(gate, up, out):
-    """out[T,F] = gelu_tanh(gate) * up, rows in parallel (a prefill chunk's rows: 6 ms of a
-    128-token Gemma 3 270M prefill on one thread)."""
+    """out[T,F] = gelu_tanh(gate) * up, rows in parallel (a prefill chunk's rows: worth
+    splitting between the threads)."""
     T = gate.shape[0]
     for t in prange(T):
         geglu_tanh_row(gate[t], up[t], out[t])

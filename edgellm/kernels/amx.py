@@ -26,7 +26,7 @@ last pass ends at T and overlaps the one before when T % 32 != 0.
       out[:T, i:i+16] from panel and scales rows 0 and 1 (rows i..i+7, i+8..i+15, packed
       by pack_<kind>); bx uint8 [1, >= nb * BX_BLOCK] scratch; xq int16 [>= T, K], T >= 32;
       xs unused (the panel tiles' signature)
-1536x576 q8_0 x 128 tokens, 1 thread: 1160-1200 us on the panel tiles, 790-850 here.
+Faster than the panel tiles from 32 tokens (the figures: docs/design-figures.md).
 The operating system must let the process use AMX's tile state first (Linux:
 arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA), simd.amx_permitted()); simd.AMX says whether
 it is used. Callers validate shapes (matmul.py): these do not check bounds.
@@ -38,11 +38,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import ir as irh
-from .codegen_int8 import GROUP
-from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
+from ..codegen import ir as irh
+from ..codegen.int8_tiles import GROUP
+from ..codegen.ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
+from ..runtime.simd import AMX
 from .panel import PANEL_BLOCK, SCALES_BLOCK
-from .simd import AMX
 
 __all__ = ["BX_BLOCK", "MIN_TOKENS", "ROWS", "TOKENS", "amx_panels", "make_tokens"]
 

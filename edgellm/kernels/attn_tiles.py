@@ -24,8 +24,8 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from .ir import F32, FAST, _c, _for, _i64, _llvm_fn, _load, _Rows, _splat, _store_vec, _v
-from .simd import VNNI
+from ..codegen.ir import F32, FAST, _c, _for, _i64, _llvm_fn, _load, _Rows, _splat, _store_vec, _v
+from ..runtime.simd import VNNI
 
 W = 16 if VNNI else 8  # float lanes per vector (AVX-512 / AVX2 and the portable path)
 KW = 2 * W  # keys per qk tile

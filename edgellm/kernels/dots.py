@@ -28,12 +28,25 @@ from numba import types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from .ir import F32, FAST, _c, _for, _i64, _load, _loop, _pick, _prefetch, _Rows, _splat, _v
-from .simd import VNNI
+from ..codegen.ir import (
+    F32,
+    FAST,
+    _c,
+    _for,
+    _i64,
+    _load,
+    _loop,
+    _pick,
+    _prefetch,
+    _Rows,
+    _splat,
+    _v,
+)
+from ..runtime.simd import VNNI
 
 LANES = 16  # keys per call, and float32 lanes per vector
 # lanes of dots16's accumulators, one per key: 16 keys' 16-lane vectors are all 32 of
-# AVX-512's registers, but twice AVX2's 16 (spilled: 3x slower), so there 8 keys per pass
+# AVX-512's registers, but twice AVX2's 16 (they spill), so there 8 keys per pass
 ACC = LANES if VNNI else 8
 
 

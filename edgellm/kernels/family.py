@@ -37,7 +37,7 @@ KERNELS: dict[int, dict] = {}  # code -> {role: dispatcher}, filled by registry.
 
 def name_of(code: int) -> str:
     """The name of the type with code `code` (quant.TYPES)."""
-    from .. import quant
+    from ..modelfile import quant
 
     return next(n for n, t in quant.TYPES.items() if t.code == code)
 

@@ -27,7 +27,7 @@ the blocks in group_blocks' two chains: lane by lane the 8x1 tile's operations i
 order, so each row's result is the single step's bit for bit (tests/test_interleave.py).
 q8_0's block sum is one integer here where the 4x1 tile keeps 16 partial sums in floats:
 the same products, rounded in another order (a row's result differs from the single step's
-by rounding; 1536x576, 4 tokens, from L2: 107 -> 34 us).
+by rounding), with no horizontal sums.
 
 For int8 activations (act_type "int8", llama.cpp's) the codes are laid out for vpdpbusd,
 which multiplies four u8 by four i8 a lane (`interleave(w, kind, np.int8)`, same sizes):
@@ -39,13 +39,13 @@ which multiplies four u8 by four i8 a lane (`interleave(w, kind, np.int8)`, same
 
 so a chunk's lanes (masked to a nibble, or as they are) meet the token's four activations
 broadcast from memory: 8 vpdpbusd a block and token where int16 takes 16 vpdpwssd, the same
-integer sums (the 4-row tile 1.6x faster from L2, 1536x576).
+integer sums in half the instructions.
 
   itile_<q4_0|q4_1|q8_0>_16x<RT>(wi, g, xq, xd, xs, xds, t, out, i)
       out[t + s, i + r] = row 16g + r of W . token t + s, r < 16, s < RT
 xq int16 (the default path's: vpdpwssd) or int8 (vpdpbusd; xs is read only there) on
 AVX-512 VNNI; elsewhere the generic multiply-add IR (vpmaddwd on x86). Callers validate
-shapes (arch/batched.py builds wi from a matrix the fused step checked): no bounds checks.
+shapes (step/batched.py builds wi from a matrix the fused step checked): no bounds checks.
 """
 
 from __future__ import annotations
@@ -53,9 +53,8 @@ from __future__ import annotations
 import numpy as np
 from numba import types
 
-from .. import quant
-from .codegen_int8 import group_blocks
-from .ir import (
+from ..codegen.int8_tiles import group_blocks
+from ..codegen.ir import (
     BLOCK_BYTES,
     F32,
     I8,
@@ -79,13 +78,14 @@ from .ir import (
     vpdpwssd,
     vpdpwssd_bcast,
 )
-from .simd import VNNI
+from ..modelfile import quant
+from ..runtime.simd import VNNI
 
 __all__ = ["ILV_BLOCK", "ILV_ROWS", "interleave", "make_itile"]
 
 ILV_ROWS = 16  # weight rows of a group: one <16 x i32> lane each
-PF = 2048  # bytes a tile prefetches ahead of its block (q8_0 49152x576, 1 thread, from
-# memory, one token: 1.80 -> 1.56 ms; 1024 and 4096 less)
+PF = 2048  # bytes a tile prefetches ahead of its block (measured best from memory
+# against 1024 and 4096)
 # the layouts this module writes, and bytes of a group's block: the 16 rows' scales (and
 # minima), then their codes: the 16 rows' blocks of 32, rearranged
 ILV_BLOCK = {n: ILV_ROWS * quant.TYPES[n].block_bytes(32) for n in ("q4_0", "q4_1", "q8_0")}

@@ -24,8 +24,8 @@ import os
 import numba
 from numba.core import config
 
-from .. import numba_loading
-from .simd import AMX, NATIVE_F16, SIMD_PATH
+from ..runtime import numba_loading
+from ..runtime.simd import AMX, NATIVE_F16, SIMD_PATH
 
 numba_loading.install()  # cache hits load lighter (numba_loading.py)
 
@@ -37,23 +37,33 @@ OPTIONS = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True
 # kernel, cached with it, not on its own (it closes over functions: family.py)
 GLUE = dict(OPTIONS, cache=False)
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # edgellm/
+_FOLDERS = ("kernels", "codegen", "step")
+_FILES = (os.path.join("runtime", "simd.py"), os.path.join("modelfile", "quant.py"),
+          os.path.join("modelfile", "quant_k.py"))
 
 
 def _sources() -> list[str]:
-    """The files the tag hashes: this package's modules (sorted) and the quant tables."""
-    try:
-        names = sorted(n for n in os.listdir(_HERE) if n.endswith(".py"))
-    except OSError:  # e.g. a zipped install: the tag falls back on KERNEL_VERSION alone
-        names = []
-    return [*names, os.path.join("..", "quant.py"), os.path.join("..", "quant_k.py")]
+    """The files the tag hashes (relative to edgellm/, sorted within each folder): every
+    module of the folders whose kernels call each other's intrinsics and inline each
+    other's helpers (kernels/, codegen/, step/), the CPU path (runtime/simd.py) and the
+    quant tables (modelfile/quant.py, quant_k.py), which give the block layouts the
+    generators emit."""
+    names = []
+    for folder in _FOLDERS:
+        try:
+            names += sorted(os.path.join(folder, n) for n in os.listdir(os.path.join(_ROOT, folder))
+                            if n.endswith(".py"))
+        except OSError:  # e.g. a zipped install: the tag falls back on KERNEL_VERSION alone
+            pass
+    return [*names, *_FILES]
 
 
 def _sources_hash() -> str:
     h = hashlib.sha256()
     for name in _sources():
         try:
-            with open(os.path.join(_HERE, name), "rb") as f:
+            with open(os.path.join(_ROOT, name), "rb") as f:
                 h.update(f.read())
         except OSError:  # e.g. a zipped install: fall back on KERNEL_VERSION alone
             h.update(name.encode())

@@ -16,7 +16,7 @@ it, with its inner loops vectorized by LLVM (see `_lanes`). Then
 These are the precise path's kernels (and the only ones of q2_k and q3_k); q5_0, q5_1,
 q4_k, q5_k and q6_k run kquant_int.py's integer-activation kernels by default.
 w is uint8 [N, row_bytes] in ggml's bytes.
-Callers validate shapes (linear.py, arch/fused.py): these kernels do not check bounds.
+Callers validate shapes (linear.py, step/fused.py): these kernels do not check bounds.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import prange
 
-from .. import quant
+from ..modelfile import quant
 from .jit import kernel
 from .panel_gemm import W, _group, _tail
 

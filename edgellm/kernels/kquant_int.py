@@ -10,7 +10,7 @@ generated family: tiles.py's recipe.)
                                                   q4_k, q5_k on q4_1's panels, q6_k
                                                   on its own (panel.py)
 kind is the type's code (quant.TYPES[name].code, KQ_CODES); the tiles are
-codegen_kquant.py's. Callers validate shapes (linear.py, arch/fused.py): these kernels do not
+codegen_kquant.py's. Callers validate shapes (linear.py, step/fused.py): these kernels do not
 check bounds. q2_k and q3_k have kquant.py's float-activation kernels only.
 """
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .. import quant
-from .codegen_int8 import GROUP
+from ..codegen.int8_tiles import GROUP
+from ..modelfile import quant
 from .family import by_kind, tile
 from .jit import GLUE, kernel
 from .matmul import (

@@ -4,15 +4,15 @@ store_kv_row).
 
 Bit for bit numpy's float16 conversion (round to nearest even) and quant.py's q8_0
 reference (d = amax / 127 in float32, q = roundf(x / d) with halves away from zero, d
-stored as float16), in a compiled loop: numpy's versions cost ~20-500 us per call, and
-decode calls this twice per layer per token.
+stored as float16), in a compiled loop: numpy's versions pay a call's overhead and
+temporaries each time, and decode calls this twice per layer per token.
 """
 
 import numpy as np
 from numba import types
 from numba.extending import overload
 
-from .. import quant
+from ..modelfile import quant
 from . import family, tiles  # noqa: F401  (tiles: fills family.TILES)
 from .jit import kernel
 

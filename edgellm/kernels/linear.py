@@ -31,7 +31,8 @@ import weakref
 import numba
 import numpy as np
 
-from .. import numba_setup, quant
+from ..modelfile import quant
+from ..runtime import numba_setup
 from . import act_quant, registry
 
 try:  # for _threads(); numba.get_num_threads() is the fallback
@@ -184,7 +185,7 @@ def _check_weight(w):
 
 
 def _threads() -> int:
-    """numba.get_num_threads() without its locking once the pool runs (~0.1 us vs ~0.7).
+    """numba.get_num_threads() without its locking once the pool runs (it is called per kernel call).
 
     The first call also warns if numba's threading layer is workqueue (numba_setup).
     """

@@ -3,7 +3,7 @@
 Same weights, modes and conventions as matvec.py.
 int8 activations: each group of 8 weight rows is packed once into a panel (panel.py) that
 then meets all T tokens, six at a time (of the last T % 6, four, then one at a time;
-six keep ~1.45x (q8_0) and ~1.15x (q4_1) the rate of four on AVX-512): the packing is
+six keep a higher rate than four on AVX-512, q8_0 most): the packing is
 paid once per matrix product, and the tiles need no horizontal sums. Where the CPU has
 AMX (simd.AMX) and the activations are int16, two groups at a time meet 32 tokens at a
 time on AMX tiles instead (amx.py), when T >= 32 (a remainder of fewer than 24 tokens on
@@ -25,10 +25,10 @@ Callers validate shapes first (linear.py): these kernels do not check bounds.
 import numpy as np
 from numba import literally, prange
 
-from .. import quant
+from ..codegen.int8_tiles import GROUP
+from ..modelfile import quant
 from .amx import BX_BLOCK, MIN_TOKENS, amx_panels
 from .amx import ROWS as AMX_ROWS
-from .codegen_int8 import GROUP
 from .family import kern, name_of, tile
 from .jit import kernel
 from .matvec import named, parallel_rows
@@ -49,8 +49,7 @@ def panel_scratch(K):
 
 
 AMX_TAIL = 24  # a last pass of 32 tokens on AMX costs about as much as 24 on the panel
-# tiles (1536x576, 1 thread: 64 tokens 451-454 us on AMX, 40 tokens 484-516 on AMX with the
-# last pass overlapping, 391-402 on the panel tiles)
+# tiles (measured: a shorter tail goes to the panel tiles)
 
 
 @kernel

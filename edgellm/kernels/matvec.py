@@ -16,7 +16,7 @@ mv_*  int8 activations (xq, xd, xds from act_quant): row groups (the tile "g": q
       prefetched: the rows side by side are not one stream the hardware prefetches;
       q8_0 four rows at a time, the activation side shared, one xor per row and block
       instead of the sign trick, the next rows prefetched: 8-row groups with their
-      per-block reduction had measured 10% slower here); the last rows one at a time.
+      per-block reduction measured slower); the last rows one at a time.
 mvp_* float32 activations, each weight block dequantized in registers ("precise");
       the only mode of f32/f16 weights
 embed(w, block, ids, out): out[t] = dequantized row ids[t] (embedding lookup)

@@ -3,7 +3,9 @@
 import numpy as np
 from numba import njit
 
-from .. import numba_setup  # noqa: F401  (cache dir and threading layer before numba compiles)
+from ..runtime import (  # noqa: F401  (cache dir and threading layer before numba compiles)
+    numba_setup,
+)
 
 OPT = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
 

@@ -36,7 +36,7 @@ adds (lo dw_lo + hi dw_hi) dx in the generic IR (int8 activations, or no VNNI). 
 activations with AVX-512 VNNI, q6_k's panels are wide instead (pack_q6_k_wide, WIDE_BLOCK
 bytes a block): each code times its scale, sc (q - 32), as int16 (|.| <= 4096), and one
 scale d per row and block, so the tile is q8_0's (one vpdpwssd per chunk and token, one
-float scale): 576x1536 x 128 tokens, 1 thread, 1.77 -> 1.40 ms a matrix.
+float scale), faster than the 8-value halves.
 Callers validate shapes (linear.py, matmul.py): these do not check bounds. Each intrinsic
 is defined by name at the end of this file; a new type with int8 kernels adds its lines.
 """
@@ -47,10 +47,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .. import quant
-from .codegen_int8 import GROUP, group_blocks, scale_block
-from .codegen_kquant import SUPER_BYTES, _codes, _q5_codes, _scales_k4
-from .ir import (
+from ..codegen.int8_tiles import GROUP, group_blocks, scale_block
+from ..codegen.ir import (
     BLOCK_BYTES,
     F32,
     FAST,
@@ -77,7 +75,9 @@ from .ir import (
     _typed,
     _v,
 )
-from .simd import VNNI
+from ..codegen.kquant_tiles import SUPER_BYTES, _codes, _q5_codes, _scales_k4
+from ..modelfile import quant
+from ..runtime.simd import VNNI
 
 __all__ = ["PANEL_BLOCK", "SCALES_BLOCK", "make_pack", "make_ptile",
            "pack_q4_k", "pack_q5_k",
@@ -315,9 +315,8 @@ def _ptile_codegen(kind, RT, A=I8):
     X4 = ir.IntType(32 * AB)  # 4 activations
     wssd = VNNI and A == I16  # int16 activations on AVX-512 VNNI: vpdpwssd
     # q8_0's six tokens are six independent vpdpwssd chains already: a second chain a
-    # token costs an add each (1536x576, 120 tokens: 1365 -> 1303 us); q4's tiles measured
-    # slower with one. q6_k's wide panels (8x4, 576x1536 x 128 tokens, 1 thread): one chain
-    # 1.23-1.31 ms, two 1.71 (8x6 either way ~1.6)
+    # token costs an add each (measured slower); q4's tiles measured slower with one.
+    # q6_k's wide panels: one chain, measured faster than two (8x4; 8x6 slower either way)
     q6w = wssd and kind == "q6_k"  # q6_k's wide panels: int16 sc (q - 32), one scale d
     chains = 1 if wssd and kind == "q8_0" and RT >= 6 or q6w else CHAINS
 

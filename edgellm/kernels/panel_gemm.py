@@ -24,8 +24,8 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..codegen.ir import _prefetch
 from .family import kern, name_of
-from .ir import _prefetch
 from .jit import kernel
 from .matvec import named
 
@@ -109,8 +109,8 @@ tile_5 = _make_tile(5)
 @kernel
 def tiles(panel, x, t0, t1, out, n0):
     """out[t0:t1, n0:n0+16] = x[t0:t1] @ panel: RT-row tiles, then one tile of the last
-    (t1 - t0) % RT rows (a one-row tile is latency-bound: 2 chains of FMAs, ~4x slower a
-    row than the RT-row tile's 12)."""
+    (t1 - t0) % RT rows (a one-row tile is latency-bound: 2 chains of FMAs against the
+    RT-row tile's 12)."""
     for t in range(t0, t1 - RT + 1, RT):
         tile_rt(panel, x, t, out, n0)
     r = (t1 - t0) % RT

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .. import quant
+from ..modelfile import quant
 from . import kquant, kquant_int
 from .family import KERNELS
 from .matmul import make_matmul

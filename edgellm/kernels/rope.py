@@ -3,7 +3,7 @@
 import numpy as np
 from numba import njit
 
-from .. import numba_setup  # noqa: F401
+from ..runtime import numba_setup  # noqa: F401
 
 OPT = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
 

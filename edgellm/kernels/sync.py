@@ -11,12 +11,12 @@ Waiting: spin (with the CPU's pause hint), then sleep on the generation word (Li
 elsewhere sched_yield in a loop). On a quiet machine every wait ends while spinning and no
 system call is made (the last thread wakes sleepers only when the sleeper count says there
 are some); on a shared machine a waiter whose partner was descheduled gives its core away
-instead of burning its time slice. The spin is long (SPIN_LONG_TICKS, ~0.6-0.8 ms) until a
+instead of burning its time slice. The spin is long (SPIN_LONG_TICKS) until a
 wait has had to sleep, then short (SPIN_TICKS) for the next CALM barriers: in a server the
-partner is often preempted for 0.1-0.3 ms (request threads, the clients), and a sleeping
-worker in a virtual machine wakes slowly (the 4-row step in `edgellm serve`, 4 streams,
-in-process: p90 6.4-10.4 -> 5.8-6.5 ms, 415-580 -> 541-655 tok/s), while a busy machine, whose
-partners stay away for whole time slices, keeps the short spin.
+partner is often preempted briefly (request threads, the clients), for less than the long
+spin, and a sleeping worker in a virtual machine wakes slowly (the long spin cut the
+server's slow steps), while a busy machine, whose partners stay away for whole time
+slices, keeps the short spin.
 
 Only safe when every iteration of the region runs on its own thread at the same time:
 numba's omp layer does that for prange(n) with n == numba.get_num_threads(); a work-stealing
@@ -39,7 +39,7 @@ _ARCH = platform.machine().lower()
 _X86 = _ARCH in ("x86_64", "amd64")
 _FUTEX = {("linux", "x86_64"): 202, ("linux", "amd64"): 202, ("linux", "aarch64"): 98,
           ("linux", "arm64"): 98}.get((sys.platform, _ARCH), 0)  # SYS_futex, 0: none
-SPIN_TICKS = 150_000  # x86: spin this many time-stamp counter ticks (~40-75 us) ...
+SPIN_TICKS = 150_000  # x86: spin this many time-stamp counter ticks (tens of us) ...
 SPIN_LONG_TICKS = 2_000_000  # ... or this many while no recent wait has slept ...
 SPINS = 2000  # ... elsewhere this many pause hints, before sleeping
 CALM = 64  # barriers that spin short after a wait that slept

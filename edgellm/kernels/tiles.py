@@ -32,11 +32,11 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .. import quant
+from ..codegen.float_tiles import make_ftile, make_row
+from ..codegen.int8_tiles import GROUP, make_tile
+from ..codegen.kquant_tiles import make_ktile, make_q5_group_tile
+from ..modelfile import quant
 from .amx import make_tokens
-from .codegen_float import make_ftile, make_row
-from .codegen_int8 import GROUP, make_tile
-from .codegen_kquant import make_ktile, make_q5_group_tile
 from .family import TILES
 from .interleave import make_itile
 from .panel import make_pack, make_ptile

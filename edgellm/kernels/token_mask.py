@@ -9,7 +9,7 @@ cost is a pass over the V / 32 words plus the forbidden lanes.
 import numpy as np
 from numba import njit
 
-from .. import numba_setup  # noqa: F401
+from ..runtime import numba_setup  # noqa: F401
 
 OPT = dict(fastmath=False, boundscheck=False, error_model="numpy", nogil=True, cache=True)
 

@@ -15,7 +15,7 @@ import time
 
 from numba.core import event
 
-from ..numba_setup import CACHE_DIR
+from ..runtime.numba_setup import CACHE_DIR
 
 __all__ = ["CompileWatch", "compile_notice", "compiled"]
 

@@ -7,7 +7,7 @@
     stack(model, [(a, s)...])  weight name -> Delta: the adapters' pairs side by side
 
 A Delta is what the per-operation path (arch/steps.py) and the fused decode step
-(arch/fused.py) add to a projection's output: out [T, N] += (x [T, K] @ A.T) @ BT, with
+(step/fused.py) add to a projection's output: out [T, N] += (x [T, K] @ A.T) @ BT, with
 A [R, K] = [s1 scale1 A1; s2 scale2 A2; ...] and BT [R, N] = [B1 | B2 | ...]^T, R the sum
 of the ranks: the cost grows with R, not with the base.
 

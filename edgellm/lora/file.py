@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import format as fmt
-from .. import output_file
 from ..errors import AdapterError, FormatError
+from ..modelfile import format as fmt
+from ..runtime import output_file
 from . import Adapter, LoraModule
 
 VERSION = 1

@@ -16,7 +16,7 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 
-from ..prompt_cache import common_prefix
+from ..cache.prompt_cache import common_prefix
 
 
 class QueueFull(Exception):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgellm import format as fmt
+from edgellm.modelfile import format as fmt
 
 TESTS = Path(__file__).resolve().parent.parent
 TINY = TESTS / "fixtures" / "tiny"
@@ -188,7 +188,7 @@ def p_tensor_field(rng, b: Packed):
 
 def p_tensor_consistent(rng, b: Packed):
     """A lie that passes the format's checks: shape or type changed, nbytes to match."""
-    from edgellm import quant
+    from edgellm.modelfile import quant
 
     h = copy.deepcopy(b.header)
     name, e = _tensor(rng, h)
@@ -311,7 +311,7 @@ def tokenizer_text(b: Packed) -> str:
     st = tok.get("stored")
     if isinstance(tok.get("json"), str) or not isinstance(st, dict):
         return tok.get("json") or ""
-    from edgellm.tokenizer_store import build, decompress
+    from edgellm.text.tokenizer_store import build, decompress
 
     raw = decompress(b.data[st["offset"]:st["offset"] + st["nbytes"]], st["size"])
     return raw.decode() if st["kind"] == "json" else build(st["kind"], raw).to_str()

@@ -30,8 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import ArgumentError, ConstraintError
 from .constraints import JSON_LAYOUT, bounded, check_schema
-from .errors import ArgumentError, ConstraintError
 
 FORMATS = ("hermes", "llama3", "mistral", "generic")
 CALL_WHITESPACE = r"[ \n]{0,2}"  # between calls: `{"tool_calls": [{...}, {...}]}`

@@ -1,7 +1,7 @@
 """Constrained decoding: JSON Schema, any JSON, regex, grammar or choices -> token masks.
 
 The engine is llguidance (MIT; Earley parser over a derivative-based lexer, the token mask
-computed on a trie of the vocabulary, ~50 us per token at 128k vocabularies): sampling only
+computed on a trie of the vocabulary, a small share of a decode step): sampling only
 sees a `Constraint`, which knows three things: the bitmask of the tokens allowed next
 (int32 [ceil(V / 32)], llguidance's layout), `advance(token)`, and whether it is done.
 
@@ -16,9 +16,9 @@ are never allowed by a grammar, EOS only where the grammar may end.
 
 `fill_async()` can compute the next mask in a worker thread while the model's forward runs
 (llguidance releases the GIL, and so do our Numba kernels: nogil). Handing work to a thread
-costs a GIL round trip, which on a busy 2-core machine is about as long as the mask itself
-(40-80 us at 49k-262k tokens): benchmarks/constrained_decode.py measured it no faster at
-either size, so it is off unless asked for (`Constraint.overlap`).
+costs a GIL round trip, which on a busy 2-core machine is about as long as the mask itself:
+benchmarks/constrained_decode.py measured it no faster with small or large vocabularies,
+so it is off unless asked for (
 
 Nothing reaches the engine unchecked (depth, size, valid Unicode: limits below, refused
 with a ConstraintError naming the limit), and it compiles on a thread with a large stack, so
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConstraintError
+from ..errors import ConstraintError
 
 # Constrained JSON is written compactly, on one line with json.dumps's separators: free
 # whitespace lets a sampled model spend its tokens on newlines and indentation. A schema's
@@ -342,7 +342,7 @@ def _worker() -> ThreadPoolExecutor:
 
 
 class ConstraintEngine:
-    """llguidance's tokenizer for one model (built once: ~ms at 49k tokens, ~0.1 s at 262k)."""
+    """llguidance's tokenizer for one model (built once: its cost grows with the vocabulary)."""
 
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_ids: Iterable[int]):
         llg = _llg()

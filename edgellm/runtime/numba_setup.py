@@ -7,16 +7,16 @@ Only settings the user has not made are touched:
   $EDGELLM_HOME/numba-cache, $XDG_CACHE_HOME/edgellm/numba-cache,
   ~/.cache/edgellm/numba-cache, then a directory under the system temp dir.
 - NUMBA_THREADING_LAYER: omp if numba's OpenMP pool loads here (libgomp present), else tbb.
-  Never workqueue: its parallel-region start costs ~80-90 us against omp's ~1.5 us, and a
+  Never workqueue: its parallel-region start costs tens of times omp's, and a
   decode step starts hundreds of regions. If neither loads, numba's default is left alone
   and `check_threading_layer()` warns once the pool has started.
 
 It is also the one place edgellm's own kernel settings are read from the environment:
 - EDGELLM_PORTABLE=1 (or true/yes): `PORTABLE`, the process's default for the kernels' SIMD
-  path (kernels/simd.py: select_path(portable=...)), fixed when the kernels are imported.
+  path (runtime/simd.py: select_path(portable=...)), fixed when the kernels are imported.
   Set it before `import edgellm` (or assign numba_setup.PORTABLE before the kernels load).
 - EDGELLM_NO_AMX=1: `NO_AMX`, prefill without Intel AMX tiles where the CPU has them
-  (kernels/simd.py's AMX; for comparisons), fixed when the kernels are imported.
+  (runtime/simd.py's AMX; for comparisons), fixed when the kernels are imported.
 
 `set_threads(n)` validates and sets the number of threads parallel kernels use.
 """
@@ -125,7 +125,7 @@ NO_AMX = env_flag("EDGELLM_NO_AMX")
 def check_threading_layer(strict: bool = False) -> str:
     """Return numba's threading layer; call it after the first parallel kernel has run.
 
-    workqueue (parallel-region start ~50x slower than omp/tbb) warns, or raises
+    workqueue (parallel regions far slower to start than omp/tbb's) warns, or raises
     RuntimeError when `strict`. Returns "" if no parallel kernel has run yet.
     """
     import numba

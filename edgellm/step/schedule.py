@@ -11,7 +11,7 @@ import time
 
 import numba
 
-from .. import numba_setup
+from ..runtime import numba_setup
 
 
 class ThreadChoice:
@@ -25,9 +25,9 @@ class ThreadChoice:
     the first time; a probe's time replaces that mode's average). Serial runs while its
     moving average is below MARGIN x parallel's: where both are close, a parallel step's
     noise (one late step lifts its average by ALPHA of the excess) would switch modes on
-    the luck of a single serial probe (the server's 4-row step in a run with the clients
-    on the same cores: 17 and 44 of ~96 steps serial, 433-461 tok/s against 541-601 with
-    none). On a quiet machine nothing is ever probed.
+    the luck of a single serial probe (as the server's 4-row step did with the clients on
+    the same cores: tens of steps serial, and slower). On a quiet machine nothing is ever
+    probed.
     """
 
     SLOW, PROBE, ALPHA, MARGIN = 1.5, 32, 0.3, 0.85

@@ -28,10 +28,10 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import types
 
+from ..runtime.simd import VNNI
 from . import ir as irh
-from .codegen_int8 import GROUP, _q4_i16_vnni_group_codegen
+from .int8_tiles import GROUP, _q4_i16_vnni_group_codegen
 from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
-from .simd import VNNI
 
 __all__ = ["KQ_TYPES", "SUPER_BYTES", "make_ktile", "make_q5_group_tile"]
 
@@ -315,7 +315,7 @@ def make_q5_group_tile(kind):
     """The intrinsic tile_<kind>_8x1(W, block, i, xq, xd, xds, t, out) for q5_0 / q5_1:
     out[t, i + r] = W[i + r] . x[t] for r < 8 (block is ignored). On AVX-512 VNNI with int16
     activations the q4 row group's tile with the fifth bits (codegen_int8: per block one
-    vector of float work for the 8 rows; 1536x576 q5_1 from L2 68 -> 44 us a matrix); elsewhere
+    vector of float work for the 8 rows, where the 1x1 tile did that work per row); elsewhere
     the 1x1 tile row by row."""
     group = irh._drop_block(_q4_i16_vnni_group_codegen(kind, 1))
     one = irh._drop_block(_q5_codegen(kind, 1))

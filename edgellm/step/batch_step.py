@@ -2,7 +2,7 @@
 (decode_step.py) run on n rows, each row one slot of the server with its own KV cache and
 position.
 
-arch/batched.py's BatchDecoder gives every row its own copy of the fused step's arena and
+step/batched.py's BatchDecoder gives every row its own copy of the fused step's arena and
 int8 activation slots (mem [R, S], xq [R, .], ...), layer table and RoPE rows (layers
 [R, L, LAYER_WIDTH], cos, sin [R, sets, Dh/2]); the caches are rows of stacked arrays (k, v
 [R, slots, Hkv, row bytes], pos [R, slots]), row r of the step using cache slots[r]. The
@@ -21,13 +21,12 @@ the compiler placed for one row hold for n:
   ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier
   BARRIER once for all rows
   NORM QUANT ADD ACT  decode_step's functions for them (_norm_op ..), once per row on row
-          r's arena and activation slots: a call per row and op (~1,100 a 4-row step)
+          r's arena and activation slots: a call per row and op (about a thousand a 4-row step)
   others  decode_step._worker on a one-op program, once per row: its own code (MOE's
           barriers, LoRA) on row r's buffers and cache. (A one-op program for every op had
-          cost the 4-row step 3-25%, the more the noisier the host: each call built
-          tuples of ~17 arrays, views of every buffer, each counted in and out. Not
-          contention: two threads counting views of one array in a loop cost what one
-          does, ~14 ns an iteration of two views and a call.)
+          cost the 4-row step dearly, the more the noisier the host: each call built
+          tuples of ~17 arrays, views of every buffer, each counted in and out; not
+          contention between the threads, which count views as fast as one does.)
 
 So a row computes exactly what it computes alone in this step, whatever else is in the
 step: what the single-sequence fused step computes for it, but for the interleaved q8_0
@@ -41,6 +40,12 @@ import numpy as np
 from numba import literally, njit, prange
 from numba.extending import overload
 
+from ..kernels.family import TILES, by_kind, codes_of, name_of, tile
+from ..kernels.interleave import ILV_BLOCK, ILV_ROWS
+from ..kernels.jit import GLUE, kernel
+from ..kernels.kv_store import store_kv_row
+from ..kernels.sync import barrier
+from ..kernels.tiles import RECIPES
 from .decode_step import (
     ACT,
     ADD,
@@ -76,12 +81,6 @@ from .decode_step import (
     _vec,
     _worker,
 )
-from .family import TILES, by_kind, codes_of, name_of, tile
-from .interleave import ILV_BLOCK, ILV_ROWS
-from .jit import GLUE, kernel
-from .kv_store import store_kv_row
-from .sync import barrier
-from .tiles import RECIPES
 
 TILE = 32  # weight rows per tile (a multiple of the matvec row groups: the same groups)
 assert all(TILE % r.group == 0 for r in RECIPES.values() if r.group)
@@ -335,7 +334,7 @@ def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, feats
     types), pos [R, slots], layers [R, L, LAYER_WIDTH], cos, sin [R, sets, Dh/2]): caches
     by slot, the rest by row; pos [R], slots [R]: each row's position and cache; ilv =
     (int64 [mats] byte offset of each matrix's interleaved copy in uint8 bytes, or -1;
-    bytes), arch/batched.py's; feats: the fused step's (decode_step.py).
+    bytes), step/batched.py's; feats: the fused step's (decode_step.py).
     """
     for tid in prange(nt):  # tid as int64: prange's is uint64, which would compile
         _batch_worker(np.int64(tid), nt, model, bufs, kv, pos, slots, n, precise, tile, ilv,

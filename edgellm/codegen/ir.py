@@ -17,8 +17,8 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from .. import quant
-from .simd import NATIVE_F16, VNNI
+from ..modelfile import quant
+from ..runtime.simd import NATIVE_F16, VNNI
 
 BLOCKS = quant.BLOCK_SIZES
 # (header bytes, elements per byte) of each block-quantized type, from quant.TYPES
@@ -279,9 +279,8 @@ def _prefetch_ahead(b, nxt, bi, nbytes):
     streams, which the hardware prefetcher follows badly, so a tile fetches the rows after
     it linearly, as much per block as it consumes (a hint: never faults, also past the end
     of the matrix). Into L2, not L1: a weight stream from DRAM is bound by the misses one
-    core keeps in flight, and L1's few fill buffers also serve the tiles' own loads
-    (decode at 1 thread, q8_0-heavy SmolLM2 Q6_K file: 52.6 tok/s prefetching into L1,
-    68.6 into L2, 47.2 non-temporal)."""
+    core keeps in flight, and L1's few fill buffers also serve the tiles' own loads (L2
+    measured faster than L1 or non-temporal hints for a DRAM-bound decode)."""
     ahead = b.gep(nxt, [b.mul(bi, _i64(nbytes))])
     for c in range(0, nbytes, 64):
         _prefetch(b, b.gep(ahead, [_i64(c)]), level=2)
@@ -312,8 +311,7 @@ def vpdpwssd(b, acc, w, x):
     """acc + w . x as i16 pairs (<16 x i32> each), one vpdpwssd whatever LLVM's tuning: its
     machine combiner splits chains of the intrinsic into vpmaddwd + vpaddd (two operations,
     and no broadcast folded into them) for the host model this KVM guest reports
-    (rocketlake), which the interleaved tiles measured 27% slower (1536x576 q4_1, 4 tokens:
-    47.6 -> 34.7 us). Inline assembly, which LLVM does not rewrite; VNNI only. On a zero
+    (rocketlake), which made the interleaved tiles measurably slower. Inline assembly, which LLVM does not rewrite; VNNI only. On a zero
     acc the intrinsic, which LLVM makes one vpmaddwd."""
     v16i = _v(I32, 16)
     if isinstance(acc, ir.Constant) and str(acc) == str(_c(v16i, [0] * 16)):

@@ -41,8 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import arguments, output_file
-from .errors import ArgumentError, SessionError
+from .. import arguments
+from ..errors import ArgumentError, SessionError
+from ..runtime import output_file
 from .kv_cache import CacheState, lazy_zeros
 from .kv_types import KV_DTYPE
 

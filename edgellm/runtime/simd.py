@@ -21,7 +21,7 @@ path (jit.py), so the two never share compiled code.
 from __future__ import annotations
 
 # isort: off
-from .. import numba_setup  # numba's environment: must come before numba
+from . import numba_setup  # numba's environment: must come before numba
 # isort: on
 import ctypes
 import platform

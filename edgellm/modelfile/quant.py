@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import QuantizationError
 from . import quant_k
-from .errors import QuantizationError
 
 BLOCK_SIZES = (32, 64, 128)
 DEFAULT_BLOCK = 32

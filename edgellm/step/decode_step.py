@@ -1,6 +1,6 @@
 """One decode step of any architecture in one parallel region: a program interpreter.
 
-arch/fused.py compiles an architecture's block (its list of steps, arch/steps.py) into a
+step/fused.py compiles an architecture's block (its list of steps, arch/steps.py) into a
 program: one row of `prog` int64 [n_ops, WIDTH] per operation, with the barriers it needs.
 Python calls `decode_parallel` (or `decode_serial`) once per generated token; inside,
 `nt` workers (one per prange iteration) run the whole program. Each operation is one of
@@ -36,10 +36,10 @@ add_inplace, quantize_rows, the mv_rows_* / mvp_rows_* matrix-vector rows, route
 scatter_add; only attention has its decode form here (_attend_group: it reads and writes
 an f32, f16 or q8_0 cache through kv_store.kv_rows / store_kv_row, a few rows at a time).
 
-Every offset, shape and type in the tables is checked by the caller (arch/fused.py)
+Every offset, shape and type in the tables is checked by the caller (step/fused.py)
 before the first call: these kernels do not check bounds.
 
-The step compiles only what its model runs: `feats`, one entry per FEATURES (arch/fused.py,
+The step compiles only what its model runs: `feats`, one entry per FEATURES (step/fused.py,
 features()), says which kernels the program needs: its matrix types (KIND_FEATURES, one
 entry per type code: feats[:N_KINDS] is the `kinds` tuple, indexed by code), the cache's
 type (kv_*), MoE (ROUTE, MOE) and LoRA (LORA_A, LORA_B), each None where the program has
@@ -58,22 +58,22 @@ import numpy as np
 from numba import njit, prange
 from numba.extending import overload
 
-from .. import quant
-from . import registry  # noqa: F401  (fills KERNELS)
-from .act_quant import quantize_rows
-from .activations import geglu_tanh_row, swiglu_row
-from .attn_tiles import row_max
-from .dots import LANES, dots16, prefetch_rows, wsum_rows
-from .family import KERNELS, by_kind, codes_of, kern
-from .fastexp import MASKED, exp_shift
-from .jit import GLUE, kernel
-from .kquant import mvp_rows_k
-from .kquant_int import has_kq, mv_rows_kq
-from .kv_store import kv_rows, store_kv_row
-from .moe import route, scatter_add
-from .norms import add_inplace, rmsnorm, rmsnorm_heads
-from .rope import apply_rope
-from .sync import barrier
+from ..kernels import registry  # noqa: F401  (fills KERNELS)
+from ..kernels.act_quant import quantize_rows
+from ..kernels.activations import geglu_tanh_row, swiglu_row
+from ..kernels.attn_tiles import row_max
+from ..kernels.dots import LANES, dots16, prefetch_rows, wsum_rows
+from ..kernels.family import KERNELS, by_kind, codes_of, kern
+from ..kernels.fastexp import MASKED, exp_shift
+from ..kernels.jit import GLUE, kernel
+from ..kernels.kquant import mvp_rows_k
+from ..kernels.kquant_int import has_kq, mv_rows_kq
+from ..kernels.kv_store import kv_rows, store_kv_row
+from ..kernels.moe import route, scatter_add
+from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
+from ..kernels.rope import apply_rope
+from ..kernels.sync import barrier
+from ..modelfile import quant
 
 # Matrix kinds the step has kernels for: the quantized types (f32 only where a step asks
 # for float activations: routers); each kind's code is its row's in the quant table

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import quant
-from .kernels.attention import attention, attention_rows
-from .kernels.kv_store import encode_f16, encode_q8_0
-from .kernels.rope import apply_rope, rope_tables
+from ..kernels.attention import attention, attention_rows
+from ..kernels.kv_store import encode_f16, encode_q8_0
+from ..kernels.rope import apply_rope, rope_tables
+from ..modelfile import quant
 from .kv_types import KV_DTYPE, check_kv_type, kv_row_width
+
 
 def encode_rows(x: np.ndarray, kv_type: str) -> np.ndarray:
     """float32 [..., Dh] -> the stored rows [..., width] of kv_type (kernels/kv_store.py:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import CacheTypeError
+from ..errors import CacheTypeError
 
 KV_TYPES = ("f32", "f16", "q8_0")
 KV_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16), "q8_0": np.dtype(np.uint8)}

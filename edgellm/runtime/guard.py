@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from typing import TypeVar
 
-from .errors import EdgeLLMError, is_panic
+from ..errors import EdgeLLMError, is_panic
 
 T = TypeVar("T")
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 from llvmlite import ir
 from numba import types
 
-from .. import quant
+from ..modelfile import quant
+from ..runtime.simd import VNNI
 from .ir import (
     BLOCK_BYTES,
     BYTES,
@@ -66,13 +67,12 @@ from .ir import (
     _v,
     _weight_dot,
 )
-from .simd import VNNI
 
 __all__ = ["GROUP", "group_blocks", "make_tile", "scale_block"]
 
 GROUP = 8  # weight rows of a row-group tile (B = 32)
 PF_ROWS = 2  # prefetch distance of the q8_0 multi-row tile, in tiles
-PF_GROUPS = 2  # prefetch distance of the row-group tiles, in groups (1: 4-7% slower from DRAM)
+PF_GROUPS = 2  # prefetch distance of the row-group tiles, in groups (one group ahead was slower from DRAM)
 # the output lane of each row after _group_reduce: pairs of rows share a vector
 _PAIR_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
@@ -229,8 +229,8 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
     flip_trick = VNNI and RW > 1 and A == I8
     # q8_0 off vpdpbusd (int16 activations, or AVX2): the halves grouping of the products,
     # and per row and block a vpbroadcastw + vcvtph2ps of the scale instead of a scalar
-    # f16 load, convert, dw dx multiply and broadcast (hot in L2, 512 x 640 int16:
-    # 19.8 -> 22.7 GB/s on the AVX2 machine, alternating runs at load 2)
+    # f16 load, convert, dw dx multiply and broadcast (fewer operations a block; measured
+    # faster from L2)
     halves = kind == "q8_0" and not (VNNI and A == I8)
     # q8_0 on VNNI with int16 activations: one vpdpwssd per block into 16 lanes, kept as 16
     # float lanes (no halves add: 8 operations a row and block instead of 10)
@@ -681,13 +681,12 @@ def make_tile(kind, RW, RT, chains=None):
     name = f"tile_{kind}_{RW}x{RT}" + (f"c{chains}" if chains else "")
 
     def make(B, A):
-        # decode's one-row tile: 256-bit blocks measured faster for q8_0 and q4_0 (79 vs 92,
-        # 87 vs 97 us at 2560x960, hot cache), 64-column units for q4_1 (96 vs 100 us)
-        # q8_0: 4 rows (shared activation work, prefetched: 25 vs 36 us at 1536x576, hot,
-        # 0.78 vs 1.13 ms at 49152x576)
+        # decode's one-row tile: 256-bit blocks measured faster for q8_0 and q4_0, 64-column
+        # units for q4_1; q8_0: 4 rows (the activation side shared between them, the next
+        # rows prefetched), faster hot and from memory
         if B == 32 and A == I16 and not VNNI and kind != "q8_0" and (RT == 1 or chains):
-            # AVX2 / portable: fewer shuffles than the row group (8x1 at 576 columns, from
-            # L2, load ~6: q4_0 12.4 -> 16.4 GMAC/s, q4_1 11.9 -> 14.0); the batched
+            # AVX2 / portable: fewer shuffles than the row group (faster for q4_0 and q4_1
+            # from L2); the batched
             # step's 8xRT tiles (chains) give each token the 8x1 tile's sums bit for bit
             if RT == 1:
                 return _rows_of(_q4_i16_row_codegen(kind, min(RW, 4)), RW, min(RW, 4))

@@ -2,7 +2,7 @@
 
 `FusedDecoder.build(model)` compiles the model's per-layer steps (arch/steps.py, the same
 lists its per-operation path runs), its embedding scale and its output head into a program
-for kernels/decode_step.py, and returns None where the step does not apply (float or
+for step/decode_step.py, and returns None where the step does not apply (float or
 mixed-float matrices, widths the int8 activations cannot split into blocks of 32); the
 model then decodes through its per-operation path, which computes the same function.
 
@@ -23,13 +23,13 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..kernels import decode_step as ds
+from ..arch.steps import Act, Add, Attend, Experts, Linear, Norm
+from ..cache.kv_types import kv_row_bytes
 from ..kernels.jit import is_cached
 from ..kernels.linear import embedding
-from ..kernels.schedule import StepScheduler
 from ..kernels.sync import new_state
-from ..kv_types import kv_row_bytes
-from .steps import Act, Add, Attend, Experts, Linear, Norm
+from . import decode_step as ds
+from .schedule import StepScheduler
 
 QUANTIZED = tuple(k for k in ds.KINDS if k != "f32")  # int8-activation matrix types
 PAD = 16  # floats: regions start on 64-byte lines (workers write neighbouring rows)

@@ -1,5 +1,5 @@
-"""The batched decode step: the model's fused program (arch/fused.py) run on one token of
-each of up to R sequences per call, each with its own KV cache (kernels/batch_step.py).
+"""The batched decode step: the model's fused program (step/fused.py) run on one token of
+each of up to R sequences per call, each with its own KV cache (step/batch_step.py).
 
     stepper = BatchDecoder.build(model, caches)   # None where the model has no fused step
     logits = stepper.step([0, 2], [tok0, tok2])    # caches 0 and 2, one token each: [2, V]
@@ -8,8 +8,8 @@ The caches (KVCache, the server's slots) move into stacked arrays k, v [R, slots
 and pos [R, slots] (KVCache.move_to), which the kernel indexes by row; each row also has its
 own copy of the fused step's arena and activation slots. Built with `interleave` (Batch:
 with 2 or more slots) on AVX-512 VNNI, the step reads its q4_0, q4_1 and q8_0 matrices from
-interleaved copies (kernels/interleave.py), made once here: 4 rows 2.5x (q4_1) to 3x
-(q8_0) faster than from the file's layout, for the matrices' size in memory once more.
+interleaved copies (kernels/interleave.py), made once here: several times faster than from
+the file's layout, for the matrices' size in memory once more.
 A row's logits are the step's for that sequence alone (one row), bit for bit, whatever
 else the step carries; against the single fused step (LLM.generate's) they are bit for bit
 too where no q8_0 matrix is interleaved (the q4 tiles add as its 8x1 tile does), else
@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import quant
-from ..kernels import batch_step as bs
-from ..kernels import decode_step as ds
+from ..cache.kv_cache import lazy_zeros
 from ..kernels.interleave import ILV_BLOCK, ILV_ROWS, interleave
 from ..kernels.linear import embedding
-from ..kernels.schedule import StepScheduler
-from ..kernels.simd import VNNI
 from ..kernels.sync import new_state
-from ..kv_cache import lazy_zeros
+from ..modelfile import quant
+from ..runtime.simd import VNNI
+from . import batch_step as bs
+from . import decode_step as ds
+from .schedule import StepScheduler
 
 _ILV = {quant.TYPES[n].code: n for n in ILV_BLOCK}  # the types interleaved, by code
 
@@ -107,7 +107,7 @@ class BatchDecoder:
                 size += m[ds.MAT_ROWS] // ILV_ROWS * nb * ILV_BLOCK[kind]
         # an anonymous mapping, not np.empty: numpy asks for huge pages for large arrays,
         # and where the kernel compacts memory for them on the fault (THP defrag
-        # "madvise") the first write of 96 MB took 0.2-1 s here against 0.05
+        # "madvise") the first write is many times slower
         data = lazy_zeros((size,), np.uint8)
         for k, m in enumerate(mats):
             if at[k] >= 0:

@@ -4,8 +4,8 @@
 how numba loads a kernel from its on-disk cache; compiling is unchanged.
 
 - numba's `Cache.load_overload` refreshes the target context before every load: the first
-  time, that imports and installs every lowering registry numba has (~140 ms and ~10 MiB
-  for SmolLM2-135M's warm start), which only compiling uses. The compiler refreshes the
+  time, that imports and installs every lowering registry numba has (a visible share of a
+  warm start's time and memory), which only compiling uses. The compiler refreshes the
   contexts itself (`CompilerBase.__init__`), so a cache miss still compiles as before; a
   hit needs only numba's runtime (NRT), which is initialized here.
 - A library loaded from the cache keeps its LLVM module for linking (`_shared_module`,

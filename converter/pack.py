@@ -24,10 +24,9 @@ import numpy as np
 
 from edgellm.errors import EdgeLLMError, FormatError, QuantizationError, SourceError
 from edgellm.modelfile import format as fmt
-from edgellm.modelfile import quant, quant_k
-from edgellm.modelfile.validate import check_model
+from edgellm.modelfile import quant, quant_k, tokenizer_store
 from edgellm.runtime import output_file
-from edgellm.text import tokenizer_store
+from edgellm.validate import check_model
 
 from . import norm_fold
 from .names import sanitize
@@ -314,7 +313,7 @@ def _check_out(out: Path, source: Source) -> None:
 
 
 def _check_model(source: Source, infos: list[fmt.TensorInfo]) -> None:
-    """What the runtime will check at load (edgellm.modelfile.validate), checked before writing."""
+    """What the runtime will check at load (edgellm.validate), checked before writing."""
     planned = SimpleNamespace(path=source.path, config=source.config,
                               architecture=str(source.config.get("model_type") or ""),
                               generation_config=source.generation_config,

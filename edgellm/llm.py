@@ -31,10 +31,10 @@ from .generate import Chunk, stream
 from .lifetime import Lifetime, Stream, Turn
 from .memory_plan import CHUNK
 from .modelfile.format import PackedModel
-from .modelfile.validate import check_model
 from .runtime.guard import native
 from .sampling import Sampler, SamplingParams
 from .text.tokenizer import Tokenizer
+from .validate import check_model
 
 DEFAULT_MAX_TOKENS = 256
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",

@@ -14,7 +14,7 @@ from edgellm.errors import CacheTypeError
 from edgellm.kernels.attention import attention, attention_rows
 from edgellm.modelfile import quant
 from edgellm.modelfile.format import PackedModel
-from edgellm.modelfile.validate import check_model
+from edgellm.validate import check_model
 
 
 @pytest.mark.parametrize("kv_type", ["f16", "q8_0"])

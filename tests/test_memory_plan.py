@@ -14,7 +14,7 @@ import pytest
 import edgellm
 from edgellm import memory_plan
 from edgellm.modelfile.format import PackedModel
-from edgellm.modelfile.validate import check_model
+from edgellm.validate import check_model
 
 
 def _array_bytes(obj) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgellm.kernels.panel_gemm import gemm
+from edgellm.kernels.linear import gemm
 from edgellm.modelfile import quant
 from edgellm.modelfile.format import Tensor
 

@@ -34,7 +34,7 @@ from edgellm.errors import (
 from edgellm.modelfile import format as fmt
 from edgellm.modelfile import quant
 from edgellm.modelfile.format import PackedModel
-from edgellm.modelfile.validate import check_config, check_model, check_shapes
+from edgellm.validate import check_config, check_model, check_shapes
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fuzz.mutate import HOSTILE_TEMPLATES, Packed  # noqa: E402

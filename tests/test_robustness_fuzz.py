@@ -24,7 +24,7 @@ from converter.pack import convert
 from edgellm.cli import main as edgellm_main
 from edgellm.errors import EdgeLLMError
 from edgellm.modelfile.format import PackedModel
-from edgellm.modelfile.validate import check_model
+from edgellm.validate import check_model
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fuzz import mutate as M  # noqa: E402

@@ -1,4 +1,4 @@
-"""edgellm.text.tokenizer_store and format version 2: the tokenizer stored compactly in the file.
+"""edgellm.modelfile.tokenizer_store and format version 2: the tokenizer stored compactly in the file.
 
 The ground truth is the tokenizer built from the original tokenizer.json: the stored one
 must serialize identically (ids, merges' ranks, added tokens, options) and give the same
@@ -19,7 +19,7 @@ import edgellm
 from converter.gguf_tokenizer import build_tokenizer
 from edgellm.errors import FormatError, TokenizerError
 from edgellm.modelfile import format as fmt
-from edgellm.text.tokenizer_store import build, decompress, store
+from edgellm.modelfile.tokenizer_store import build, decompress, store
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TINY_LLAMA = FIXTURES / "tiny" / "llama"

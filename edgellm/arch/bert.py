@@ -39,8 +39,7 @@ import numpy as np
 
 from ..errors import ContextError, FormatError, ModelKindError
 from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
-from ..kernels.linear import embedding
-from ..kernels.panel_gemm import gemm
+from ..kernels.linear import embedding, gemm
 from ..modelfile.config import ModelArgs
 from ..modelfile.format import PackedModel, Tensor
 from .spec import ArchSpec
@@ -48,7 +47,7 @@ from .spec import ArchSpec
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
 _OFFSET_TYPES = ("roberta", "xlm-roberta")  # positions start after the padding index
 
-# Tensor table for edgellm.modelfile.validate: name -> (role, shape in named dims, required).
+# Tensor table for edgellm.validate: name -> (role, shape in named dims, required).
 VEC, MAT = "vector", "matrix"
 GLOBAL = {
     "embeddings.word_embeddings.weight": (MAT, ("vocab", "hidden"), True),

@@ -34,8 +34,7 @@ import numpy as np
 
 from ..errors import ContextError, FormatError, ModelKindError
 from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
-from ..kernels.linear import embedding, linear
-from ..kernels.panel_gemm import gemm
+from ..kernels.linear import embedding, gemm, linear
 from ..modelfile.config import ModelArgs
 from ..modelfile.format import PackedModel, Tensor
 from .spec import MAT, VEC, ArchSpec

@@ -16,7 +16,7 @@ from ..errors import EdgeLLMError, FormatError
 from ..memory_plan import default_context, largest_context, plan
 from ..modelfile import quant
 from ..modelfile.format import PackedModel
-from ..modelfile.validate import check_model
+from ..validate import check_model
 from .common import MIN_CONTEXT
 
 

@@ -1,6 +1,8 @@
 """Linear layers and embeddings on stored weights: validation, then one kernel call.
 
     linear(w, x, out)            out[T, N] = x[T, K] @ W[N, K].T
+    gemm(w, x, out)              the same on float activations over dequantized panels
+                                 (panel_gemm.py: the encoders' prefill)
     embedding(w, ids, out)       out[T, D] = rows `ids` of W[V, D], dequantized
 
 Weights are the zero-copy views `format.Tensor` hands out (read-only memmaps): uint8 ggml
@@ -40,7 +42,7 @@ try:  # for _threads(); numba.get_num_threads() is the fallback
 except ImportError:  # pragma: no cover
     _parallel = None
 
-__all__ = ["ActQ8", "quantize_act", "linear", "embedding"]
+__all__ = ["ActQ8", "quantize_act", "linear", "gemm", "embedding"]
 
 BLOCK_SIZES = quant.BLOCK_SIZES
 _F32 = np.dtype(np.float32)
@@ -198,7 +200,7 @@ def _threads() -> int:
 
 def check_product(w, x: np.ndarray, out: np.ndarray) -> tuple:
     """ValueError unless out[T, N] = x[T, K] @ W[N, K].T can be computed as given (linear()
-    and panel_gemm.gemm); returns the weight's (kind, N, K, block, data)."""
+    and gemm); returns the weight's (kind, N, K, block, data)."""
     kind, N, K, block, data = _weight(w)
     _check_x(x)
     _check_x(out, "out")
@@ -251,6 +253,14 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
         rows(data, block, x, out, 0, N)
     else:
         par(data, block, x, out)
+
+
+def gemm(w, x: np.ndarray, out: np.ndarray) -> None:
+    """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (any type linear() runs),
+    float activations; validated as linear() validates, then one kernel call."""
+    kind, N, K, block, data = check_product(w, x, out)
+    if x.shape[0]:
+        registry.FLOAT[kind].gemm(data, block, x, out)
 
 
 def embedding(w, ids: np.ndarray, out: np.ndarray) -> None:

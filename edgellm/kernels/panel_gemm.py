@@ -164,14 +164,3 @@ def make_gemm(code: int):
             else:
                 _tail(rows, x, out, g * W)
     return gemm
-
-
-def gemm(w, x: np.ndarray, out: np.ndarray) -> None:
-    """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (any type linear() runs),
-    float activations; validated as linear() validates, then one kernel call."""
-    from .linear import check_product  # linear imports registry, which imports this
-    from .registry import FLOAT
-
-    kind, N, K, block, data = check_product(w, x, out)
-    if x.shape[0]:
-        FLOAT[kind].gemm(data, block, x, out)

@@ -12,7 +12,7 @@ Layout (all integers little-endian):
          header, and each tensor's `offset` (relative to that start) is a multiple of 64.
          (version 2) The stored tokenizer comes first in the data section, the tensors
          after it: header field `tokenizer.stored` gives its place and kind
-         (edgellm/text/tokenizer_store.py).
+         (edgellm/modelfile/tokenizer_store.py).
 Version 1 files keep the tokenizer.json text in the header (`tokenizer.json`); version 2
 files may do either, and this reader reads both versions.
 Quantized tensors are stored as `edgellm.modelfile.quant` describes (ggml block bytes, rows
@@ -179,14 +179,14 @@ class PackedModel:
         kind, raw = self.tokenizer_bytes()
         if kind == "json":
             return raw.decode("utf-8")
-        from ..text.tokenizer_store import build
+        from .tokenizer_store import build
 
         return build(kind, raw).to_str()
 
     def tokenizer_bytes(self) -> tuple[str, bytes]:
         """(kind, decompressed bytes) of the stored tokenizer (tokenizer_store.py's
         layout); FormatError if it is corrupt."""
-        from ..text.tokenizer_store import decompress
+        from .tokenizer_store import decompress
 
         st = self.tokenizer_stored
         start = self.data_start + st["offset"]
@@ -313,7 +313,7 @@ def _parse_stored(where: str, header: dict, tensors: dict[str, TensorInfo],
     st = (header.get("tokenizer") or {}).get("stored")
     if st is None:
         return None
-    from ..text.tokenizer_store import KINDS
+    from .tokenizer_store import KINDS
 
     name = "stored tokenizer"
     if not isinstance(st, dict) or st.get("kind") not in KINDS:

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import tokenizers
 
 from edgellm.errors import TokenizerError
-from edgellm.text import tokenizer_store
+from edgellm.modelfile import tokenizer_store
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 _REPLACEMENT = "\ufffd"

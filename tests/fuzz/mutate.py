@@ -311,7 +311,7 @@ def tokenizer_text(b: Packed) -> str:
     st = tok.get("stored")
     if isinstance(tok.get("json"), str) or not isinstance(st, dict):
         return tok.get("json") or ""
-    from edgellm.text.tokenizer_store import build, decompress
+    from edgellm.modelfile.tokenizer_store import build, decompress
 
     raw = decompress(b.data[st["offset"]:st["offset"] + st["nbytes"]], st["size"])
     return raw.decode() if st["kind"] == "json" else build(st["kind"], raw).to_str()

@@ -23,11 +23,11 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from ..arch.registry import spec_for, supported
-from ..arch.spec import GLOBAL, VEC
-from ..errors import EdgeLLMError, FormatError, SamplingError, UnsupportedArchitectureError
-from .config import ModelArgs, rope_inv_freq
-from .quant import MATRIX_TYPES  # what linear()/embedding() run
+from .arch.registry import spec_for, supported
+from .arch.spec import GLOBAL, VEC
+from .errors import EdgeLLMError, FormatError, SamplingError, UnsupportedArchitectureError
+from .modelfile.config import ModelArgs, rope_inv_freq
+from .modelfile.quant import MATRIX_TYPES  # what linear()/embedding() run
 
 # What each named dimension is, for messages.
 DIM_NAMES = {
@@ -224,7 +224,7 @@ def check_generation_config(packed, args: ModelArgs) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or not 0 <= value < 1 << 31):
         raise FormatError(f"{where}: generation_config field 'max_new_tokens' is {_short(value)}")
-    from ..sampling import SamplingParams
+    from .sampling import SamplingParams
 
     try:
         SamplingParams.from_generation_config(gen)

@@ -43,6 +43,7 @@ from ..kernels.linear import embedding, gemm
 from ..modelfile.config import ModelArgs
 from ..modelfile.format import PackedModel, Tensor
 from .spec import ArchSpec
+from .uncached import Uncached
 
 MODEL_TYPES = ("bert", "roberta", "xlm-roberta")
 _OFFSET_TYPES = ("roberta", "xlm-roberta")  # positions start after the padding index
@@ -179,7 +180,7 @@ class EncoderBuffers:
         self.ffn = np.zeros((rows, F), f32)
 
 
-class Bert:
+class Bert(Uncached):
     """A BERT-family encoder over packed weights: `encode(ids, offsets)` -> hidden states."""
 
     generates = False  # LLM refuses generate() on it
@@ -351,13 +352,6 @@ class Bert:
         self.encode(np.zeros(4, np.int64), np.array([0, 2, 4], np.int64))
         if between is not None:
             between()
-
-    def reset(self) -> None:
-        """Nothing to reset: an encoder keeps no cache between calls."""
-
-    @property
-    def tokens(self) -> list[int]:
-        return []
 
 
 SPEC = ArchSpec(model_types=MODEL_TYPES, family="bert", model=Bert, tensors=(),

@@ -38,6 +38,7 @@ from ..kernels.linear import embedding, gemm, linear
 from ..modelfile.config import ModelArgs
 from ..modelfile.format import PackedModel, Tensor
 from .spec import MAT, VEC, ArchSpec
+from .uncached import Uncached
 
 ATTN = ("q_proj.weight", "q_proj.bias", "k_proj.weight", "v_proj.weight", "v_proj.bias",
         "out_proj.weight", "out_proj.bias")
@@ -141,7 +142,7 @@ class DecoderCache:
         self.cross = cross
 
 
-class Whisper:
+class Whisper(Uncached):
     """Whisper over packed weights: encode(mel) -> enc; cross(enc); decode(ids, cache)."""
 
     generates = False  # LLM refuses generate() on it
@@ -348,13 +349,6 @@ class Whisper:
         self.decode(np.zeros(1, np.int64), cache)
         if between is not None:
             between()
-
-    def reset(self) -> None:
-        """Nothing to reset: each call brings its own DecoderCache."""
-
-    @property
-    def tokens(self) -> list[int]:
-        return []
 
 
 SPEC = ArchSpec(model_types=("whisper",), family="whisper", model=Whisper, tensors=(),

@@ -66,7 +66,7 @@ def _attacker(url: str, stop: threading.Event, seen: dict, count: int = ATTACKS)
     refused = [
         {"messages": [{"role": "user", "content": FOX * 16000}]},  # 720 KB
         {"messages": [{"role": "user", "content": "\x00" * 5000}]},
-        {"messages": [{"role": "user", "content": "Hi"}], "tools": _tools(2000)},
+        {"messages": [{"role": "user", "content": "Hi"}], "tools": _tools(1000)},
     ]
     end = time.monotonic() + ATTACK_S
     for i in range(count):

@@ -23,7 +23,7 @@ from .errors import (
 )
 
 COMMANDS = ("generate", "chat", "embed", "classify", "entities", "rerank", "serve", "info",
-            "list", "pull", "bench", "perplexity")
+            "list", "pull", "bench", "perplexity", "transcribe")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,162 @@
+"""Transcribe speech in WAV files with a Whisper model (default: whisper-base).
+
+Segments are printed as they are decoded. --format text: `[mm:ss.xxx --> mm:ss.xxx] text`
+lines (as openai/whisper's verbose output; hours shown past one hour), or the plain text
+with --no-timestamps; srt and vtt: the subtitle formats; json: one object per file
+{"file", "language", "language_probability", "duration", "segments": [{"id", "start",
+"end", "text"}]}, one per line. With several files, text and json go to stdout one file
+after another (text under a `==> FILE <==` line); srt and vtt need -o DIR, which writes
+DIR/NAME.srt (.vtt, .txt, .json) for each input, as whisper's --output_dir does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..errors import EdgeLLMError
+from .common import _threads, open_model, say, text_argument
+
+FORMATS = ("text", "srt", "vtt", "json")
+SUFFIX = {"text": ".txt", "srt": ".srt", "vtt": ".vtt", "json": ".json"}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("files", nargs="+", metavar="FILE", help="WAV files to transcribe")
+    p.add_argument("-m", "--model", default="whisper-base",
+                   type=text_argument("model name or path", empty=False),
+                   help="a Whisper model file or catalog name (default: whisper-base)")
+    p.add_argument("-t", "--threads", type=_threads, default=None,
+                   help="threads (default: all cores)")
+    p.add_argument("--language", default=None, type=text_argument("language", empty=False),
+                   help="the spoken language's code, e.g. en (default: detected)")
+    p.add_argument("--task", choices=("transcribe", "translate"), default="transcribe",
+                   help="transcribe, or translate into English (default: transcribe)")
+    p.add_argument("--format", choices=FORMATS, default="text",
+                   help="output format (default: text)")
+    p.add_argument("--no-timestamps", action="store_true",
+                   help="text format: the plain text, without the segments' times")
+    p.add_argument("--initial-prompt", default=None, type=text_argument("initial prompt"),
+                   help="text the first window continues (names, spelling, style)")
+    p.add_argument("--no-condition", dest="condition", action="store_false",
+                   help="do not give each window the previous window's text")
+    p.add_argument("-o", "--output-dir", default=None,
+                   help="write DIR/NAME.EXT for each input instead of stdout")
+    p.set_defaults(ctx=None, precise=False)
+
+
+def timestamp(seconds: float, marker: str = ".", hours: bool = True) -> str:
+    """seconds -> HH:MM:SS.mmm (marker "," for srt); without hours when `hours` is False
+    and they are zero (openai/whisper's format_timestamp)."""
+    ms = max(0, round(seconds * 1000))
+    h, ms = divmod(ms, 3_600_000)
+    m, ms = divmod(ms, 60_000)
+    s, ms = divmod(ms, 1000)
+    head = f"{h:02d}:" if hours or h else ""
+    return f"{head}{m:02d}:{s:02d}{marker}{ms:03d}"
+
+
+class Writer:
+    """One file's output in one format: head(), segment() as each is decoded, tail(info)."""
+
+    def __init__(self, fmt: str, out, plain: bool):
+        self.fmt, self.out, self.plain, self.n, self.rows = fmt, out, plain, 0, []
+
+    def head(self) -> None:
+        if self.fmt == "vtt":
+            self.out.write("WEBVTT\n\n")
+
+    def segment(self, s) -> None:
+        text = s.text.strip()
+        if not text and self.fmt in ("srt", "vtt"):
+            return  # an empty cue's blank line would end it early (only a model without
+            # a tokenizer gives one: transcribe() drops empty segments)
+        self.n += 1
+        if self.fmt == "text":
+            self.out.write(f"{text}\n" if self.plain else
+                           f"[{timestamp(s.start, hours=False)} --> "
+                           f"{timestamp(s.end, hours=False)}] {text}\n")
+        elif self.fmt == "srt":
+            self.out.write(f"{self.n}\n{timestamp(s.start, ',')} --> "
+                           f"{timestamp(s.end, ',')}\n{text}\n\n")
+        elif self.fmt == "vtt":
+            self.out.write(f"{timestamp(s.start)} --> {timestamp(s.end)}\n{text}\n\n")
+        else:
+            self.rows.append({"id": s.id, "start": round(s.start, 3), "end": round(s.end, 3),
+                              "text": text})
+        self.out.flush()
+
+    def tail(self, name: str, info) -> None:
+        if self.fmt == "json":
+            self.out.write(json.dumps({
+                "file": name, "language": info.language,
+                "language_probability": round(info.language_probability, 4),
+                "duration": round(info.duration, 3), "segments": self.rows},
+                ensure_ascii=False) + "\n")
+            self.out.flush()
+
+
+def _check(args) -> list[Path]:
+    """The output paths (-o) or None each; refusals before the model loads."""
+    for f in args.files:
+        if not os.path.isfile(f):
+            raise EdgeLLMError(f"{f}: no such file")
+    if args.output_dir is None:
+        if len(args.files) > 1 and args.format in ("srt", "vtt"):
+            raise EdgeLLMError(f"--format {args.format} with several files needs -o DIR (one "
+                               "file written for each input)")
+        return [None] * len(args.files)
+    out = Path(args.output_dir)
+    if not out.is_dir():
+        raise EdgeLLMError(f"{args.output_dir}: not a directory")
+    paths = [out / (Path(f).stem + SUFFIX[args.format]) for f in args.files]
+    if len(set(paths)) < len(paths):
+        raise EdgeLLMError("two inputs have the same name: their outputs would overwrite "
+                           "each other in " + args.output_dir)
+    return paths
+
+
+def run(args) -> int:
+    from ..transcribe import Transcriber
+
+    outputs = _check(args)
+    with open_model(args, warm=False) as llm:
+        Transcriber(llm)  # a text or embedding model is refused here, before any compiling
+        from ..kernels.warmup import compile_notice, release_compiler_pages
+
+        with compile_notice(say):
+            llm.model.warmup(release_compiler_pages)
+        for name, path in zip(args.files, outputs):
+            if path is None:
+                if len(args.files) > 1 and args.format == "text":
+                    sys.stdout.write(f"==> {name} <==\n")
+                _one(llm, args, name, sys.stdout)
+                continue
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            try:
+                with open(tmp, "w", encoding="utf-8") as f:
+                    _one(llm, args, name, f)
+                os.replace(tmp, path)
+            except OSError as e:
+                raise EdgeLLMError(f"{path}: cannot write: {e.strerror or e}") from None
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+            say(f"edgellm: wrote {path}")
+    return 0
+
+
+def _one(llm, args, name: str, out) -> None:
+    segments, info = llm.transcribe(name, language=args.language, task=args.task,
+                                    initial_prompt=args.initial_prompt,
+                                    condition_on_previous_text=args.condition)
+    w = Writer(args.format, out, args.no_timestamps)
+    w.head()
+    try:
+        for s in segments:
+            w.segment(s)
+    finally:
+        segments.close()
+    w.tail(name, info)

@@ -51,14 +51,15 @@ def choice(value: Any, name: str, options) -> str:
     return value
 
 
-def text(value: Any, name: str) -> str:
-    """A str that encodes to UTF-8 (no lone surrogates)."""
+def text(value: Any, name: str, error: type[Exception] = ArgumentError) -> str:
+    """A str that encodes to UTF-8 (no lone surrogates); `error` (ArgumentError, or the
+    caller's own kind: constraints raise ConstraintError) otherwise."""
     if not isinstance(value, str):
-        raise ArgumentError(f"{name} must be a str, got {_kind(value)}")
+        raise error(f"{name} must be a str, got {_kind(value)}")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ArgumentError(f"{name} is not valid Unicode: {e.reason} at character "
+        raise error(f"{name} is not valid Unicode: {e.reason} at character "
                             f"{e.start} ({value[e.start]!r}); undecodable bytes must be "
                             "decoded or replaced before they reach edgellm") from None
     return value

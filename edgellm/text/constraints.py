@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import arguments
 from ..errors import ConstraintError
 
 # Constrained JSON is written compactly, on one line with json.dumps's separators: free
@@ -83,12 +84,7 @@ def _first_line(message: str) -> str:
 
 def _text(value: str, what: str) -> str:
     """value, if it is valid Unicode (the engine takes UTF-8: a lone surrogate is refused)."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ConstraintError(f"{what} is not valid Unicode: {e.reason} at character "
-                              f"{e.start} ({value[e.start]!r})") from None
-    return value
+    return arguments.text(value, what, ConstraintError)
 
 
 def check_schema(schema, what: str = "json_schema") -> None:

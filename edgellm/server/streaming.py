@@ -1,5 +1,5 @@
 """A blocking generation, iterated in its own thread, as an async iterator; and
-server-sent events.
+server-sent events (sse).
 
 The worker thread owns the generator: it pulls items and hands them to the event loop.
 When the consumer stops (the client disconnected, or the server is shutting down), the
@@ -14,6 +14,11 @@ import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from ..errors import EdgeLLMError
+from .errors import from_edgellm
 
 DONE = "data: [DONE]\n\n"
 
@@ -68,3 +73,20 @@ async def in_thread(items: Iterator, on_exit: Callable[[], None],
                 raise value
     finally:
         stop.set()
+
+
+def sse(events: AsyncIterator, fields: set[str], error_of=from_edgellm,
+        done: str | None = DONE) -> StreamingResponse:
+    """`events` (dicts) as server-sent events, then `done`; an edgellm error after the
+    first byte goes out as the last event, error_of(e, fields)'s body."""
+    async def body():
+        try:
+            async for e in events:
+                yield event(e)
+        except EdgeLLMError as e:
+            yield event(error_of(e, fields).body())
+        if done:
+            yield done
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

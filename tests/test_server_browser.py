@@ -1,6 +1,7 @@
 """The chat page at / in a real headless Chromium, driven over the DevTools protocol (its
 --remote-debugging-pipe: JSON messages on fds 3 and 4, no extra package): type a message,
-press Enter, see the answer stream in.
+press Enter, see the answer stream in; stop an answer, reload and find the conversation;
+model text that looks like markup stays text.
 
 Chromium comes from Debian's packages: where none is installed and the suite runs as root
 with apt-get (a fresh CI machine), the fixture installs it (`apt-get install chromium`,
@@ -152,30 +153,40 @@ def browser():
     b.close()
 
 
+def _open(browser, url: str) -> None:
+    browser.call("Page.enable")
+    browser.call("Page.navigate", url=url)
+    browser.wait_for("document.readyState === 'complete' && "
+                     "document.getElementById('model').options.length > 0")
+
+
+def _send(browser, text: str) -> None:
+    browser.eval("document.getElementById('input').focus()")
+    browser.call("Input.insertText", text=text)
+    for kind in ("rawKeyDown", "char", "keyUp"):
+        browser.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
+                     windowsVirtualKeyCode=13, text="\r")
+
+
 def test_chat_page_streams_an_answer(browser, smollm2):
     with edgellm.load(smollm2, context=512) as llm:
         server = ThreadServer(llm, parallel=1, max_tokens=24)
         try:
-            browser.call("Page.enable")
-            browser.call("Page.navigate", url=server.url + "/")
-            browser.wait_for("document.readyState === 'complete' && "
-                             "!!document.getElementById('input')")
+            _open(browser, server.url + "/")
+            browser.eval("localStorage.clear()")
             # every text the answer shows, as it changes
             browser.eval("""window.seen = [];
                 new MutationObserver(() => {
-                  const a = document.querySelector('.assistant');
+                  const a = document.querySelector('.assistant .content');
                   if (a) window.seen.push(a.textContent);
                 }).observe(document.getElementById('log'),
                            {childList: true, subtree: true, characterData: true})""")
-            browser.eval("document.getElementById('input').focus()")
-            browser.call("Input.insertText", text="What is the capital of France?")
-            for kind in ("rawKeyDown", "char", "keyUp"):
-                browser.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter",
-                             windowsVirtualKeyCode=13, text="\r")
+            _send(browser, "What is the capital of France?")
             browser.wait_for("!!document.querySelector('.assistant[data-done]') || "
                              "!!document.querySelector('.error')")
             user = browser.eval("document.querySelector('.user').textContent")
-            answer = browser.eval("document.querySelector('.assistant').textContent")
+            answer = browser.eval("document.querySelector('.assistant .content').textContent")
+            stats = browser.eval("document.querySelector('.assistant .stats').textContent")
             seen = [s for s in browser.eval("window.seen") if s]
         finally:
             server.stop()
@@ -183,3 +194,67 @@ def test_chat_page_streams_an_answer(browser, smollm2):
     assert answer.strip() and browser.eval("document.querySelectorAll('.error').length") == 0
     # streamed: the answer grew through shorter prefixes of itself
     assert len(set(seen)) >= 2 and all(answer.startswith(s) for s in seen), seen
+    assert "tokens/s" in stats, stats
+
+
+def test_chat_page_stops_keeps_conversations_and_shows_markup_as_text(browser, smollm2):
+    with edgellm.load(smollm2, context=512) as llm:
+        server = ThreadServer(llm, parallel=1, max_tokens=400)
+        try:
+            _open(browser, server.url + "/")
+            browser.eval("localStorage.clear(); location.reload()")
+            _open(browser, server.url + "/")
+            models = browser.eval("[...document.getElementById('model').options]"
+                                  ".map(o => o.value)")
+            assert models == ["smollm2"]
+            browser.eval("document.getElementById('max-tokens').value = '400'")
+            browser.eval("document.getElementById('system').value = 'Answer at length.'")
+            _send(browser, "Write a long story about a lighthouse keeper.")
+            # stop once the answer has begun: the stream ends long before 400 tokens
+            browser.wait_for("(document.querySelector('.assistant .content') || {})"
+                             ".textContent?.length > 20")
+            browser.eval("document.getElementById('stop').click()")
+            browser.wait_for("!!document.querySelector('.assistant[data-done]')")
+            stats = browser.eval("document.querySelector('.assistant .stats').textContent")
+            assert "(stopped)" in stats
+            n = int(stats.split()[0])
+            assert 0 < n < 400, stats
+            # the slot is free again: the server answers the next request at once
+            browser.wait_for("!document.getElementById('send').disabled")
+
+            # a conversation with markup in the model's text, as it is kept in the browser
+            browser.eval("""(() => {
+              const s = JSON.parse(localStorage.getItem('edgellm-chat'));
+              s.conversations.x = {title: 'markup', updated: Date.now() + 1000,
+                messages: [{role: 'user', content: '<b>hi</b>'},
+                           {role: 'assistant', reasoning: '<script>window.pwned=1</script>',
+                            content: 'Look: <script>window.pwned=1</script> and ' +
+                                     '<img src=x onerror="window.pwned=1">\\n\\n```\\n' +
+                                     '<img src=y onerror="window.pwned=1">\\n```'}]};
+              localStorage.setItem('edgellm-chat', JSON.stringify(s));
+            })()""")
+            browser.eval("location.reload()")
+            _open(browser, server.url + "/")
+            titles = browser.eval("[...document.querySelectorAll('#convs li span')]"
+                                  ".map(s => s.textContent)")
+            assert titles[0] == "markup" and titles[1].startswith("Write a long story"), titles
+            # the stopped conversation is still there, with its partial answer
+            browser.eval("document.querySelectorAll('#convs li')[1].click()")
+            assert browser.eval("document.querySelector('.user').textContent") == \
+                "Write a long story about a lighthouse keeper."
+            assert browser.eval("document.getElementById('system').value") == \
+                "Answer at length."
+            assert browser.eval("document.querySelector('.assistant .content')"
+                                ".textContent.length") > 20
+            browser.eval("document.querySelectorAll('#convs li')[0].click()")
+            log = browser.eval("document.getElementById('log').textContent")
+            assert "<script>window.pwned=1</script>" in log and "onerror" in log
+            assert browser.eval("document.querySelectorAll('#log img, #log script,"
+                                " #log b').length") == 0
+            assert browser.eval("document.querySelectorAll('#log pre code').length") == 1
+            assert browser.eval("document.querySelector('#log details.reasoning')"
+                                ".open") is False
+            time.sleep(0.2)
+            assert browser.eval("window.pwned") is None
+        finally:
+            server.stop()

@@ -26,9 +26,12 @@ class Served:
             [self.settings.embedding_id] if self._embedder is not None else [])
 
     def card(self, name: str) -> dict:
-        """OpenAI's model object for `name` (404 when it is not served)."""
+        """OpenAI's model object for `name` (404 when it is not served), with its `kind`
+        (chat or embedding: the chat page lists the chat models)."""
         check_model(name, self.ids())
-        return {"id": name, "object": "model", "created": self.created, "owned_by": "edgellm"}
+        kind = "chat" if name == self.settings.model_id else "embedding"
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "edgellm",
+                "kind": kind}
 
     def chat(self, name: str) -> Engine:
         """The engine answering chats and completions for model `name`."""

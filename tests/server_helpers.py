@@ -59,8 +59,10 @@ class ThreadServer:
         self.sock.close()
 
 
-def serve_subprocess(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    """`edgellm serve -m model --port P args...` started and answering /health."""
+def serve_subprocess(model: Path, *args: str,
+                     wait: float = 120) -> tuple[subprocess.Popen, str]:
+    """`edgellm serve -m model --port P args...` started and answering /health (within
+    `wait` seconds)."""
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
@@ -69,7 +71,7 @@ def serve_subprocess(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
                              "--port", str(port), *args], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + wait
     while True:
         if proc.poll() is not None:
             raise RuntimeError(f"edgellm serve exited {proc.returncode}: "
@@ -82,7 +84,8 @@ def serve_subprocess(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
             pass
         if time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError("edgellm serve did not answer /health")
+            raise RuntimeError(f"edgellm serve did not answer /health within {wait} s: "
+                               f"{proc.communicate()[1][-2000:]}")
         time.sleep(0.2)
 
 

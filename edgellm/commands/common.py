@@ -86,10 +86,13 @@ def _sampling(name: str, kind: type):
     return parse
 
 
-def add_model_arguments(p) -> None:
-    p.add_argument("-m", "--model", default=None,
+def add_model_arguments(p, many: bool = False) -> None:
+    """-m and the loading options; many: -m repeatable (a list, or None)."""
+    p.add_argument("-m", "--model", default=None, action="append" if many else "store",
                    type=text_argument("model name or path", empty=False),
-                   help="model file or catalog name (default: the default model)")
+                   help="model file or catalog name (default: the default model)" +
+                        ("; repeat to serve several, or name a directory of .edgellm files"
+                         if many else ""))
     p.add_argument("-t", "--threads", type=_threads, default=None,
                    help="threads (default: all cores)")
     p.add_argument("--ctx", type=int_at_least(MIN_CONTEXT), default=None,

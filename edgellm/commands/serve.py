@@ -29,7 +29,7 @@ GRACE_S = 2  # seconds from SIGTERM to the exit (the requests in flight: GRACE_S
 
 
 def add_arguments(p) -> None:
-    add_model_arguments(p)
+    add_model_arguments(p, many=True)
     add_lora_argument(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int_at_least(0, hi=65535), default=8080,
@@ -57,7 +57,23 @@ def add_arguments(p) -> None:
                         "batched step: slower, without a rearranged copy of the q4_0, q4_1 "
                         "and q8_0 weights in memory")
     p.add_argument("--alias", default=None, type=text_argument("alias", empty=False),
-                   help="the model's id in the API (default: the -m name)")
+                   help="the (first) model's id in the API (default: the -m name)")
+    p.add_argument("--max-memory", default=None, type=_size_argument,
+                   help="with several models: the most memory their plans may take together "
+                        "(e.g. 2GB); a model loads on first use and the least recently used "
+                        "idle one is closed to make room (default: no bound)")
+
+
+def _size_argument(text: str) -> int:
+    import argparse
+
+    from ..modelfile.format import FormatError
+    from .info import parse_size
+
+    try:
+        return parse_size(text)
+    except FormatError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _model_id(name: str | None, path) -> str:
@@ -78,26 +94,30 @@ def run(args) -> int:
         say(f"edgellm: warning: serving on {args.host} without --api-key: anyone who can "
             "reach this address can use the model")
     sock = _bind(args.host, args.port)  # before the models load: a bad address fails now
-    llm = open_model(args, warm=False)  # warmed on the engine thread (warm_on)
-    embedder = None
+    names = _expand(args.model or [None])
+    routing = len(names) > 1 or args.max_memory is not None
+    llm = open_model(_with(args, names[0], args.lora), warm=False)  # warmed on the engine
+    embedder = None                                                   # thread (warm_on)
+    served = None
     try:
+        first_id = args.alias or _model_id(names[0], llm.packed.path)
+        embedding_id = None
         if args.embedding_model is not None:
-            import argparse
-
-            embedder = open_model(argparse.Namespace(**{**vars(args),
-                                                        "model": args.embedding_model,
-                                                        "lora": None}), warm=False)
-            embedder.embedder  # noqa: B018 -- refuses a model without pooling now
+            embedding_id = _model_id(args.embedding_model, args.embedding_model)
+            if not routing:
+                embedder = open_model(_with(args, args.embedding_model, ctx=None), warm=False)
+                embedder.embedder  # noqa: B018 -- refuses a model without pooling now
         settings = Settings(
-            model_id=args.alias or _model_id(args.model, llm.packed.path),
-            parallel=args.parallel, queue=args.queue, api_key=args.api_key,
-            cors=tuple(args.cors), max_body=args.max_body,
+            model_id=first_id, parallel=args.parallel, queue=args.queue,
+            api_key=args.api_key, cors=tuple(args.cors), max_body=args.max_body,
             max_tokens=min(args.max_tokens, llm.context),
             max_prompt_tokens=args.max_prompt_tokens,
-            interleave=False if args.no_interleave else None,
-            embedding_id=None if embedder is None else _model_id(args.embedding_model,
-                                                                 embedder.packed.path))
-        app = create_app(llm, settings, embedder)
+            interleave=False if args.no_interleave else None, embedding_id=embedding_id)
+        if routing:
+            served = _router(args, settings, llm, first_id, names[1:])
+            app = create_app(None, settings, served=served)
+        else:
+            app = create_app(llm, settings, embedder)
         warm_on(app.state.batch.call, llm, *([] if embedder is None else [embedder]))
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                 timeout_graceful_shutdown=GRACE_S - 0.5, access_log=False)
@@ -106,12 +126,14 @@ def run(args) -> int:
         copy = 0 if stepper is None else stepper.ilv[1].nbytes
         extra = f", {copy / 1e6:.0f} MB of interleaved weights" if copy else ""
         port = sock.getsockname()[1]  # the port bound (--port 0: the system's pick)
-        say(f"edgellm: serving {settings.model_id} at http://{_url_host(args.host)}:{port}/ "
+        ids = ", ".join(app.state.served.ids())
+        say(f"edgellm: serving {ids} at http://{_url_host(args.host)}:{port}/ "
             f"({args.parallel} slot{'s' * (args.parallel > 1)}{extra}; Ctrl-C stops)")
         _serve(server, sock)
     finally:
         sock.close()
-        llm.close()
+        if served is None:
+            llm.close()
         if embedder is not None:
             embedder.close()
     say("edgellm: stopped")
@@ -167,3 +189,54 @@ def _serve(server, sock) -> None:
             signal.signal(s, h)
     if not server.started:
         raise EdgeLLMError(f"cannot serve on {server.config.host}:{server.config.port}")
+
+
+def _with(args, model, lora=None, **more):
+    """args for open_model with -m `model` (one name), `lora` and `more`."""
+    import argparse
+
+    return argparse.Namespace(**{**vars(args), "model": model, "lora": lora, **more})
+
+
+def _expand(names: list) -> list:
+    """The -m names, a directory standing for its .edgellm files (sorted)."""
+    from pathlib import Path
+
+    out = []
+    for name in names:
+        if name is not None and Path(name).is_dir():
+            found = sorted(str(p) for p in Path(name).glob("*.edgellm"))
+            if not found:
+                raise EdgeLLMError(f"{name}: a directory without .edgellm files")
+            out += found
+        else:
+            out.append(name)
+    return out
+
+
+def _router(args, settings, llm, first_id: str, more: list):
+    """The served models for several -m (and --embedding-model) under --max-memory: the
+    first loaded now, the others on first use; the server closes them all."""
+    from ..kernels.warmup import release_compiler_pages
+    from ..pull import resolve
+    from ..server.models import Served
+
+    def opener(path, kind):
+        # --ctx is the chat models': an encoder keeps its own
+        return open_model(_with(args, str(path), **({"ctx": None} if kind == "embedding"
+                                                    else {})), warm=False)
+
+    def warm(call, model):
+        call(model.model.warmup, release_compiler_pages)
+
+    served = Served(settings, max_memory=args.max_memory, opener=opener, warm=warm,
+                    context=args.ctx, kv_type=getattr(args, "kv_type", "f32"))
+    first = served.add(first_id, llm=llm)
+    first.owned = True  # closed by the server, and closed for room like the others
+    for name in more:
+        path = resolve(name, say=say)
+        served.add(_model_id(name, path), path=path, kind="chat")
+    if args.embedding_model is not None:
+        path = resolve(args.embedding_model, say=say)
+        served.add(settings.embedding_id, path=path, kind="embedding")
+    return served

@@ -25,19 +25,25 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..llm import LLM
 from . import openai_api
-from .engine import Engine, Settings
+from .engine import Settings
 from .errors import APIError, from_validation
 from .limits import BodyTooLarge, Limits
 from .models import Served
+from .router import Leases
 
 __all__ = ["Settings", "create_app", "uvicorn_server"]
 
 
-def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> FastAPI:
+def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
+               served: Served | None = None) -> FastAPI:
     """The app serving `llm` (and `embedder` at /v1/embeddings); it owns neither: the
-    caller closes them after the app has shut down (its lifespan closes the Batch)."""
-    engine = Engine(llm, settings)
-    served = Served(engine, settings, embedder)
+    caller closes them after the app has shut down (its lifespan closes the engines). Or
+    the models of `served` (several, loaded on first use: commands/serve.py)."""
+    if served is None:
+        served = Served(settings)
+        served.add(settings.model_id, llm=llm)
+        if embedder is not None:
+            served.add(settings.embedding_id, llm=embedder, kind="embedding")
 
     def wind_down(grace: float) -> None:
         """The server stops (on the event loop): requests in flight get `grace` seconds,
@@ -45,17 +51,20 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         with a last chunk, finish_reason "length", and [DONE]) and the requests waiting
         for a slot are answered 503, so that the connections close before the server's
         own deadline (which would cancel them, a traceback each)."""
-        asyncio.get_running_loop().call_later(max(grace, 0), engine.end)
+        asyncio.get_running_loop().call_later(max(grace, 0), served.end)
 
     @asynccontextmanager
     async def lifespan(app):
         yield
-        engine.close()
+        served.close()
 
     app = FastAPI(title="edgellm", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
-    app.state.batch, app.state.pool, app.state.wind_down = engine.batch, engine.pool, wind_down
-    app.state.served = served
+    first = next(iter(served.engines()), None)  # the first chat model's (tests read it)
+    app.state.batch = None if first is None else first.batch
+    app.state.pool = None if first is None else first.pool
+    app.state.wind_down, app.state.served = wind_down, served
+    app.add_middleware(Leases, served=served)  # inside Limits: the body bounded first
     app.add_middleware(Limits, max_body=settings.max_body, api_key=settings.api_key)
     if settings.cors:
         from fastapi.middleware.cors import CORSMiddleware
@@ -85,9 +94,10 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
 
     @app.get("/health")
     async def health():
-        pool = engine.pool
-        return {"status": "ok", "slots": len(pool.slots), "slots_busy": pool.busy,
-                "queued": len(pool.waiting)}
+        pools = [e.pool for e in served.engines()]
+        return {"status": "ok", "slots": sum(len(p.slots) for p in pools),
+                "slots_busy": sum(p.busy for p in pools),
+                "queued": sum(len(p.waiting) for p in pools)}
 
     @app.get("/v1/models")
     async def list_models():

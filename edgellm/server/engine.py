@@ -60,9 +60,9 @@ class Engine:
     """`llm` on settings.parallel slots (a Batch) with a bounded queue; owns the Batch, not
     the LLM. Every method runs on the event loop except those handed to a worker thread."""
 
-    def __init__(self, llm: LLM, settings: Settings):
+    def __init__(self, llm: LLM, settings: Settings, model_id: str | None = None):
         self.llm, self.settings = llm, settings
-        self.model_id = settings.model_id
+        self.model_id = model_id or settings.model_id
         self.batch = Batch(llm, settings.parallel, settings.interleave)
         self.pool = SlotPool(self.batch.slots, settings.queue)
         self.prompt_limit = min(settings.max_prompt_tokens or llm.context, llm.context - 1)

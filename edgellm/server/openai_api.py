@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from ..arguments import text as checked_text
 from ..errors import EdgeLLMError
 from .engine import max_tokens_of, sampling_fields
-from .errors import APIError
+from .errors import APIError, from_edgellm
 from .models import Served
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from .streaming import sse
@@ -103,13 +103,15 @@ def add_routes(app: FastAPI, served: Served) -> None:
             raise APIError(400, "dimensions: the model's embeddings cannot be shortened",
                            param="dimensions")
         fields = set(req.model_fields_set) | {"input"}
-        engine = served.engine
 
         def embed():
             n = sum(len(ids) for ids in embedder.embedder.tokenize(texts))
-            return engine.batch.call(embedder.embed, texts), n
+            return embedder.embed(texts), n
 
-        vectors, n = await engine.planned(embed, fields)
+        try:
+            vectors, n = await served.call(name, embed)
+        except EdgeLLMError as e:
+            raise from_edgellm(e, fields) from None
         data = [{"object": "embedding", "index": i,
                  "embedding": _encode_vector(v, req.encoding_format)}
                 for i, v in enumerate(vectors)]

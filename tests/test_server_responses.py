@@ -23,6 +23,7 @@ from openai.types.responses.response_usage import (  # noqa: E402
     OutputTokensDetails,
 )
 from server_helpers import ThreadServer, request  # noqa: E402
+from test_tool_calls import hermes_llm  # noqa: E402, F401 -- a tiny model that thinks
 
 import edgellm  # noqa: E402
 
@@ -321,3 +322,58 @@ def test_an_error_mid_stream_is_an_error_event():
     assert events[-1]["sequence_number"] == 5 and events[-1]["param"] == "input"
     assert events[-1]["code"] == "context_length_exceeded"
     assert blocks[-1][0] == "event: error"
+
+
+def test_a_thinking_model_answers_with_a_reasoning_item(hermes_llm):  # noqa: F811
+    """A thinking template (a tiny random model, which thinks until max_output_tokens under
+    a schema): its thoughts as a reasoning item's summary, counted as reasoning tokens,
+    streamed as reasoning_summary_text deltas that add up to it."""
+    s = ThreadServer(hermes_llm, max_tokens=64)
+    try:
+        c = s.client()
+        fmt = {"type": "json_schema", "name": "n", "schema": {
+            "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}
+        kw = dict(model="smollm2", input="Weather in Oslo?", text={"format": fmt},
+                  max_output_tokens=12, temperature=0)
+        r = check_shape(c.responses.with_raw_response.create(**kw).http_response.json())
+        assert [o.type for o in r.output] == ["reasoning", "message"]
+        thought = r.output[0].summary[0].text
+        assert thought and thought == thought.strip() and r.status == "incomplete"
+        assert 0 < r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
+        events = list(c.responses.create(**kw, stream=True))
+        kinds = [e.type for e in events]
+        assert kinds[2:4] == ["response.output_item.added",
+                              "response.reasoning_summary_part.added"]
+        deltas = [e.delta for e in events if e.type == "response.reasoning_summary_text.delta"]
+        assert "".join(deltas) == thought
+        done = kinds.index("response.reasoning_summary_text.done")
+        assert kinds[done:done + 3] == ["response.reasoning_summary_text.done",
+                                        "response.reasoning_summary_part.done",
+                                        "response.output_item.done"]
+        assert events[-1].response.output[0].summary[0].text == thought
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        raw = c.responses.with_raw_response.create(**kw, reasoning={"effort": "none"})
+        off = check_shape(raw.http_response.json())
+        assert [o.type for o in off.output] == ["message"]
+        assert off.usage.output_tokens_details.reasoning_tokens == 0
+        assert off.reasoning.effort == "none"
+    finally:
+        s.stop()
+
+
+def test_the_store_keeps_the_newest_within_its_bounds():
+    from edgellm.server.errors import APIError
+    from edgellm.server.responses_api import ResponseStore
+
+    store = ResponseStore(max_items=2, max_bytes=400)
+    for rid in ("a", "b", "c"):
+        store.put({"id": rid}, [], [])
+    assert list(store.kept) == ["b", "c"]
+    store.get("b")  # used: now the newest
+    store.put({"id": "d"}, [], [])
+    assert list(store.kept) == ["b", "d"]
+    store.put({"id": "e", "text": "x" * 390}, [], [])  # alone past the byte bound
+    assert list(store.kept) == [] and store.nbytes == 0
+    with pytest.raises(APIError) as e:
+        store.get("e", "previous_response_id")
+    assert e.value.status == 404 and e.value.param == "previous_response_id"

@@ -23,9 +23,8 @@ from openai.types.responses.response_usage import (  # noqa: E402
     OutputTokensDetails,
 )
 from server_helpers import ThreadServer, request  # noqa: E402
+from test_server import llm  # noqa: E402, F401 -- SmolLM2-135M, as the chat routes' tests
 from test_tool_calls import hermes_llm  # noqa: E402, F401 -- a tiny model that thinks
-
-import edgellm  # noqa: E402
 
 ASK = "What is the capital of France?"
 WEATHER = [{"type": "function", "name": "get_weather", "description": "The weather in a city",
@@ -36,14 +35,7 @@ ITEM_TYPES = {"message": ResponseOutputMessage, "function_call": ResponseFunctio
 
 
 @pytest.fixture(scope="module")
-def llm(smollm2):
-    with edgellm.load(smollm2, context=1024) as model:
-        model.model.warmup()
-        yield model
-
-
-@pytest.fixture(scope="module")
-def server(llm):
+def server(llm):  # noqa: F811
     s = ThreadServer(llm, parallel=2, max_tokens=512)
     yield s
     s.stop()
@@ -76,7 +68,7 @@ def check_shape(raw: dict) -> Response:
     return Response.model_validate(raw)
 
 
-def test_string_and_item_inputs_answer_as_the_chat(server, llm):
+def test_string_and_item_inputs_answer_as_the_chat(server, llm):  # noqa: F811
     c = server.client()
     r = c.responses.create(model="smollm2", input=ASK, max_output_tokens=12, temperature=0)
     chat = llm.create_chat_completion([{"role": "user", "content": ASK}], max_tokens=12,
@@ -160,7 +152,7 @@ def test_max_output_tokens_makes_it_incomplete(server):
     assert r.usage.output_tokens == 3 and r.output[0].status == "incomplete"
 
 
-def test_function_call_round_trip_with_previous_response_id(server, llm):
+def test_function_call_round_trip_with_previous_response_id(server, llm):  # noqa: F811
     c = server.client()
     ask = "What is the weather in Paris?"
     first = c.responses.create(model="smollm2", input=ask, tools=WEATHER,

@@ -183,7 +183,8 @@ def add_routes(app: FastAPI, served: Served) -> None:
 def _input_messages(input: str | list[dict], history: list[dict]) -> list[dict]:
     """The request's input items as chat messages: function_call items as the tool_calls
     of an assistant message (the one they follow, if any), function_call_output items as
-    tool messages (named after the call, for templates that show the name)."""
+    tool messages (named after their call, here or in `history`, for templates that show
+    the name)."""
     if isinstance(input, str):
         return [{"role": "user", "content": input}]
     if not input:
@@ -210,9 +211,11 @@ def _input_messages(input: str | list[dict], history: list[dict]) -> list[dict]:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             call_id = _string(item, "call_id", where)
-            tool = {"role": "tool", "tool_call_id": call_id,
-                    "content": _content(item.get("output"), where + ".output")}
-            out.append({**tool, "name": names[call_id]} if call_id in names else tool)
+            if call_id not in names:  # as OpenAI refuses it: an answer to no question
+                raise APIError(400, f"{where}: no function_call with call_id {call_id!r} "
+                               "comes before this output", param="input")
+            out.append({"role": "tool", "tool_call_id": call_id, "name": names[call_id],
+                        "content": _content(item.get("output"), where + ".output")})
         elif kind != "reasoning":  # earlier thoughts: templates leave them out of a prompt
             raise APIError(400, f"{where}: items of type {kind!r} are not supported (message,"
                            " function_call, function_call_output)", param="input")

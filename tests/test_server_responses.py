@@ -248,6 +248,7 @@ def test_unknown_previous_response_is_404(server):
                  "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
     ({"input": [{"type": "computer_call_output"}]}, "input"),
     ({"input": []}, "input"),
+    ({"input": "word " * 100000}, "input"),  # past the context, refused before rendering
     ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
      "input"),
     ({"max_output_tokens": 100000}, "max_output_tokens"),

@@ -113,8 +113,9 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
 
 
 def _events(llm, plan: _Plan,
-            cancelled: Callable[[], bool] | None = None) -> Iterator[tuple[str, str]]:
-    """("reasoning" | "content", text) pieces, then ("finish", reason) and ("usage", n).
+            cancelled: Callable[[], bool] | None = None) -> Iterator[tuple[str, Any]]:
+    """("reasoning" | "content", text) pieces, then ("finish", reason) and ("usage",
+    (tokens generated, those of them thinking)).
     Once `cancelled()` (checked after each token) the generation ends there."""
     splitter = reasoning.ReasoningSplitter(inside=plan.inside)
     ids = list(plan.ids)
@@ -183,7 +184,7 @@ def _events(llm, plan: _Plan,
     for piece in splitter.flush():
         yield piece
     yield "finish", finish
-    yield "usage", generated
+    yield "usage", (generated, reasoning_tokens)
 
 
 def _base(llm, kind: str) -> dict:
@@ -198,14 +199,18 @@ def _finish_tools(plan: _Plan, content: str) -> tuple[str | None, list[dict]]:
     return (text or None) if calls else content, [c.to_openai() for c in calls]
 
 
-def _usage(plan: _Plan, completion: int) -> dict:
-    return {"prompt_tokens": len(plan.ids), "completion_tokens": completion,
-            "total_tokens": len(plan.ids) + completion}
+def _usage(plan: _Plan, counts: tuple[int, int]) -> dict:
+    completion, thought = counts
+    usage = {"prompt_tokens": len(plan.ids), "completion_tokens": completion,
+             "total_tokens": len(plan.ids) + completion}
+    if plan.thinking:  # OpenAI's count of the thinking tokens among the completion's
+        usage["completion_tokens_details"] = {"reasoning_tokens": thought}
+    return usage
 
 
 def _completion(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> dict:
     parts: dict[str, list[str]] = {"reasoning": [], "content": []}
-    finish, completion = "length", 0
+    finish, completion = "length", (0, 0)
     for kind, value in _events(llm, plan, cancelled):
         if kind == "finish":
             finish = value

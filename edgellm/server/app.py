@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..llm import LLM
-from . import openai_api
+from . import openai_api, responses_api
 from .engine import Settings
 from .errors import APIError, from_validation
 from .limits import BodyTooLarge, Limits
@@ -112,6 +112,7 @@ def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
         return resources.files(__package__).joinpath("static/chat.html").read_text("utf-8")
 
     openai_api.add_routes(app, served)
+    responses_api.add_routes(app, served)
     return app
 
 

@@ -232,5 +232,19 @@ def sampling_fields(req, eos_ids) -> dict:
     return out
 
 
+def message_texts(messages: list[dict]) -> list[str]:
+    """The text of the messages (OpenAI's chat shape) that every template renders (system,
+    user and tool contents, text parts included): the part of a prompt known before it is
+    rendered (Engine.plan_chat's `texts`)."""
+    out = []
+    for m in messages:
+        if m.get("role") in ("system", "developer", "user", "tool"):
+            content = m.get("content")
+            parts = [content] if isinstance(content, str) else content or []
+            out += [p if isinstance(p, str) else p.get("text") for p in parts
+                    if isinstance(p, (str, dict))]
+    return [t for t in out if isinstance(t, str)]
+
+
 def _run_plan(slot, plan, cancelled: Callable[[], bool]) -> dict:
     return run_plan(slot, plan, False, cancelled)

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 
 from ..arguments import text as checked_text
 from ..errors import EdgeLLMError
-from .engine import max_tokens_of, sampling_fields
+from .engine import max_tokens_of, message_texts, sampling_fields
 from .errors import APIError, from_edgellm
 from .models import Served
 from .schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -37,9 +37,10 @@ def add_routes(app: FastAPI, served: Served) -> None:
                            f"{settings.max_messages} are allowed", param="messages")
         max_tokens = max_tokens_of(req.max_completion_tokens if req.max_completion_tokens
                                    is not None else req.max_tokens, settings)
+        messages = _messages(req)
         plan = await engine.plan_chat(
-            _messages(req), fields, _texts(req), req.truncate_prompt_tokens, tools=req.tools,
-            tool_choice=req.tool_choice, response_format=req.response_format,
+            messages, fields, message_texts(messages), req.truncate_prompt_tokens,
+            tools=req.tools, tool_choice=req.tool_choice, response_format=req.response_format,
             max_tokens=max_tokens, stop=req.stop,
             parallel_tool_calls=req.parallel_tool_calls is not False,
             **sampling_fields(req, engine.llm.tokenizer.eos_ids))  # checked by the planning
@@ -130,17 +131,6 @@ def _messages(req: ChatCompletionRequest) -> list[dict]:
             d["role"] = "system"
         out.append(d)
     return out
-
-
-def _texts(req: ChatCompletionRequest) -> list[str]:
-    """The text of the messages every template renders (system, user and tool contents,
-    text parts included): the part of a prompt known before it is rendered."""
-    out = []
-    for m in req.messages:
-        if m.role in ("system", "developer", "user", "tool"):
-            parts = [m.content] if isinstance(m.content, str) else m.content or []
-            out += [p if isinstance(p, str) else p.get("text") for p in parts]
-    return [t for t in out if isinstance(t, str)]
 
 
 def usage_of(prompt: int, completion: int) -> dict:

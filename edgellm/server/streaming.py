@@ -23,9 +23,11 @@ from .errors import from_edgellm
 DONE = "data: [DONE]\n\n"
 
 
-def event(data: Any) -> str:
-    """One server-sent event carrying `data` as JSON."""
-    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+def event(data: Any, name: str | None = None) -> str:
+    """One server-sent event carrying `data` as JSON, with an `event: name` line if named
+    (the event streams of Anthropic's Messages and OpenAI's Responses name each event)."""
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 async def in_thread(items: Iterator, on_exit: Callable[[], None],
@@ -76,13 +78,14 @@ async def in_thread(items: Iterator, on_exit: Callable[[], None],
 
 
 def sse(events: AsyncIterator, fields: set[str], error_of=from_edgellm,
-        done: str | None = DONE) -> StreamingResponse:
-    """`events` (dicts) as server-sent events, then `done`; an edgellm error after the
-    first byte goes out as the last event, error_of(e, fields)'s body."""
+        done: str | None = DONE, named: bool = False) -> StreamingResponse:
+    """`events` (dicts) as server-sent events, each named by its "type" if `named`, then
+    `done`; an edgellm error after the first byte goes out as the last event,
+    error_of(e, fields)'s body."""
     async def body():
         try:
             async for e in events:
-                yield event(e)
+                yield event(e, e.get("type") if named else None)
         except EdgeLLMError as e:
             yield event(error_of(e, fields).body())
         if done:

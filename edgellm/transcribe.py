@@ -39,8 +39,10 @@ from . import arguments
 from .audio import load_audio, log_mel
 from .audio.mel import window
 from .errors import ArgumentError, FormatError, ModelKindError
+from .transcribe_search import beam_search, sample
 
 TASKS = ("transcribe", "translate")
+TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 
 
 @dataclass
@@ -65,6 +67,22 @@ class TranscriptionInfo:
     language_probability: float
     duration: float  # seconds of audio
     all_language_probs: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How each window is decoded (openai/whisper's transcribe options; faster-whisper's
+    defaults: beam 5, best of 5 when sampling)."""
+
+    beam_size: int = 5
+    best_of: int = 5
+    patience: float = 1.0
+    length_penalty: float | None = None  # None: the sum over the length
+    temperatures: tuple[float, ...] = TEMPERATURES
+    compression_ratio_threshold: float | None = 2.4
+    log_prob_threshold: float | None = -1.0
+    no_speech_threshold: float | None = 0.6
+    prompt_reset_on_temperature: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -219,6 +237,15 @@ class Transcriber:
         if _logsumexp(logp[begin:]) > logp[:begin].max():  # timestamps more likely: take one
             row[:begin] = -np.inf
 
+    def filters(self, row: np.ndarray, tokens: list[int], timestamps: bool) -> None:
+        """openai/whisper's logit filters on a float64 logits row after the generated
+        `tokens`, in place: suppress at the beginning, suppress, the timestamp rules."""
+        if not tokens:
+            row[self.meta.begin_suppress] = -np.inf
+        row[self.meta.suppress] = -np.inf
+        if timestamps:
+            self.timestamp_rules(row, tokens)
+
     def greedy(self, cross, prompt: list[int], max_new_tokens: int, timestamps: bool
                ) -> tuple[list[int], float, float]:
         """(tokens without the end token, sum of their and its log-probabilities,
@@ -232,11 +259,7 @@ class Transcriber:
         room = model.context - len(prompt)
         while True:
             row = row.astype(np.float64)
-            if not tokens:
-                row[m.begin_suppress] = -np.inf
-            row[m.suppress] = -np.inf
-            if timestamps:
-                self.timestamp_rules(row, tokens)
+            self.filters(row, tokens, timestamps)
             tok = int(np.argmax(row))
             total += float(row[tok] - _logsumexp(row))
             if tok == eot:
@@ -246,6 +269,58 @@ class Transcriber:
                 break
             row = model.decode([tok], cache)[0]
         return tokens, total, no_speech
+
+    def search(self, cross, prompt: list[int], max_new_tokens: int, timestamps: bool,
+               temperature: float, opts: Options, rng: np.random.Generator
+               ) -> tuple[list[int], float, float]:
+        """greedy()'s result by beam search (temperature 0) or the best of opts.best_of
+        samples (transcribe_search.py): the prompt prefilled once, its cache copied to
+        every sequence, the window's cross keys and values shared by all."""
+        n = opts.beam_size if temperature == 0 else opts.best_of
+        if temperature == 0 and n == 1:
+            return self.greedy(cross, prompt, max_new_tokens, timestamps)
+        m, model = self.meta, self.model
+        one = model.new_cache(cross)
+        logits = model.decode(prompt, one, last_only=False)
+        no_speech = float(_softmax(logits[prompt.index(m.tokens["sot"])])[m.tokens["no_speech"]])
+        cache = one.repeat(n)
+        limit = min(max_new_tokens, model.context - len(prompt))
+
+        def step(ids):
+            return model.decode(np.asarray(ids, np.int64).reshape(-1, 1), cache)
+
+        def filters(row, tokens):
+            self.filters(row, tokens, timestamps)
+
+        eot = m.tokens["eot"]
+        if temperature == 0:
+            tokens, total = beam_search(logits[-1], step, cache.reorder, filters, eot, n,
+                                        opts.patience, limit, opts.length_penalty)
+        else:
+            tokens, total = sample(logits[-1], step, filters, eot, n, temperature, limit, rng,
+                                   opts.length_penalty)
+        return tokens, total, no_speech
+
+    def decode_window(self, cross, prompt: list[int], max_new_tokens: int, timestamps: bool,
+                      opts: Options, rng: np.random.Generator, text_of):
+        """openai/whisper's decode_with_fallback: each temperature in turn until the window's
+        compression ratio and average log-probability pass their thresholds (or the window
+        is silence): (tokens, sum of log-probabilities, no-speech probability, average
+        log-probability, compression ratio, temperature)."""
+        for t in opts.temperatures:
+            tokens, total, no_speech = self.search(cross, prompt, max_new_tokens, timestamps,
+                                                   t, opts, rng)
+            avg = total / (len(tokens) + 1)
+            ratio = compression_ratio(text_of(tokens).strip())
+            retry = (opts.compression_ratio_threshold is not None and
+                     ratio > opts.compression_ratio_threshold) or \
+                (opts.log_prob_threshold is not None and avg < opts.log_prob_threshold)
+            if opts.no_speech_threshold is not None and no_speech > opts.no_speech_threshold \
+                    and opts.log_prob_threshold is not None and avg < opts.log_prob_threshold:
+                retry = False  # silence: skipped, not decoded again
+            if not retry:
+                break
+        return tokens, total, no_speech, avg, ratio, t
 
     def split(self, tokens: list[int], seek: int, size: int
               ) -> tuple[list[tuple[float, float, list[int]]], int]:
@@ -274,9 +349,10 @@ class Transcriber:
 
     def segments(self, mel: np.ndarray, duration: float, first_cross, language, task: str,
                  max_new_tokens: int, timestamps: bool, condition: bool,
-                 initial: list[int], no_speech_threshold: float | None = 0.6,
-                 log_prob_threshold: float | None = -1.0) -> Iterator[Segment]:
-        m = self.meta
+                 initial: list[int], opts: Options | None = None,
+                 rng: np.random.Generator | None = None) -> Iterator[Segment]:
+        m, opts = self.meta, opts or Options()
+        rng = rng if rng is not None else np.random.default_rng(0)
         per_frame = m.hop_length / m.sampling_rate
         content = mel.shape[1] - 1  # the last frame comes from the hop of padding
         seek, i, cross, history = 0, 0, first_cross, list(initial)
@@ -288,15 +364,16 @@ class Transcriber:
             if cross is None:
                 cross = self.window(mel, seek)
             prompt = self.prompt(language, task, timestamps, history)
-            tokens, total, no_speech = self.greedy(cross, prompt, max_new_tokens, timestamps)
+            tokens, _, no_speech, avg, ratio, temperature = self.decode_window(
+                cross, prompt, max_new_tokens, timestamps, opts, rng, text_of)
             if timestamps:
                 parts, next_seek = self.split(tokens, seek, size)
             else:
                 parts, next_seek = [(seek * per_frame, (seek + size) * per_frame, tokens)], \
                     seek + size
-            avg, ratio = total / (len(tokens) + 1), compression_ratio(text_of(tokens))
-            if no_speech_threshold is not None and no_speech > no_speech_threshold and not (
-                    log_prob_threshold is not None and avg > log_prob_threshold):
+            if opts.no_speech_threshold is not None and no_speech > opts.no_speech_threshold \
+                    and not (opts.log_prob_threshold is not None and
+                             avg > opts.log_prob_threshold):
                 seek, cross = seek + size, None  # silence: nothing said in this window
                 continue
             for start, end, part in parts:
@@ -307,10 +384,10 @@ class Transcriber:
                     continue
                 history += part
                 yield Segment(i, seek, start, min(end, duration), text, part, avg, ratio,
-                              no_speech)
+                              no_speech, temperature)
                 i += 1
-            if not condition:
-                history = []
+            if not condition or temperature > opts.prompt_reset_on_temperature:
+                history = []  # a window sampled hot is no context for the next one
             # a window whose only complete segment ends at 0.00 ([<|0.00|><|0.00|>, ...])
             # would be decoded again forever: go on after it instead
             seek, cross = (next_seek if next_seek > seek else seek + size), None
@@ -337,20 +414,58 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def transcribe(llm, audio, language: str | None = None, task: str = "transcribe",
+def _temperatures(value) -> tuple[float, ...]:
+    one = not isinstance(value, (list, tuple))
+    values = [value] if one else list(value)
+    ok = values and all(not isinstance(v, bool) and isinstance(v, (int, float)) and
+                        0 <= v <= 2 for v in values)
+    if not ok:
+        raise ArgumentError(f"temperature must be a number in [0, 2] or a non-empty sequence "
+                            f"of them (tried in turn), got {value!r:.60}")
+    return tuple(float(v) for v in values)
+
+
+def options(beam_size=5, best_of=5, patience=1.0, length_penalty=None,
+            temperature=TEMPERATURES, compression_ratio_threshold=2.4,
+            log_prob_threshold=-1.0, no_speech_threshold=0.6) -> Options:
+    """The decoding options, checked (ArgumentError naming the bad one)."""
+    return Options(
+        beam_size=arguments.integer(beam_size, "beam_size", 1, 64),
+        best_of=arguments.integer(best_of, "best_of", 1, 64),
+        patience=_threshold(patience, "patience", 1e-3, 64.0) or 1.0,
+        length_penalty=_threshold(length_penalty, "length_penalty", 0.0, 10.0),
+        temperatures=_temperatures(temperature),
+        compression_ratio_threshold=_threshold(compression_ratio_threshold,
+                                               "compression_ratio_threshold", 0.0, 1e9),
+        log_prob_threshold=_threshold(log_prob_threshold, "log_prob_threshold", -1e9, 0.0),
+        no_speech_threshold=_threshold(no_speech_threshold, "no_speech_threshold", 0.0, 1.0))
+
+
+def transcribe(llm, audio, language: str | None = None, task: str = "transcribe", *,
+               beam_size: int = 5, best_of: int = 5, patience: float = 1.0,
+               length_penalty: float | None = None, temperature=TEMPERATURES,
+               compression_ratio_threshold: float | None = 2.4,
+               log_prob_threshold: float | None = -1.0,
+               no_speech_threshold: float | None = 0.6, seed: int | None = 0,
                without_timestamps: bool = False, condition_on_previous_text: bool = True,
-               initial_prompt=None, no_speech_threshold: float | None = 0.6,
-               log_prob_threshold: float | None = -1.0, max_new_tokens: int | None = None,
+               initial_prompt=None, max_new_tokens: int | None = None,
+               vad: bool = False, word_timestamps: bool = False, progress=None,
                blocking: bool = True, timeout: float | None = None):
     """(segments: a Stream of Segment, holding the model until it ends; TranscriptionInfo).
     The first window is encoded (and its language detected) before this returns."""
     t = Transcriber(llm)
     language, max_new_tokens = t.check(language, task, max_new_tokens)
+    opts = options(beam_size, best_of, patience, length_penalty, temperature,
+                   compression_ratio_threshold, log_prob_threshold, no_speech_threshold)
+    seed = arguments.integer(seed, "seed", 0, None, none=True)
     timestamps = not arguments.flag(without_timestamps, "without_timestamps")
     condition = arguments.flag(condition_on_previous_text, "condition_on_previous_text")
     initial = t.initial_tokens(initial_prompt)
-    no_speech_threshold = _threshold(no_speech_threshold, "no_speech_threshold", 0.0, 1.0)
-    log_prob_threshold = _threshold(log_prob_threshold, "log_prob_threshold", -1e9, 0.0)
+    vad = arguments.flag(vad, "vad")
+    if arguments.flag(word_timestamps, "word_timestamps"):
+        raise ArgumentError("word_timestamps=True is not supported yet")
+    if progress is not None and not callable(progress):
+        raise ArgumentError("progress must be a callable (seconds done, seconds in all)")
     mel, duration = t.mel(audio)
 
     def run():  # the info first, then the segments: every step under the model's lock
@@ -359,7 +474,7 @@ def transcribe(llm, audio, language: str | None = None, task: str = "transcribe"
             lang, prob, probs = t.detect_language(cross)
         yield TranscriptionInfo(lang, prob, duration, probs)
         yield from t.segments(mel, duration, cross, lang, task, max_new_tokens, timestamps,
-                              condition, initial, no_speech_threshold, log_prob_threshold)
+                              condition, initial, opts, np.random.default_rng(seed))
 
     stream = llm.lifetime.stream(llm.lifetime.acquire(blocking, timeout), run())
     return stream, next(stream)

@@ -15,6 +15,7 @@ from edgellm.audio.mel import window
 from edgellm.errors import ModelKindError
 
 CLIPS = FIXTURES / "whisper"
+GREEDY = {"beam_size": 1, "temperature": 0.0}  # transformers' greedy search
 REFS = json.loads((CLIPS / "base.json").read_text("utf-8"))
 
 
@@ -46,7 +47,8 @@ def test_greedy_tokens_match_transformers(base, case):
     ref = REFS[case]
     language = ref["language"] if ref["task"] == "translate" else None
     segments, info = base.transcribe(CLIPS / f"{ref['clip']}.wav", language=language,
-                                     task=ref["task"], without_timestamps=not ref["timestamps"])
+                                     task=ref["task"], without_timestamps=not ref["timestamps"],
+                                     **GREEDY)
     segments = list(segments)
     assert info.language == ref["language"]
     assert [t for s in segments for t in s.tokens] == ref["tokens"]
@@ -67,7 +69,8 @@ def test_long_audio_seeks_by_timestamps_as_transformers(base):
     gap = np.zeros(24000, np.float32)
     clips = ("fox", "umbrella", "noise", "german")
     audio = np.concatenate([x for c in clips for x in (load_audio(CLIPS / f"{c}.wav"), gap)] * 2)
-    segments, info = base.transcribe(audio, language="en", condition_on_previous_text=False)
+    segments, info = base.transcribe(audio, language="en", condition_on_previous_text=False,
+                                     **GREEDY)
     segments = list(segments)
     assert info.duration > 30 and len({s.seek for s in segments}) == 2
     begin = base.packed.header["whisper"]["tokens"]["timestamp_begin"]
@@ -83,14 +86,28 @@ def test_silence_gives_no_segment_and_noise_none_past_the_end(base):
     the window (without the rule whisper-base says " you"). Noise: whisper-base repeats
     timestamped text to 28 s of a 5 s clip; nothing past the audio's end is a segment."""
     silence = np.zeros(16000 * 5, np.float32)
-    assert list(base.transcribe(silence, language="en")[0]) == []
-    kept = list(base.transcribe(silence, language="en", no_speech_threshold=None)[0])
+    assert list(base.transcribe(silence, language="en", **GREEDY)[0]) == []
+    kept = list(base.transcribe(silence, language="en", no_speech_threshold=None, **GREEDY)[0])
     assert [s.text for s in kept] == [" you"]
     noise = (0.01 * np.random.default_rng(0).standard_normal(16000 * 5)).astype(np.float32)
-    segments = list(base.transcribe(noise, no_speech_threshold=None)[0])  # detected: "nn"
+    segments = list(base.transcribe(noise, no_speech_threshold=None, **GREEDY)[0])  # "nn"
     assert segments and all(s.start < s.end <= 5.0 for s in segments)
 
 
 def test_generate_is_refused(base):
     with pytest.raises(ModelKindError, match="transcribes audio"):
         base.generate("Hello")
+
+
+def test_beam_search_matches_openai(base):
+    """Beam 5 (the default) on each clip's window: the tokens openai/whisper's
+    BeamSearchDecoder chooses over transformers' logits on the same weights
+    (base-beam.json: scripts/make-whisper-search-fixtures.py)."""
+    refs = json.loads((CLIPS / "base-beam.json").read_text("utf-8"))
+    for name, ref in refs.items():
+        segments, info = base.transcribe(CLIPS / f"{name}.wav", temperature=0.0)
+        segments = list(segments)
+        assert info.language == ref["language"]
+        assert [t for s in segments for t in s.tokens] == ref["tokens"], name
+        n = len(ref["tokens"])
+        assert segments[0].avg_logprob == pytest.approx(ref["sum_logprob"] / (n + 1), abs=1e-3)

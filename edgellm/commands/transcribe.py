@@ -1,4 +1,4 @@
-"""Transcribe speech in WAV files with a Whisper model (default: whisper-base).
+"""Transcribe speech in audio files with a Whisper model (default: whisper-base).
 
 Segments are printed as they are decoded. --format text: `[mm:ss.xxx --> mm:ss.xxx] text`
 lines (as openai/whisper's verbose output; hours shown past one hour), or the plain text
@@ -24,7 +24,8 @@ SUFFIX = {"text": ".txt", "srt": ".srt", "vtt": ".vtt", "json": ".json"}
 
 
 def add_arguments(p) -> None:
-    p.add_argument("files", nargs="+", metavar="FILE", help="WAV files to transcribe")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="audio files: WAV; mp3, m4a, ogg, flac, webm with the audio extra")
     p.add_argument("-m", "--model", default="whisper-base",
                    type=text_argument("model name or path", empty=False),
                    help="a Whisper model file or catalog name (default: whisper-base)")

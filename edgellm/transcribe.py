@@ -38,6 +38,7 @@ import numpy as np
 from . import arguments
 from .audio import load_audio, log_mel
 from .audio.mel import window
+from .audio.vad import SpeechAudio, speech_chunks
 from .errors import ArgumentError, FormatError, ModelKindError
 from .transcribe_search import beam_search, sample
 
@@ -180,11 +181,16 @@ class Transcriber:
             return self.llm.tokenizer.encode(" " + prompt.strip())
         return arguments.token_ids(prompt, self.meta.tokens["eot"], "initial_prompt")
 
-    def mel(self, audio) -> tuple[np.ndarray, float]:
+    def mel(self, audio, vad: bool = False) -> tuple[np.ndarray, float, SpeechAudio | None]:
+        """(log-mel, seconds of audio, the speech found by the VAD or None): with vad, the
+        log-mel is of the speech alone, end to end (the whole audio if none is found:
+        its first window then only serves language detection)."""
         m = self.meta
         samples = load_audio(audio, m.sampling_rate)
-        return (log_mel(samples, m.n_mels, m.hop_length, m.sampling_rate, m.n_fft,
-                        m.hop_length), samples.size / m.sampling_rate)
+        speech = SpeechAudio(samples, speech_chunks(samples), m.sampling_rate) if vad else None
+        x = speech.audio if speech is not None and speech.chunks else samples
+        return (log_mel(x, m.n_mels, m.hop_length, m.sampling_rate, m.n_fft, m.hop_length),
+                samples.size / m.sampling_rate, speech)
 
     def window(self, mel: np.ndarray, seek: int):
         """The cross keys/values of the window starting at frame `seek`."""
@@ -350,7 +356,7 @@ class Transcriber:
     def segments(self, mel: np.ndarray, duration: float, first_cross, language, task: str,
                  max_new_tokens: int, timestamps: bool, condition: bool,
                  initial: list[int], opts: Options | None = None,
-                 rng: np.random.Generator | None = None) -> Iterator[Segment]:
+                 rng: np.random.Generator | None = None, progress=None) -> Iterator[Segment]:
         m, opts = self.meta, opts or Options()
         rng = rng if rng is not None else np.random.default_rng(0)
         per_frame = m.hop_length / m.sampling_rate
@@ -375,6 +381,8 @@ class Transcriber:
                     and not (opts.log_prob_threshold is not None and
                              avg > opts.log_prob_threshold):
                 seek, cross = seek + size, None  # silence: nothing said in this window
+                if progress is not None:
+                    progress(min(seek * per_frame, duration), duration)
                 continue
             for start, end, part in parts:
                 text = text_of(part)
@@ -391,6 +399,10 @@ class Transcriber:
             # a window whose only complete segment ends at 0.00 ([<|0.00|><|0.00|>, ...])
             # would be decoded again forever: go on after it instead
             seek, cross = (next_seek if next_seek > seek else seek + size), None
+            if progress is not None:
+                progress(min(seek * per_frame, duration), duration)
+        if progress is not None:  # the hop of padding after the content frames: all done
+            progress(duration, duration)
 
 
 def _threshold(value, name: str, lo: float, hi: float) -> float | None:
@@ -466,15 +478,34 @@ def transcribe(llm, audio, language: str | None = None, task: str = "transcribe"
         raise ArgumentError("word_timestamps=True is not supported yet")
     if progress is not None and not callable(progress):
         raise ArgumentError("progress must be a callable (seconds done, seconds in all)")
-    mel, duration = t.mel(audio)
+    mel, duration, speech = t.mel(audio, vad)
 
     def run():  # the info first, then the segments: every step under the model's lock
         cross, probs, prob, lang = t.window(mel, 0), {}, 1.0, language
         if lang is None:
             lang, prob, probs = t.detect_language(cross)
         yield TranscriptionInfo(lang, prob, duration, probs)
-        yield from t.segments(mel, duration, cross, lang, task, max_new_tokens, timestamps,
-                              condition, initial, opts, np.random.default_rng(seed))
+        if speech is None:
+            yield from t.segments(mel, duration, cross, lang, task, max_new_tokens, timestamps,
+                                  condition, initial, opts, np.random.default_rng(seed),
+                                  progress)
+            return
+        if not speech.chunks:  # nothing but silence: nothing to decode
+            if progress is not None:
+                progress(duration, duration)
+            return
+        heard = speech.audio.size / speech.rate
+
+        def done(at, _):  # progress in the recording's time
+            progress(min(speech.original(at, end=True), duration), duration)
+
+        for s in t.segments(mel, heard, cross, lang, task, max_new_tokens, timestamps,
+                            condition, initial, opts, np.random.default_rng(seed),
+                            done if progress is not None else None):
+            s.start, s.end = speech.original(s.start), speech.original(s.end, end=True)
+            yield s
+        if progress is not None:
+            progress(duration, duration)
 
     stream = llm.lifetime.stream(llm.lifetime.acquire(blocking, timeout), run())
     return stream, next(stream)

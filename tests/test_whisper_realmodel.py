@@ -111,3 +111,24 @@ def test_beam_search_matches_openai(base):
         assert [t for s in segments for t in s.tokens] == ref["tokens"], name
         n = len(ref["tokens"])
         assert segments[0].avg_logprob == pytest.approx(ref["sum_logprob"] / (n + 1), abs=1e-3)
+
+
+def test_vad_transcribes_the_speech_alone_at_its_time(base):
+    """fox.wav after 35 s of silence and white noise at -40 dB (two windows without the VAD):
+    with vad=True one window of speech is decoded, the one its chunk alone gives (" The quick
+    brown parts jump over the lazy dog.": the noise costs a word), and its segment starts
+    where the speech does in the recording (within the 0.4 s padding)."""
+    from edgellm.audio.vad import speech_chunks
+
+    fox = load_audio(CLIPS / "fox.wav")
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.zeros(35 * 16000, np.float32), fox, np.zeros(5 * 16000, np.float32)])
+    x += (0.01 * rng.standard_normal(x.size)).astype(np.float32)
+    segments, info = base.transcribe(x, language="en", vad=True)
+    segments = list(segments)
+    (a, b), = speech_chunks(x)
+    alone = list(base.transcribe(x[a:b], language="en")[0])
+    assert "lazy dog" in alone[-1].text
+    assert "".join(s.text for s in segments) == "".join(s.text for s in alone)
+    assert 34.5 <= segments[0].start <= 35.2 and segments[-1].end <= 35 + fox.size / 16000 + 0.5
+    assert {s.seek for s in segments} == {0} and info.duration == x.size / 16000

@@ -1,28 +1,35 @@
 """Speech to text with a Whisper model: `LLM.transcribe(audio)` -> (segments, info).
 
-    samples = load_audio(audio)                   WAV path / bytes or float32 array, 16 kHz
+    samples = load_audio(audio)                   a file (WAV; others through PyAV), WAV
+                                                  bytes or a float32 array, 16 kHz
+    vad: samples = the speech chunks end to end (audio/vad.py), times mapped back at the end
     mel = log_mel(samples)                        the whole input (audio/mel.py)
     language = argmax over the language tokens after <|startoftranscript|>, on the first
                window (if not given)
     per window (3,000 frames at `seek`, padded with zeros after normalization):
-      enc = encode(window); cross keys/values once
+      enc = encode(window); cross keys/values once, shared by every beam or sample
       prompt = [<|startofprev|> previous text] sot language task [<|notimestamps|>]
-      tokens = greedy: each step's logits with begin_suppress_tokens (first step),
-               suppress_tokens and the timestamp rules (timestamp_rules) at -inf, argmax,
-               until <|endoftext|> or max_new_tokens (half the decoder's positions)
+      for each temperature in turn (0, 0.2, ... 1):
+        tokens = at 0: beam search (beam_size 5; 1: greedy), above: the best of best_of
+                 samples (transcribe_search.py); each step's logits with
+                 begin_suppress_tokens (first step), suppress_tokens and the timestamp rules
+                 at -inf, until <|endoftext|> or max_new_tokens (half the decoder's positions)
+        done unless the compression ratio is over 2.4 or the average log-probability under
+        -1 (silence excepted: no-speech probability over 0.6 with that low a probability)
       silence: no-speech probability over no_speech_threshold (0.6) while the average
                log-probability is under log_prob_threshold (-1): the window is skipped
       segments = the tokens split at pairs of timestamps; the next window starts at the
                last complete segment's end (or after this window); segments that are
                empty, of zero length or past the audio's end are dropped
+      the next window's prompt: the text so far, unless the window was decoded above 0.5
     each segment: start, end, text, tokens, and its window's average log-probability (over
-    the tokens and the end token: sum / (n + 1)), compression ratio (zlib) and no-speech
-    probability (of <|nocaptions|> after sot)
+    the tokens and the end token: sum / (n + 1)), compression ratio (zlib), no-speech
+    probability (of <|nocaptions|> after sot) and temperature
 
-This follows faster-whisper's generate_segments (openai/whisper's transcribe) for greedy
-decoding. What it does not do yet: beam search, temperature fallback (retrying a window
-whose compression ratio or average log-probability crosses its threshold), word timestamps,
-voice-activity filtering, a prefix, hotwords.
+This follows openai/whisper's transcribe (faster-whisper's generate_segments, with
+faster-whisper's defaults: beam 5, best of 5). When every temperature fails, the last
+result is kept (openai/whisper's choice; faster-whisper keeps the best-scoring one). Not
+done: word timestamps, a prefix, hotwords.
 
 The header's "whisper" entry (converter/whisper_meta.py) gives the front end's parameters
 and every special token; it is checked here (FormatError) before any window runs."""

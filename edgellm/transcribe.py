@@ -22,14 +22,17 @@
                last complete segment's end (or after this window); segments that are
                empty, of zero length or past the audio's end are dropped
       the next window's prompt: the text so far, unless the window was decoded above 0.5
+      word_timestamps: the words of the window's segments timed (word_timing.py)
     each segment: start, end, text, tokens, and its window's average log-probability (over
     the tokens and the end token: sum / (n + 1)), compression ratio (zlib), no-speech
     probability (of <|nocaptions|> after sot) and temperature
 
 This follows openai/whisper's transcribe (faster-whisper's generate_segments, with
 faster-whisper's defaults: beam 5, best of 5). When every temperature fails, the last
-result is kept (openai/whisper's choice; faster-whisper keeps the best-scoring one). Not
-done: word timestamps, a prefix, hotwords.
+result is kept (openai/whisper's choice; faster-whisper keeps the best-scoring one). With
+word_timestamps, each window's words are timed by its alignment heads' cross-attention
+(word_timing.py) and the next window starts after the last word, as openai's does. Not
+done: a prefix, hotwords, hallucination_silence_threshold.
 
 The header's "whisper" entry (converter/whisper_meta.py) gives the front end's parameters
 and every special token; it is checked here (FormatError) before any window runs."""
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -48,6 +51,7 @@ from .audio.mel import window
 from .audio.vad import SpeechAudio, speech_chunks
 from .errors import ArgumentError, FormatError, ModelKindError
 from .transcribe_search import beam_search, sample
+from .word_timing import Word, assign, find_alignment
 
 TASKS = ("transcribe", "translate")
 TEMPERATURES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
@@ -67,6 +71,7 @@ class Segment:
     compression_ratio: float
     no_speech_prob: float
     temperature: float = 0.0
+    words: list[Word] | None = None  # with word_timestamps: each word's start, end, text
 
 
 @dataclass
@@ -107,6 +112,7 @@ class WhisperMeta:
     suppress: np.ndarray
     begin_suppress: np.ndarray
     max_initial: int  # the first timestamp's highest index (50: 1 s)
+    alignment_heads: tuple = ()  # (decoder layer, head) pairs that follow the audio in time
 
     @classmethod
     def of(cls, packed, vocab: int) -> WhisperMeta:
@@ -139,7 +145,18 @@ class WhisperMeta:
                    suppress=ids(w.get("suppress_tokens", []), "suppress_tokens"),
                    begin_suppress=ids(w.get("begin_suppress_tokens", []),
                                       "begin_suppress_tokens"),
-                   max_initial=int(w.get("max_initial_timestamp_index", 50)))
+                   max_initial=int(w.get("max_initial_timestamp_index", 50)),
+                   alignment_heads=_pairs(w.get("alignment_heads", []), where))
+
+
+def _pairs(value, where: str) -> tuple:
+    ok = isinstance(value, list) and all(
+        isinstance(p, list) and len(p) == 2 and all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 16 for i in p)
+        for p in value)
+    if not ok:
+        raise FormatError(f"{where}: alignment_heads must be [layer, head] pairs")
+    return tuple(tuple(p) for p in value)
 
 
 def compression_ratio(text: str) -> float:
@@ -163,6 +180,13 @@ class Transcriber:
             raise FormatError(f"{llm.packed.path}: the front end's {self.meta.n_mels} mel bins "
                               f"do not match the encoder's {self.model.n_mels}")
         self.frames = 2 * self.model.P  # log-mel frames per window
+        layers, H = len(self.model.decoder), self.model.H
+        if any(a >= layers or b >= H for a, b in self.meta.alignment_heads):
+            raise FormatError(f"{llm.packed.path}: an alignment head is outside the decoder's "
+                              f"{layers} layers of {H} heads")
+        if not self.meta.alignment_heads:  # openai's default: every head of the top half
+            self.meta = replace(self.meta, alignment_heads=tuple(
+                (a, b) for a in range(layers // 2, layers) for b in range(H)))
 
     def check(self, language, task: str, max_new_tokens) -> tuple[str | None, int]:
         m = self.meta
@@ -360,11 +384,37 @@ class Transcriber:
             return out, seek + size
         return out, seek + (tokens[last - 1] - begin) * 2  # from the last complete segment
 
+    def add_words(self, found: list[Segment], cross, language, task: str, seek: int,
+                  size: int, last_speech: float, text_of) -> float:
+        """Word timestamps for a window's segments (word_timing.py): one decoder pass over
+        sot language task <|notimestamps|> text <|endoftext|>, keeping the alignment heads'
+        cross-attention; sets each segment's `words`, returns the last speech's end."""
+        m = self.meta
+        eot = m.tokens["eot"]
+        text = [t for f in found for t in f.tokens if t < eot]
+        for f in found:
+            f.words = []
+        if not text or self.llm.packed.has_tokenizer is False:
+            return last_speech
+        sot_seq = self.prompt(language, task, False, [])[:-1]
+        ids = [*sot_seq, m.tokens["no_timestamps"], *text, eot]
+        if len(ids) > self.model.context:
+            return last_speech
+        scores: list[np.ndarray] = []
+        logits = self.model.decode(ids, self.model.new_cache(cross), last_only=False,
+                                   cross_scores=scores)
+        words = find_alignment(scores, self.meta.alignment_heads, logits, text, len(sot_seq),
+                               size, eot, text_of, language)
+        offset = seek * self.meta.hop_length / self.meta.sampling_rate
+        return assign(found, words, offset, last_speech, eot)
+
     def segments(self, mel: np.ndarray, duration: float, first_cross, language, task: str,
                  max_new_tokens: int, timestamps: bool, condition: bool,
                  initial: list[int], opts: Options | None = None,
-                 rng: np.random.Generator | None = None, progress=None) -> Iterator[Segment]:
+                 rng: np.random.Generator | None = None, progress=None,
+                 words: bool = False) -> Iterator[Segment]:
         m, opts = self.meta, opts or Options()
+        last_speech = 0.0
         rng = rng if rng is not None else np.random.default_rng(0)
         per_frame = m.hop_length / m.sampling_rate
         content = mel.shape[1] - 1  # the last frame comes from the hop of padding
@@ -391,15 +441,24 @@ class Transcriber:
                 if progress is not None:
                     progress(min(seek * per_frame, duration), duration)
                 continue
-            for start, end, part in parts:
-                text = text_of(part)
-                if start == end or (tokenizer is not None and not text.strip()):
+            found = [Segment(0, seek, start, end, text_of(part), part, avg, ratio, no_speech,
+                             temperature) for start, end, part in parts]
+            if words:
+                last_speech = self.add_words(found, cross, language, task, seek, size,
+                                             last_speech, text_of)
+                single_ending = len(tokens) >= 2 and tokens[-2] < m.tokens["timestamp_begin"] \
+                    <= tokens[-1]
+                ends = [w.end for f in found for w in f.words]
+                if timestamps and not single_ending and ends and ends[-1] > seek * per_frame:
+                    next_seek = round(ends[-1] / per_frame)  # after the last word (openai's)
+            for seg in found:
+                if seg.start == seg.end or (tokenizer is not None and not seg.text.strip()):
                     continue  # instantaneous or empty: as faster-whisper, not a segment
-                if start >= duration:  # timestamps past the audio's end: not a segment
+                if seg.start >= duration:  # timestamps past the audio's end: not a segment
                     continue
-                history += part
-                yield Segment(i, seek, start, min(end, duration), text, part, avg, ratio,
-                              no_speech, temperature)
+                history += seg.tokens
+                seg.id, seg.end = i, min(seg.end, duration)
+                yield seg
                 i += 1
             if not condition or temperature > opts.prompt_reset_on_temperature:
                 history = []  # a window sampled hot is no context for the next one
@@ -481,8 +540,7 @@ def transcribe(llm, audio, language: str | None = None, task: str = "transcribe"
     condition = arguments.flag(condition_on_previous_text, "condition_on_previous_text")
     initial = t.initial_tokens(initial_prompt)
     vad = arguments.flag(vad, "vad")
-    if arguments.flag(word_timestamps, "word_timestamps"):
-        raise ArgumentError("word_timestamps=True is not supported yet")
+    words = arguments.flag(word_timestamps, "word_timestamps")
     if progress is not None and not callable(progress):
         raise ArgumentError("progress must be a callable (seconds done, seconds in all)")
     mel, duration, speech = t.mel(audio, vad)
@@ -495,7 +553,7 @@ def transcribe(llm, audio, language: str | None = None, task: str = "transcribe"
         if speech is None:
             yield from t.segments(mel, duration, cross, lang, task, max_new_tokens, timestamps,
                                   condition, initial, opts, np.random.default_rng(seed),
-                                  progress)
+                                  progress, words)
             return
         if not speech.chunks:  # nothing but silence: nothing to decode
             if progress is not None:
@@ -508,8 +566,10 @@ def transcribe(llm, audio, language: str | None = None, task: str = "transcribe"
 
         for s in t.segments(mel, heard, cross, lang, task, max_new_tokens, timestamps,
                             condition, initial, opts, np.random.default_rng(seed),
-                            done if progress is not None else None):
+                            done if progress is not None else None, words):
             s.start, s.end = speech.original(s.start), speech.original(s.end, end=True)
+            for w in s.words or ():
+                w.start, w.end = speech.original(w.start), speech.original(w.end, end=True)
             yield s
         if progress is not None:
             progress(duration, duration)

@@ -132,3 +132,44 @@ def test_vad_transcribes_the_speech_alone_at_its_time(base):
     assert "".join(s.text for s in segments) == "".join(s.text for s in alone)
     assert 34.5 <= segments[0].start <= 35.2 and segments[-1].end <= 35 + fox.size / 16000 + 0.5
     assert {s.seek for s in segments} == {0} and info.duration == x.size / 16000
+
+
+@pytest.mark.parametrize("clip", ["fox", "umbrella", "noise", "german"])
+def test_word_timestamps_match_openai(base, clip):
+    """Greedy segments with word_timestamps=True: each word's text, start, end (to the
+    hundredth, as openai rounds them) and probability, and the segments' times after
+    openai's clean-ups, as openai/whisper's add_word_timestamps gives them over
+    transformers' cross-attention (base-words.json: scripts/make-whisper-word-fixtures.py)."""
+    ref = json.loads((CLIPS / "base-words.json").read_text("utf-8"))[clip]
+    segments, info = base.transcribe(CLIPS / f"{clip}.wav", word_timestamps=True, **GREEDY)
+    segments = list(segments)
+    assert info.language == ref["language"] and len(segments) == len(ref["segments"])
+    for s, r in zip(segments, ref["segments"]):
+        assert (s.start, s.end) == (pytest.approx(r["start"]), pytest.approx(r["end"]))
+        assert [w.word for w in s.words] == [w["word"] for w in r["words"]]
+        assert [(w.start, w.end) for w in s.words] == \
+            [(pytest.approx(w["start"]), pytest.approx(w["end"])) for w in r["words"]]
+        assert [w.probability for w in s.words] == \
+            [pytest.approx(w["probability"], abs=2e-3) for w in r["words"]]
+
+
+def test_word_timestamps_with_vad_and_in_the_cli(base, tmp_path, capsys):
+    """With vad=True the words' times are the recording's too; the CLI's json has them."""
+    from edgellm import cli
+    from edgellm.audio.wav import write_wav
+
+    fox = load_audio(CLIPS / "fox.wav")
+    x = np.concatenate([np.zeros(35 * 16000, np.float32), fox])
+    segments = list(base.transcribe(x, language="en", vad=True, word_timestamps=True)[0])
+    words = [w for s in segments for w in s.words]
+    assert [w.word for w in words][-2:] == [" lazy", " dog."]
+    assert all(34.5 <= w.start <= w.end <= x.size / 16000 for w in words)
+    path = tmp_path / "late.wav"
+    write_wav(path, x, 16000)
+    code = cli.main(["transcribe", "-m", str(base.packed.path), "-t", "1", "--format", "json",
+                     "--vad", "--word-timestamps", str(path)])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    got = [w for s in out["segments"] for w in s["words"]]
+    assert [w["word"] for w in got] == [w.word for w in words]
+    assert [w["start"] for w in got] == [round(w.start, 3) for w in words]

@@ -310,13 +310,15 @@ class Whisper(Uncached):
         return DecoderCache(len(self.decoder), self.context, self.H, self.Dh, cross, batch)
 
     @staticmethod
-    def _attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None
-                ) -> np.ndarray:
+    def _attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+                keep: list | None = None) -> np.ndarray:
         """softmax(q kt + mask) v: q [B, H, T, Dh] (scaled), kt [B or 1, H, Dh, S], v [B or 1,
-        H, S, Dh] -> [B T, H Dh]."""
+        H, S, Dh] -> [B T, H Dh]; `keep` takes a copy of the scores q kt [B, H, T, S]."""
         s = q @ kt
         if mask is not None:
             s += mask
+        if keep is not None:
+            keep.append(s.copy())
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
@@ -324,10 +326,12 @@ class Whisper(Uncached):
         B, H, T, Dh = o.shape
         return np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(B * T, H * Dh)
 
-    def decode(self, ids, cache: DecoderCache, last_only: bool = True) -> np.ndarray:
+    def decode(self, ids, cache: DecoderCache, last_only: bool = True,
+               cross_scores: list | None = None) -> np.ndarray:
         """float32 logits of tokens `ids` after the cache's; the cache takes their keys and
         values. ids [T]: one sequence, logits [1 or T, vocab]; ids [B, T] (B the cache's
-        batch): logits [B, vocab] (last_only) or [B, T, vocab]."""
+        batch): logits [B, vocab] (last_only) or [B, T, vocab]. cross_scores: gets each
+        layer's cross-attention scores before the softmax, [B, H, T, P] (word timing)."""
         ids = np.asarray(ids, np.int64)
         single = ids.ndim == 1
         ids = ids.reshape(1, -1) if single else ids
@@ -361,7 +365,8 @@ class Whisper(Uncached):
             h = self._norm(x, c.ln_w, c.ln_b)
             q = self._linear(c.q, h, c.q_bias) * np.float32(self.scale)
             kt, v = cache.cross[i]  # one window's, broadcast over the B sequences
-            x += self._linear(c.o, self._attend(heads(q), kt[None], v[None], None), c.o_bias)
+            x += self._linear(c.o, self._attend(heads(q), kt[None], v[None], None, cross_scores),
+                              c.o_bias)
             self._mlp(blk, x, False)
         cache.length = S
         h = x.reshape(B, T, self.D)

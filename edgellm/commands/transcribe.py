@@ -4,7 +4,8 @@ Segments are printed as they are decoded. --format text: `[mm:ss.xxx --> mm:ss.x
 lines (as openai/whisper's verbose output; hours shown past one hour), or the plain text
 with --no-timestamps; srt and vtt: the subtitle formats; json: one object per file
 {"file", "language", "language_probability", "duration", "segments": [{"id", "start",
-"end", "text"}]}, one per line. With several files, text and json go to stdout one file
+"end", "text", and with --word-timestamps "words": [{"word", "start", "end",
+"probability"}]}]}, one per line. With several files, text and json go to stdout one file
 after another (text under a `==> FILE <==` line); srt and vtt need -o DIR, which writes
 DIR/NAME.srt (.vtt, .txt, .json) for each input, as whisper's --output_dir does.
 """
@@ -54,6 +55,8 @@ def add_arguments(p) -> None:
                    "a window looks wrong (default: 0,0.2,0.4,0.6,0.8,1)")
     p.add_argument("--vad", action="store_true",
                    help="skip what voice-activity detection finds silent before decoding")
+    p.add_argument("--word-timestamps", action="store_true",
+                   help="json: each segment's words with their start, end and probability")
     p.add_argument("--progress", action="store_true",
                    help="show progress on stderr even when it is not a terminal")
     p.add_argument("-o", "--output-dir", default=None,
@@ -145,8 +148,13 @@ class Writer:
         elif self.fmt == "vtt":
             self.out.write(f"{timestamp(s.start)} --> {timestamp(s.end)}\n{text}\n\n")
         else:
-            self.rows.append({"id": s.id, "start": round(s.start, 3), "end": round(s.end, 3),
-                              "text": text})
+            row = {"id": s.id, "start": round(s.start, 3), "end": round(s.end, 3),
+                   "text": text}
+            if s.words is not None:
+                row["words"] = [{"word": w.word, "start": round(w.start, 3),
+                                 "end": round(w.end, 3), "probability": round(w.probability, 4)}
+                                for w in s.words]
+            self.rows.append(row)
         self.out.flush()
 
     def tail(self, name: str, info) -> None:
@@ -215,6 +223,7 @@ def _one(llm, args, name: str, out) -> None:
     segments, info = llm.transcribe(name, language=args.language, task=args.task,
                                     beam_size=args.beam_size, best_of=args.best_of,
                                     temperature=args.temperature, vad=args.vad,
+                                    word_timestamps=args.word_timestamps,
                                     initial_prompt=args.initial_prompt,
                                     condition_on_previous_text=args.condition,
                                     progress=bar.update if bar else None)

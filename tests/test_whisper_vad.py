@@ -50,7 +50,7 @@ def test_times_in_the_speech_map_back_to_the_recording():
     assert sp.audio.size == 5 * RATE and sp.audio[0] == 10 * RATE
     assert sp.original(0.0) == 10.0 and sp.original(1.5) == 11.5
     assert sp.original(2.0) == 50.0 and sp.original(2.0, end=True) == 12.0  # a boundary
-    assert sp.original(4.0) == 52.0
+    assert sp.original(4.0) == 52.0 and type(sp.original(4.0)) is float  # JSON-ready
 
 
 @pytest.fixture(scope="module")

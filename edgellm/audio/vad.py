@@ -93,4 +93,4 @@ class SpeechAudio:
         pos = t * self.rate
         i = int(np.searchsorted(self.offsets[1:], pos, side="left" if end else "right"))
         i = min(i, len(self.chunks) - 1)
-        return (self.chunks[i][0] + pos - self.offsets[i]) / self.rate
+        return float((self.chunks[i][0] + pos - self.offsets[i]) / self.rate)

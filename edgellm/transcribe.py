@@ -320,8 +320,8 @@ class Transcriber:
         one = model.new_cache(cross)
         logits = model.decode(prompt, one, last_only=False)
         no_speech = float(_softmax(logits[prompt.index(m.tokens["sot"])])[m.tokens["no_speech"]])
-        cache = one.repeat(n)
         limit = min(max_new_tokens, model.context - len(prompt))
+        cache = one.repeat(n, len(prompt) + limit)  # the positions this window can reach
 
         def step(ids):
             return model.decode(np.asarray(ids, np.int64).reshape(-1, 1), cache)

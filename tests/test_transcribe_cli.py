@@ -202,5 +202,6 @@ def test_decoding_options(capsys, tiny):
     code, out, _ = run(capsys, "-m", tiny, "-t", "1", "--language", "en", "--beam-size", "2",
                        "--best-of", "2", "--temperature", "0,0.5", "--vad", FOX)
     assert code == 0 and out
-    code, _, err = run(capsys, "-m", tiny, "--temperature", "0,hot", FOX)
-    assert code == 2 and "must be numbers in [0, 2]" in err
+    with pytest.raises(SystemExit) as e:  # usage errors: argparse's exit 2
+        cli.main(["transcribe", "-m", tiny, "--temperature", "0,hot", FOX])
+    assert e.value.code == 2 and "must be numbers in [0, 2]" in capsys.readouterr().err

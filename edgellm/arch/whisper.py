@@ -146,13 +146,15 @@ class DecoderCache:
     def batch(self) -> int:
         return self.k.shape[1]
 
-    def repeat(self, n: int) -> DecoderCache:
+    def repeat(self, n: int, room: int | None = None) -> DecoderCache:
         """A new cache of n copies of this one-sequence cache (a prompt prefilled once for
-        every beam), room for as many positions."""
+        every beam), with room for `room` positions in all (default: as many as this)."""
         assert self.batch == 1
+        room = self.k.shape[2] if room is None else room
+        assert self.length <= room <= self.k.shape[2]
         out = DecoderCache.__new__(DecoderCache)
-        out.k = np.repeat(self.k, n, axis=1)
-        out.v = np.repeat(self.v, n, axis=1)
+        out.k = np.repeat(self.k[:, :, :room], n, axis=1)
+        out.v = np.repeat(self.v[:, :, :room], n, axis=1)
         out.length, out.cross = self.length, self.cross
         return out
 
@@ -338,9 +340,9 @@ class Whisper(Uncached):
         (B, T), p0, H, Dh = ids.shape, cache.length, self.H, self.Dh
         if B != cache.batch:
             raise ContextError(f"{B} sequences for a cache of {cache.batch}")
-        if p0 + T > self.context:
+        if p0 + T > min(self.context, cache.k.shape[2]):
             raise ContextError(f"{p0 + T} decoder positions do not fit the model's "
-                               f"{self.context}")
+                               f"{self.context} (or the cache's {cache.k.shape[2]})")
         x = np.empty((B * T, self.D), np.float32)
         embedding(self.embed, ids.reshape(-1), x)
         x.reshape(B, T, self.D)[:] += self.dec_pos[p0:p0 + T]

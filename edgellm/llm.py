@@ -416,23 +416,27 @@ class LLM:
                                        progress=progress)
 
     def transcribe(self, audio, language: str | None = None, task: str = "transcribe", *,
-                   without_timestamps: bool = False, condition_on_previous_text: bool = True,
-                   initial_prompt=None, no_speech_threshold: float | None = 0.6,
-                   log_prob_threshold: float | None = -1.0, max_new_tokens: int | None = None,
-                   blocking: bool = True, timeout: float | None = None):
+                   beam_size: int = 5, temperature=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+                   vad: bool = False, initial_prompt=None, word_timestamps: bool = False,
+                   **options):
         """Speech to text with a Whisper model: (segments, info), as faster-whisper returns
-        them. audio: a WAV file's path or bytes, or float32 samples at 16 kHz; language: a
-        code ("en", "de", ...) or None to detect it; task: "transcribe" or "translate";
-        initial_prompt: text (or token ids) the first window continues; a window whose
-        no-speech probability exceeds no_speech_threshold while its average log-probability
-        is under log_prob_threshold is silence (skipped). Greedy decoding
-        (edgellm/transcribe.py); segments is a Stream that holds the model until it is
-        consumed or closed."""
+        them. audio: a file's path (WAV; mp3, m4a, ogg, flac, webm with the `audio` extra),
+        WAV bytes, or float32 samples at 16 kHz; language: a code ("en", "de", ...) or None
+        to detect it; task: "transcribe" or "translate"; beam_size: beams at temperature 0
+        (1: greedy); temperature: tried in turn while a window's compression ratio is over
+        compression_ratio_threshold (2.4) or its average log-probability under
+        log_prob_threshold (-1), sampling best_of (5) at t > 0 (seed: 0); vad: skip what
+        voice-activity detection finds silent before decoding; initial_prompt: text (or token
+        ids) the first window continues; a window whose no-speech probability exceeds
+        no_speech_threshold (0.6) while its average log-probability is under
+        log_prob_threshold is silence (skipped). More options: edgellm/transcribe.py's
+        transcribe(). segments is a Stream that holds the model until it is consumed or
+        closed."""
         from .transcribe import transcribe
 
-        return transcribe(self, audio, language, task, without_timestamps,
-                          condition_on_previous_text, initial_prompt, no_speech_threshold,
-                          log_prob_threshold, max_new_tokens, blocking, timeout)
+        return transcribe(self, audio, language, task, beam_size=beam_size,
+                          temperature=temperature, vad=vad, initial_prompt=initial_prompt,
+                          word_timestamps=word_timestamps, **options)
 
     def token_embeddings(self, text: str, *, blocking: bool = True,
                          timeout: float | None = None) -> np.ndarray:

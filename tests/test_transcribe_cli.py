@@ -159,3 +159,49 @@ def test_refusals(capsys, tiny, tmp_path, converted):
         cli.main(["transcribe", "-m", tiny, "--format", "tsv", FOX])
     assert e.value.code == 2
     capsys.readouterr()
+
+
+def test_progress_on_stderr(capsys, tiny, tmp_path):
+    """--progress: one line per window on stderr (not a terminal here), up to 100%; stdout
+    the same as without it; none without --progress when stderr is not a terminal."""
+    import numpy as np
+
+    from edgellm.audio import load_audio
+    from edgellm.audio.wav import write_wav
+
+    long = tmp_path / "long.wav"
+    fox = load_audio(CLIPS / "fox.wav")
+    write_wav(long, np.concatenate([fox, np.zeros(16000 * 32, np.float32), fox]), 16000)
+    opts = ("-m", tiny, "-t", "1", "--language", "en", "--beam-size", "1", "--temperature", "0")
+    code, out, err = run(capsys, *opts, "--progress", str(long))
+    assert code == 0
+    bars = [x for x in err.splitlines() if x.startswith(f"{long} [")]
+    assert len(bars) >= 3 and bars[0].endswith("0% 00:00.000/00:38.182")
+    assert bars[-1].endswith("100% 00:38.182/00:38.182") and "#" * 30 in bars[-1]
+    code, plain, err = run(capsys, *opts, str(long))
+    assert code == 0 and plain == out and "%" not in err
+
+
+def test_progress_bar_on_a_terminal_is_cleared_around_segments():
+    import io
+
+    from edgellm.commands.transcribe import Progress
+
+    s = io.StringIO()
+    bar = Progress("a.wav", s, tty=True)
+    bar.update(15.0, 60.0)
+    assert s.getvalue() == "\r\033[Ka.wav [" + "#" * 8 + "." * 22 + "]  25% 00:15.000/01:00.000"
+    bar.clear()
+    assert s.getvalue().endswith("\r\033[K")
+    bar.draw()
+    bar.close()
+    assert s.getvalue().endswith("/01:00.000\r\033[K")
+
+
+def test_decoding_options(capsys, tiny):
+    code, out, _ = run(capsys, "-m", tiny, "-t", "1", "--language", "en", "--beam-size", "2",
+                       "--best-of", "2", "--temperature", "0,0.5", "--vad", FOX)
+    assert code == 0 and out
+    with pytest.raises(SystemExit) as e:  # usage errors: argparse's exit 2
+        cli.main(["transcribe", "-m", tiny, "--temperature", "0,hot", FOX])
+    assert e.value.code == 2 and "must be numbers in [0, 2]" in capsys.readouterr().err

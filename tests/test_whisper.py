@@ -18,6 +18,7 @@ from edgellm.errors import ArgumentError, AudioError, ModelKindError
 
 TINY = FIXTURES / "whisper-tiny-random"
 CLIPS = FIXTURES / "whisper"
+GREEDY = {"beam_size": 1, "temperature": 0.0}  # transformers' greedy search
 REFS = json.loads((TINY / "reference.json").read_text("utf-8"))
 
 
@@ -73,7 +74,8 @@ def test_greedy_tokens_match_transformers(llm, case):
         return
     segments, info = llm.transcribe(CLIPS / f"{ref['clip']}.wav", language=language,
                                     task=ref["task"], max_new_tokens=len(ref["tokens"]),
-                                    without_timestamps=True, no_speech_threshold=None)
+                                    without_timestamps=True, no_speech_threshold=None,
+                                   **GREEDY)
     segments = list(segments)
     assert info.language == ref["language"]
     assert len(segments) == 1 and segments[0].tokens == ref["tokens"]
@@ -104,7 +106,8 @@ def test_q8_0_keeps_positions_f32_and_transcribes(tiny):
         assert types["model.encoder.embed_positions.weight"] == "f32"
         assert types["model.encoder.conv1.weight"] == "f16"  # 240 columns: no q8_0 blocks
         segments, _ = m.transcribe(CLIPS / "fox.wav", language="en", max_new_tokens=4,
-                                   without_timestamps=True, no_speech_threshold=None)
+                                   without_timestamps=True, no_speech_threshold=None,
+                                   **GREEDY)
         assert len(list(segments)[0].tokens) == 4
 
 
@@ -234,7 +237,8 @@ def test_ctranslate2_reader_gives_the_same_model(tmp_path, tiny):
         assert wa == wb
         ref = REFS["fox"]
         segments, info = a.transcribe(CLIPS / "fox.wav", max_new_tokens=len(ref["tokens"]),
-                                      without_timestamps=True, no_speech_threshold=None)
+                                      without_timestamps=True, no_speech_threshold=None,
+                                   **GREEDY)
         assert info.language == ref["language"] and list(segments)[0].tokens == ref["tokens"]
 
 
@@ -260,7 +264,8 @@ def test_audio_longer_than_a_window_gives_one_segment_per_30_s(llm):
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(16000 * 35)).astype(np.float32)
     segments, info = llm.transcribe(audio, language="en", max_new_tokens=3,
-                                    without_timestamps=True, no_speech_threshold=None)
+                                    without_timestamps=True, no_speech_threshold=None,
+                                   **GREEDY)
     segments = list(segments)
     assert info.duration == 35.0
     assert [(s.id, s.seek, s.start, s.end) for s in segments] == [(0, 0, 0.0, 30.0),
@@ -308,5 +313,6 @@ def test_a_window_that_would_not_advance_is_left_behind(llm, monkeypatch):
 
     monkeypatch.setattr(Transcriber, "greedy", lambda self, *a: ([111, 111, 5], -1.0, 0.0))
     audio = np.zeros(16000 * 35, np.float32)
-    segments = list(llm.transcribe(audio, language="en", no_speech_threshold=None)[0])
+    segments = list(llm.transcribe(audio, language="en", no_speech_threshold=None,
+                                   **GREEDY)[0])
     assert [s.seek for s in segments] == []  # zero-length segments are none

@@ -131,15 +131,41 @@ class Block:
 
 
 class DecoderCache:
-    """One sequence's decoder state: self-attention keys and values [layers, n_ctx, H, Dh],
-    `length` positions filled; the window's cross keys [layers, H, Dh, P] and values
-    [layers, H, P, Dh] (Whisper.cross), shared by every sequence decoding that window."""
+    """The decoder state of `batch` sequences decoding one window together (beams or
+    samples, all at the same length): self-attention keys and values [layers, batch, n_ctx,
+    H, Dh], `length` positions filled; the window's cross keys [layers, H, Dh, P] and values
+    [layers, H, P, Dh] (Whisper.cross), computed once and shared by every sequence."""
 
-    def __init__(self, layers: int, n_ctx: int, H: int, Dh: int, cross):
-        self.k = np.zeros((layers, n_ctx, H, Dh), np.float32)
-        self.v = np.zeros((layers, n_ctx, H, Dh), np.float32)
+    def __init__(self, layers: int, n_ctx: int, H: int, Dh: int, cross, batch: int = 1):
+        self.k = np.zeros((layers, batch, n_ctx, H, Dh), np.float32)
+        self.v = np.zeros((layers, batch, n_ctx, H, Dh), np.float32)
         self.length = 0
         self.cross = cross
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    def repeat(self, n: int, room: int | None = None) -> DecoderCache:
+        """A new cache of n copies of this one-sequence cache (a prompt prefilled once for
+        every beam), with room for `room` positions in all (default: as many as this)."""
+        assert self.batch == 1
+        room = self.k.shape[2] if room is None else room
+        assert self.length <= room <= self.k.shape[2]
+        out = DecoderCache.__new__(DecoderCache)
+        out.k = np.repeat(self.k[:, :, :room], n, axis=1)
+        out.v = np.repeat(self.v[:, :, :room], n, axis=1)
+        out.length, out.cross = self.length, self.cross
+        return out
+
+    def reorder(self, source) -> None:
+        """Row b takes row source[b]'s keys and values (a beam search's survivors)."""
+        src = np.asarray(source, np.int64)
+        if np.array_equal(src, np.arange(self.batch)):
+            return
+        n = self.length
+        self.k[:, :, :n] = self.k[:, src, :n]
+        self.v[:, :, :n] = self.v[:, src, :n]
 
 
 class Whisper(Uncached):
@@ -282,60 +308,77 @@ class Whisper(Uncached):
         return out
 
     # decoder -----------------------------------------------------------------------------
-    def new_cache(self, cross) -> DecoderCache:
-        return DecoderCache(len(self.decoder), self.context, self.H, self.Dh, cross)
+    def new_cache(self, cross, batch: int = 1) -> DecoderCache:
+        return DecoderCache(len(self.decoder), self.context, self.H, self.Dh, cross, batch)
 
     @staticmethod
-    def _attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None
-                ) -> np.ndarray:
-        """softmax(q kt + mask) v: q [H, T, Dh] (scaled), kt [H, Dh, S], v [H, S, Dh]
-        -> [T, H * Dh]."""
+    def _attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
+                keep: list | None = None) -> np.ndarray:
+        """softmax(q kt + mask) v: q [B, H, T, Dh] (scaled), kt [B or 1, H, Dh, S], v [B or 1,
+        H, S, Dh] -> [B T, H Dh]; `keep` takes a copy of the scores q kt [B, H, T, S]."""
         s = q @ kt
         if mask is not None:
             s += mask
+        if keep is not None:
+            keep.append(s.copy())
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
         o = s @ v
-        return np.ascontiguousarray(o.transpose(1, 0, 2)).reshape(q.shape[1], -1)
+        B, H, T, Dh = o.shape
+        return np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(B * T, H * Dh)
 
-    def decode(self, ids, cache: DecoderCache, last_only: bool = True) -> np.ndarray:
-        """float32 logits [1 or T, vocab] of tokens `ids` [T] after the cache's; the cache
-        takes their keys and values."""
-        ids = np.asarray(ids, np.int64).reshape(-1)
-        T, p0, H, Dh = ids.size, cache.length, self.H, self.Dh
-        if p0 + T > self.context:
+    def decode(self, ids, cache: DecoderCache, last_only: bool = True,
+               cross_scores: list | None = None) -> np.ndarray:
+        """float32 logits of tokens `ids` after the cache's; the cache takes their keys and
+        values. ids [T]: one sequence, logits [1 or T, vocab]; ids [B, T] (B the cache's
+        batch): logits [B, vocab] (last_only) or [B, T, vocab]. cross_scores: gets each
+        layer's cross-attention scores before the softmax, [B, H, T, P] (word timing)."""
+        ids = np.asarray(ids, np.int64)
+        single = ids.ndim == 1
+        ids = ids.reshape(1, -1) if single else ids
+        (B, T), p0, H, Dh = ids.shape, cache.length, self.H, self.Dh
+        if B != cache.batch:
+            raise ContextError(f"{B} sequences for a cache of {cache.batch}")
+        if p0 + T > min(self.context, cache.k.shape[2]):
             raise ContextError(f"{p0 + T} decoder positions do not fit the model's "
-                               f"{self.context}")
-        x = np.empty((T, self.D), np.float32)
-        embedding(self.embed, ids, x)
-        x += self.dec_pos[p0:p0 + T]
+                               f"{self.context} (or the cache's {cache.k.shape[2]})")
+        x = np.empty((B * T, self.D), np.float32)
+        embedding(self.embed, ids.reshape(-1), x)
+        x.reshape(B, T, self.D)[:] += self.dec_pos[p0:p0 + T]
         S = p0 + T
         mask = None
         if T > 1:  # causal within the new rows
             mask = np.triu(np.full((T, S), -np.inf, np.float32), p0 + 1)
+
+        def heads(a: np.ndarray) -> np.ndarray:  # [B T, H Dh] -> [B, H, T, Dh]
+            return a.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
+
         for i, blk in enumerate(self.decoder):
             a = blk.attn
             h = self._norm(x, a.ln_w, a.ln_b)
             q = self._linear(a.q, h, a.q_bias) * np.float32(self.scale)
-            cache.k[i, p0:S] = self._linear(a.k, h).reshape(T, H, Dh)
-            cache.v[i, p0:S] = self._linear(a.v, h, a.v_bias).reshape(T, H, Dh)
-            att = self._attend(q.reshape(T, H, Dh).transpose(1, 0, 2),
-                               cache.k[i, :S].transpose(1, 2, 0),
-                               cache.v[i, :S].transpose(1, 0, 2), mask)
+            cache.k[i, :, p0:S] = self._linear(a.k, h).reshape(B, T, H, Dh)
+            cache.v[i, :, p0:S] = self._linear(a.v, h, a.v_bias).reshape(B, T, H, Dh)
+            att = self._attend(heads(q), cache.k[i, :, :S].transpose(0, 2, 3, 1),
+                               cache.v[i, :, :S].transpose(0, 2, 1, 3), mask)
             x += self._linear(a.o, att, a.o_bias)
             c = blk.cross
             h = self._norm(x, c.ln_w, c.ln_b)
             q = self._linear(c.q, h, c.q_bias) * np.float32(self.scale)
-            kt, v = cache.cross[i]
-            x += self._linear(c.o, self._attend(q.reshape(T, H, Dh).transpose(1, 0, 2), kt, v,
-                                                None), c.o_bias)
+            kt, v = cache.cross[i]  # one window's, broadcast over the B sequences
+            x += self._linear(c.o, self._attend(heads(q), kt[None], v[None], None, cross_scores),
+                              c.o_bias)
             self._mlp(blk, x, False)
         cache.length = S
-        h = self._norm(x[-1:] if last_only else x, *self.dec_ln)
+        h = x.reshape(B, T, self.D)
+        h = self._norm(np.ascontiguousarray(h[:, -1] if last_only else h.reshape(B * T, -1)),
+                       *self.dec_ln)
         logits = np.empty((h.shape[0], self.args.vocab_size), np.float32)
         linear(self.embed, h, logits, precise=self.precise, act_dtype=self.act_dtype)
-        return logits
+        if single or last_only:
+            return logits
+        return logits.reshape(B, T, -1)
 
     # what LLM calls on every model -------------------------------------------------------
     def forward(self, tokens, want: str = "all", shift: bool = True):

@@ -1,5 +1,6 @@
 """The warm start: warmup loads every kernel a prompt and its decode steps call while reading
-one layer of each kind (not the whole model once more)."""
+one layer of each kind (not the whole model once more), and the weights every token reads
+are mapped on a thread (runtime/prefault.py) ahead of the first token."""
 
 import dataclasses
 import os
@@ -81,3 +82,66 @@ def test_warmup_leaves_the_answers_as_they_were(converted):
         after = m.forward(ids, want="all"), m.forward([int(ids[0])], want="last")
         np.testing.assert_array_equal(before[0], after[0])
         np.testing.assert_array_equal(before[1], after[1])
+
+
+def _resident(mm: np.ndarray) -> int:
+    """Bytes of the mapping of `mm` (a memmap's base address) resident in this process."""
+    start = mm.ctypes.data
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            parts = line.split()
+            if "-" in parts[0] and not parts[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                inside = lo <= start < hi
+            elif inside and parts[0] == "Rss:":
+                return int(parts[1]) * 1024
+    return 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_READ: Linux")
+def test_warmup_maps_the_weights_every_token_reads(converted, tmp_path):
+    """After warmup the prefault thread has mapped every streamed weight's pages (the file's
+    pages are cached: a copy of it just written), and close() stops it first."""
+    from edgellm.runtime import prefault
+
+
+    src = converted("llama", "q4_1")
+    path = tmp_path / "copy.edgellm"
+    path.write_bytes(src.read_bytes())
+    with edgellm.load(path, threads=1) as llm:
+        m = llm.model
+        m.warmup()
+        job = m.packed._prefault
+        job._thread.join(60)
+        spans = prefault.ranges(m.streamed())
+        assert job.done == sum(hi - lo for lo, hi in spans) > 0
+        assert _resident(m.packed._mm) >= job.done
+    assert not job._thread.is_alive()
+
+
+def test_prefault_ranges_cover_and_merge():
+    from edgellm.runtime import prefault
+
+
+    page = prefault.mmap.PAGESIZE
+    buf = np.zeros(8 * page, np.uint8)
+    base = buf.ctypes.data
+    a, b, c = buf[10:20], buf[page + 5:2 * page + 1], buf[6 * page:6 * page + 1]
+    spans = prefault.ranges([a, b, c, buf[:0]])
+    lo = base // page * page
+    assert spans[0][0] == lo and spans[0][1] >= base + 2 * page + 1
+    assert spans[-1] == ((base + 6 * page) // page * page,
+                         -(-(base + 6 * page + 1) // page) * page)
+    assert all(s[1] < t[0] for s, t in zip(spans, spans[1:]))  # sorted, disjoint
+
+
+def test_close_stops_a_prefault_under_way(converted):
+    """close() during the thread's work ends it before the mapping goes (never a fault on
+    an unmapped address)."""
+    llm = edgellm.load(converted("llama", "q4_1"), threads=1)
+    m = llm.model
+    m.packed.prefault(m.streamed())
+    job = m.packed._prefault
+    llm.close()
+    assert job._thread is None or not job._thread.is_alive()

@@ -367,6 +367,7 @@ class Transformer(CachedTokens):
             self.reset()
             if between is not None:
                 between()
+        self.packed.prefault(self.streamed())  # the first token's page faults, on a thread
         self.warm_chunk(2)
         if self.fused is None:
             self.warm_chunk(1)
@@ -376,6 +377,19 @@ class Transformer(CachedTokens):
         self.reset()
         if between is not None:
             between()
+
+    def streamed(self) -> list[np.ndarray]:
+        """The weights every token reads (views of the file): each layer's tensors and
+        vectors, the final norm and the output head; not an untied embedding (a token
+        reads one row of it) nor a mixture's experts (a token reads its top_k)."""
+        out = [self.head.data, self.final_norm]
+        for w in self.layers:
+            for v in vars(w).values():
+                if isinstance(v, Tensor):
+                    out.append(v.data)
+                elif isinstance(v, np.ndarray):
+                    out.append(v)
+        return out
 
     def warm_chunk(self, n: int) -> None:
         """Run n tokens through one layer of each kind (warm_layers) and the head with the

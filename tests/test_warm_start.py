@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numba
 import numpy as np
 import pytest
 from conftest import reference
@@ -145,3 +146,32 @@ def test_close_stops_a_prefault_under_way(converted):
     job = m.packed._prefault
     llm.close()
     assert job._thread is None or not job._thread.is_alive()
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="one core: never parallel")
+def test_variants_cover_the_one_row_kernels_of_both_thread_counts(converted, monkeypatch):
+    """A first run at -t 1 also compiles the one-row kernels a later run on more threads
+    calls (the prefill's last row through the output head: parallel), in both precisions."""
+    from edgellm.kernels import registry
+
+    calls = []
+
+    def spy(table, name):
+        kernels = table[name]
+
+        def wrap(field):
+            def run(*args):
+                calls.append((table is registry.INT8, field))
+                return getattr(kernels, field)(*args)
+            return run
+        monkeypatch.setitem(table, name, kernels._replace(
+            **{f: wrap(f) for f in ("rows", "parallel")}))
+
+    spy(registry.INT8, "q4_1")
+    spy(registry.FLOAT, "q4_1")
+    with edgellm.load(converted("llama", "q4_1"), threads=1) as llm:
+        assert llm.model.head.type == "q4_1"
+        llm.model.warm_variants()
+        assert numba.get_num_threads() == 1  # restored
+    # the warmup ran (True, "rows"): this precision at this thread count
+    assert {(True, "parallel"), (False, "rows"), (False, "parallel")} <= set(calls)

@@ -435,16 +435,37 @@ class Transformer(CachedTokens):
         if self.fused is not None:
             self.reset()
             self.fused.warm_variants()
+        self.warm_other_threads()
         self.warm_other_precision()
+
+    def warm_other_threads(self) -> None:
+        """Run (compiling or loading) the per-operation path's one-row kernels of the other
+        thread count: linear() runs a row serially on one thread and in parallel on more
+        (the output head's last row of a prefill; every matrix of a decode step without the
+        fused step), a choice no kernel signature holds. Empties the cache."""
+        import numba
+
+        threads = numba.get_num_threads()
+        other = 2 if threads == 1 else 1
+        if other > numba.config.NUMBA_NUM_THREADS:  # one core: never parallel
+            return
+        numba.set_num_threads(other)
+        try:
+            self.warm_chunk(2)
+            if self.fused is None:
+                self.warm_chunk(1)
+        finally:
+            numba.set_num_threads(threads)
 
     def warm_other_precision(self) -> None:
         """Run (compiling or loading) the prefill of the other precision (--precise or
-        not); empties the cache."""
+        not), at this thread count and the other; empties the cache."""
         precise, int8_acts = self.precise, self.int8_acts
         self.precise = not precise
         self.int8_acts = not self.precise and self.args.hidden_size % 32 == 0
         try:
             self.warm_chunk(2)
+            self.warm_other_threads()
         finally:
             self.precise, self.int8_acts = precise, int8_acts
         self.reset()

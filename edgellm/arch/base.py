@@ -253,7 +253,9 @@ class Transformer(CachedTokens):
         """Layer i over the chunk in b.x[:T]: its steps, one kernel call each."""
         self.runner.run(self.layer_steps[i], T, positions)
 
-    def _chunk(self, tokens: np.ndarray, want: str) -> np.ndarray | None:
+    def _chunk(self, tokens: np.ndarray, want: str,
+               layers: list[int] | None = None) -> np.ndarray | None:
+        """Run a chunk through every layer (or only `layers`: the warmup's) and the head."""
         T = tokens.shape[0]
         b = self.buffers
         positions = np.arange(self.cache.next_pos, self.cache.next_pos + T, dtype=np.int64)
@@ -261,8 +263,8 @@ class Transformer(CachedTokens):
         embedding(self.embed, tokens, b.x[:T])
         if self.embed_scale != 1.0:
             b.x[:T] *= np.float32(self.embed_scale)
-        for i, w in enumerate(self.layers):
-            self.block(i, w, b, T, positions)
+        for i in range(len(self.layers)) if layers is None else layers:
+            self.block(i, self.layers[i], b, T, positions)
         self.cache.next_pos += T
         self.cache.n_tokens += T
         if want == "none":
@@ -338,12 +340,16 @@ class Transformer(CachedTokens):
         return np.concatenate(outs) if every else None
 
     def warmup(self, between=None, variants: bool = True, decode: bool = True) -> None:
-        """Run the decode and prefill paths once (each kernel they call loads from the
-        cache, or compiles). Where that compiled anything (the first run on a machine), the
-        other variants are compiled now too, while the compiler's work is in memory: the
-        fused step's parallel and serial forms and the other precision's prefill, so that a
-        later run with another thread count or --precise (or the decode scheduler's serial
-        probe, mid-generation) compiles nothing.
+        """Load (or compile) every kernel the decode and prefill paths call, without reading
+        the whole model: the fused step's kernel is loaded without running it, and a chunk
+        runs through one layer of each kind (warm_layers) and the head, twice (two tokens:
+        the prefill's kernels; one token: the per-operation decode's, where there is no
+        fused step). A run through every layer read every weight once more, the largest
+        share of a warm start at 1.7B. Where that compiled anything (the first run on a
+        machine), the other variants are compiled now too, while the compiler's work is in
+        memory: the fused step's parallel and serial forms and the other precision's
+        prefill, so that a later run with another thread count or --precise (or the decode
+        scheduler's serial probe, mid-generation) compiles nothing.
 
         between: called after the fused step's kernel is loaded (before any weight is
         read) and at the end; the CLI releases LLVM's pages there (warmup.py), which loading
@@ -361,9 +367,10 @@ class Transformer(CachedTokens):
             self.reset()
             if between is not None:
                 between()
-        self.forward([0, 0], want="last")
-        if fused is not None or self.fused is None:
-            self.forward([0], want="last")
+        self.packed.prefault(self.streamed())  # the first token's page faults, on a thread
+        self.warm_chunk(2)
+        if self.fused is None:
+            self.warm_chunk(1)
         self.variants_due = compiled() > before
         if self.variants_due and variants:
             self.warm_variants()
@@ -371,23 +378,94 @@ class Transformer(CachedTokens):
         if between is not None:
             between()
 
+    def streamed(self) -> list[np.ndarray]:
+        """The weights every token reads (views of the file): each layer's tensors and
+        vectors, the final norm and the output head; not an untied embedding (a token
+        reads one row of it) nor a mixture's experts (a token reads its top_k)."""
+        out = [self.head.data, self.final_norm]
+        for w in self.layers:
+            for v in vars(w).values():
+                if isinstance(v, Tensor):
+                    out.append(v.data)
+                elif isinstance(v, np.ndarray):
+                    out.append(v)
+        return out
+
+    def warm_chunk(self, n: int) -> None:
+        """Run n tokens through one layer of each kind (warm_layers) and the head with the
+        per-operation path, then empty the cache: the kernels a chunk of n calls, loaded or
+        compiled, for a fraction of the weights' reads."""
+        n = min(n, self.chunk)
+        self.reset()
+        self._chunk(np.zeros(n, np.int64), "last", self.warm_layers())
+        self.reset()
+
+    def warm_layers(self) -> list[int]:
+        """The first layer of each kind: layers whose steps hold the same types and shapes
+        (weights, norms, attention window, RoPE set, LoRA) call the same kernels."""
+        first: dict = {}
+        for i, steps in enumerate(self.layer_steps):
+            first.setdefault(tuple(self._step_kind(s) for s in steps), i)
+        return sorted(first.values())
+
+    def _step_kind(self, step) -> tuple:
+        """What of a step decides the kernels it calls (arch/steps.py's records)."""
+        def kind(v):
+            if isinstance(v, Tensor):
+                return ("tensor", v.type, v.shape, v.block_size, kind(v.data),
+                        v.name in self.lora)
+            if isinstance(v, np.ndarray):
+                return ("array", v.dtype.str, v.shape, v.flags.c_contiguous,
+                        v.flags.aligned, v.flags.writeable)
+            if isinstance(v, (list, tuple)):
+                return tuple(kind(x) for x in v)
+            if hasattr(v, "__dict__"):  # a layer's weights (Experts' MoEWeights)
+                return (type(v).__name__, *((k, kind(x)) for k, x in vars(v).items()))
+            return v
+
+        fields = dict(vars(step))
+        if isinstance(step, Attend):  # its layer: that layer's cache and RoPE frequencies
+            layer = self.cache.layers[step.layer]
+            fields["layer"] = (layer.window, layer.cap, self.rope_set[step.layer])
+        return (type(step).__name__, *((k, kind(v)) for k, v in sorted(fields.items())))
+
     def warm_variants(self) -> None:
         """Run (compiling or loading) the variants warmup names; empties the cache."""
         self.variants_due = False
         if self.fused is not None:
             self.reset()
             self.fused.warm_variants()
+        self.warm_other_threads()
         self.warm_other_precision()
+
+    def warm_other_threads(self) -> None:
+        """Run (compiling or loading) the per-operation path's one-row kernels of the other
+        thread count: linear() runs a row serially on one thread and in parallel on more
+        (the output head's last row of a prefill; every matrix of a decode step without the
+        fused step), a choice no kernel signature holds. Empties the cache."""
+        import numba
+
+        threads = numba.get_num_threads()
+        other = 2 if threads == 1 else 1
+        if other > numba.config.NUMBA_NUM_THREADS:  # one core: never parallel
+            return
+        numba.set_num_threads(other)
+        try:
+            self.warm_chunk(2)
+            if self.fused is None:
+                self.warm_chunk(1)
+        finally:
+            numba.set_num_threads(threads)
 
     def warm_other_precision(self) -> None:
         """Run (compiling or loading) the prefill of the other precision (--precise or
-        not); empties the cache."""
+        not), at this thread count and the other; empties the cache."""
         precise, int8_acts = self.precise, self.int8_acts
         self.precise = not precise
         self.int8_acts = not self.precise and self.args.hidden_size % 32 == 0
         try:
-            self.reset()
-            self.forward([0, 0], want="last")
+            self.warm_chunk(2)
+            self.warm_other_threads()
         finally:
             self.precise, self.int8_acts = precise, int8_acts
         self.reset()

@@ -7,7 +7,8 @@ generate has child processes (`python -m edgellm.commands.first_run SPEC`) compi
 the same kernel cache while it compiles the prefill and answers:
 
   child 1  the step's form for this thread count ("decode"), then the other form (serial or
-           parallel: "variants"), so another -t compiles nothing
+           parallel) and the prefill's one-row kernels of the other thread count
+           ("variants"), so another -t compiles nothing
   child 2  the other precision's prefill ("precision"), so --precise (or its absence)
            compiles nothing; started once this process's own prefill has compiled
 
@@ -138,6 +139,7 @@ def _run(spec: dict) -> None:
             elif job == "variants":
                 model.reset()
                 model.fused.warm_variants()
+                model.warm_other_threads()
             elif job == "precision":
                 model.warm_other_precision()
             else:

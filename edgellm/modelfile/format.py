@@ -155,6 +155,7 @@ class PackedModel:
         self.tokenizer_stored = _parse_stored(where, header, self.tensors,
                                               size - self.data_start)
         self._mm = np.memmap(self.path, dtype=np.uint8, mode="r") if size else None
+        self._prefault = None  # runtime/prefault.py's thread, once prefault() started it
 
     # header fields -------------------------------------------------------------
     @property
@@ -238,7 +239,21 @@ class PackedModel:
                 bad.append(info.name)
         return bad
 
+    def prefault(self, arrays: list[np.ndarray]) -> None:
+        """Map the pages of `arrays` (views of this file) into the process on a thread
+        (runtime/prefault.py), ahead of the first token that reads them; close() stops it."""
+        from ..runtime.prefault import Prefault, ranges
+
+        if self._mm is None or self._prefault is not None:
+            return
+        lo = self._mm.ctypes.data
+        hi = lo + self._mm.nbytes
+        self._prefault = Prefault(ranges([a for a in arrays if lo <= a.ctypes.data
+                                          and a.ctypes.data + a.nbytes <= hi]))
+
     def close(self) -> None:
+        if self._prefault is not None:  # before the mapping goes: it maps pages of it
+            self._prefault.stop()
         mm, self._mm = self._mm, None
         if mm is not None and getattr(mm, "_mmap", None) is not None:
             try:

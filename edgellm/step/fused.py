@@ -481,14 +481,12 @@ class FusedDecoder:
 
     def load(self) -> None:
         """Load (or compile) the step's kernel without running it, as the scheduler will
-        call it: parallel on nt > 1 workers, else serial. Leaves a token counted in the
-        cache (nothing computed): the caller resets it."""
-        scheduler = self.scheduler
-        try:
-            self.scheduler = _Forced(self.nt > 1, self.nt, run=False)
-            self.step(0, False)
-        finally:
-            self.scheduler = scheduler
+        call it: parallel on nt > 1 workers, else serial. Not the embedding lookup the step
+        starts with: that is the prefill's kernel, which the model's warmup loads (on a
+        first run this process may be the one compiling the step while another compiles
+        the prefill: commands/first_run.py)."""
+        _Forced(self.nt > 1, self.nt, run=False).run(ds.decode_parallel, ds.decode_serial,
+                                                     self._args(False))
 
     def warm_variants(self) -> None:
         """Run one token through each form of the step, parallel and serial (compiling or

@@ -57,7 +57,6 @@ import numpy as np
 from .arch.base import CachedTokens
 from .cache.prompt_cache import PromptCache
 from .errors import ArgumentError, ClosedError, ContextError, EdgeLLMError
-from .kernels.linear import embedding
 from .lifetime import Lifetime
 from .llm import LLM
 from .step.batched import BatchDecoder
@@ -569,46 +568,15 @@ def _shares(sizes: list[int], budget: int) -> list[int]:
 
 def prefill_rows(model, views: list, parts: list[np.ndarray], wants: list[bool]) -> list:
     """Prompt tokens of several slots (views: their SlotModels, each with room made for its
-    part) in one pass over the weights (_through_layers), as each slot's prefill alone
+    part) in one pass over the weights (model.forward_rows), as each slot's prefill alone
     would run them but for the prefill tiles' grouping. Per slot: the logits [vocab] (a new
     array) of its last token where wants[i], else None."""
-    ends = _through_layers(model, views, parts)
-    # each slot's logits as its own one-row head (the kernel its prefill alone would run)
-    return [model.head_logits(model.buffers.x[e - 1:e])[0].copy() if w else None
-            for e, w in zip(ends, wants)]
-
-
-def _through_layers(model, views: list, parts: list[np.ndarray]) -> np.ndarray:
-    """The slots' token parts as one batch of rows, sum of sizes <= model.chunk, through
-    the per-operation steps (one matrix product a weight for all of them), each slot's rows
-    attending over its own cache at its own positions; the caches and token lists advanced.
-    The final hidden rows stay in model.buffers.x; returns each part's end row."""
-    sizes = [p.size for p in parts]
-    T = sum(sizes)
-    assert T <= model.chunk, "more rows than the model's buffers hold"
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    positions = np.concatenate([np.arange(v.cache.next_pos, v.cache.next_pos + n)
-                                for v, n in zip(views, sizes)]).astype(np.int64)
-    b = model.buffers
-    embedding(model.embed, np.concatenate(parts).astype(np.int64), b.x[:T])
-    if model.embed_scale != 1.0:
-        b.x[:T] *= np.float32(model.embed_scale)
-    model._rope_memo.clear()  # RoPE tables for these rows' positions, shared by the layers
-
-    def attend(s, q, k, v, out, T, positions):
-        q, k, v = model.rotate(s, q, k, v, T, positions)  # every row at its own position
-        for a, e, view in zip(starts, ends, views):  # each slot's rows over its own cache
-            model.attend_rotated(view.cache.layers[s.layer], q[a:e], k[a:e], v[a:e],
-                                 out[a:e], positions[a:e])
-
-    for i in range(len(model.layers)):
-        model.runner.run(model.layer_steps[i], T, positions, attend=attend)
+    x = model.forward_rows(parts, [v.cache for v in views])
     for view, part in zip(views, parts):
-        view.cache.next_pos += part.size
-        view.cache.n_tokens += part.size
         view.tokens.extend(part.tolist())
-    return ends
+    # each slot's logits as its own one-row head (the kernel its prefill alone would run)
+    return [model.head_logits(x[e - 1:e])[0].copy() if w else None
+            for e, w in zip(np.cumsum([p.size for p in parts]), wants)]
 
 
 def decode_rows(model, views: list, tokens: list[int], shifts: list[bool],
@@ -616,15 +584,17 @@ def decode_rows(model, views: list, tokens: list[int], shifts: list[bool],
     """Logits [n, vocab] (a new array) of one token for each of n slots (views: their
     SlotModels), in one pass over the weights: the batched fused step (`stepper`, whose
     caches are the views'), else rows [n, D] through the per-operation steps
-    (_through_layers, a part of one token a slot)."""
+    (model.forward_rows, a part of one token a slot)."""
     n = len(views)
     assert n <= model.chunk, "more rows than the model's buffers hold"
     for view, shift in zip(views, shifts):
         view.make_room(1, shift)
     if stepper is not None:
         logits = stepper.step([v.index for v in views], tokens)
-        for view, token in zip(views, tokens):
-            view.tokens.append(token)
-        return logits
-    _through_layers(model, views, [np.array([t], np.int64) for t in tokens])
-    return model.head_logits(model.buffers.x[:n]).copy()
+    else:
+        x = model.forward_rows([np.array([t], np.int64) for t in tokens],
+                               [v.cache for v in views])
+        logits = model.head_logits(x).copy()
+    for view, token in zip(views, tokens):
+        view.tokens.append(token)
+    return logits

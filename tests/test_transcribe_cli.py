@@ -40,7 +40,12 @@ def texts(monkeypatch):
 
 
 def run(capsys, *argv):
-    code = cli.main(["transcribe", *argv])
+    """`edgellm transcribe argv`, greedy unless argv says otherwise: the tiny random model
+    falls back through every temperature on every window (test_decoding_options runs the
+    search and the fallback)."""
+    greedy = [] if {"--beam-size", "--temperature"} & set(argv) else \
+        ["--beam-size", "1", "--temperature", "0"]
+    code = cli.main(["transcribe", *greedy, *argv])
     out, err = capsys.readouterr()
     return code, out, err
 

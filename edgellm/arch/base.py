@@ -129,7 +129,7 @@ class Transformer(CachedTokens):
         self.buffers = Buffers(args, self.chunk, self.ffn_width(), self.act_dtype)
         self.logit_buf = np.zeros((min(self.chunk, LOGIT_ROWS), args.vocab_size), np.float32)
         self.tokens: list[int] = []  # the ids the cache holds, in order
-        self.runner = StepRunner(self)
+        self.runner = StepRunner(self, self.buffers)
         self._layer_steps: list | None = None
         self.fused = None  # its fused decode step, where the loader made one (loader.py)
         self.variants_due = False  # warmup(variants=False) compiled: warm_variants is due
@@ -200,13 +200,6 @@ class Transformer(CachedTokens):
         return 1.0 / float(np.sqrt(self.args.head_dim))
 
     # one chunk ------------------------------------------------------------------
-    def attend(self, s: Attend, q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
-               T: int, positions: np.ndarray) -> None:
-        """out [T, Hq*Dh] = attention of this chunk's q/k/v rows over layer s.layer's cache
-        (q/k norm and RoPE applied first); stores the chunk's k/v."""
-        q, k, v = self.rotate(s, q, k, v, T, positions)
-        self.attend_rotated(self.cache.layers[s.layer], q, k, v, out, positions)
-
     def attend_rotated(self, layer, q: np.ndarray, k: np.ndarray, v: np.ndarray,
                        out: np.ndarray, positions: np.ndarray) -> None:
         """out [T, Hq*Dh] = attention of rotated q/k/v [T, H, Dh] (rotate) over `layer`
@@ -241,47 +234,74 @@ class Transformer(CachedTokens):
 
     def _rope_tables(self, i: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Layer i's cos, sin [T, Dh/2] for this chunk's positions: computed once per chunk
-        (_chunk empties the memo) for all the layers that share a frequency set (all but
-        Gemma's local/global)."""
+        (forward_rows empties the memo) for all the layers that share a frequency set (all
+        but Gemma's local/global)."""
         inv_freq, scaling = self.rope[i]
         key = (inv_freq.tobytes(), float(scaling))
         if key not in self._rope_memo:
             self._rope_memo[key] = rope_tables(positions, inv_freq, scaling)
         return self._rope_memo[key]
 
-    def block(self, i: int, w: LayerWeights, b: Buffers, T: int, positions: np.ndarray) -> None:
-        """Layer i over the chunk in b.x[:T]: its steps, one kernel call each."""
-        self.runner.run(self.layer_steps[i], T, positions)
+    def forward_rows(self, parts: list[np.ndarray], caches: list[KVCache],
+                     layers: list[int] | None = None) -> np.ndarray:
+        """The next tokens of several sequences as one chunk of rows through the layers:
+        parts[j] (token ids; T = their total <= self.chunk) after what caches[j] holds, each
+        row at its own position attending over its own cache, one kernel call a step for all
+        the rows (the server's slots prefill and decode together so; a single sequence is
+        one part; `layers`: only those, for the warmup). The caches advance by their parts;
+        the token lists are the caller's.
+        Returns the final hidden rows [T, D] before the final norm (a view of the buffers,
+        valid until the next call; head_logits takes them)."""
+        sizes = [p.size for p in parts]
+        T = sum(sizes)
+        assert T <= self.chunk, "more rows than the model's buffers hold"
+        ends = np.cumsum(sizes)
+        spans = list(zip(ends - sizes, ends, caches))
+        positions = np.concatenate([np.arange(c.next_pos, c.next_pos + n, dtype=np.int64)
+                                    for c, n in zip(caches, sizes)])
+        x = self.buffers.x[:T]
+        embedding(self.embed, np.concatenate(parts).astype(np.int64, copy=False), x)
+        if self.embed_scale != 1.0:
+            x *= np.float32(self.embed_scale)
+        self._rope_memo.clear()  # the tables are for these positions
+
+        def attend(s: Attend, q, k, v, out, T: int, positions: np.ndarray) -> None:
+            """out [T, Hq*Dh] = attention of the rows' q/k/v (q/k norm and RoPE applied at
+            each row's position first), each sequence's rows over its own cache; stores
+            their k/v."""
+            q, k, v = self.rotate(s, q, k, v, T, positions)
+            for a, e, cache in spans:
+                self.attend_rotated(cache.layers[s.layer], q[a:e], k[a:e], v[a:e], out[a:e],
+                                    positions[a:e])
+
+        for i in range(len(self.layer_steps)) if layers is None else layers:
+            self.runner.run(self.layer_steps[i], T, positions, attend)
+        for c, n in zip(caches, sizes):
+            c.next_pos += n
+            c.n_tokens += n
+        return x
 
     def _chunk(self, tokens: np.ndarray, want: str,
                layers: list[int] | None = None) -> np.ndarray | None:
         """Run a chunk through every layer (or only `layers`: the warmup's) and the head."""
         T = tokens.shape[0]
-        b = self.buffers
-        positions = np.arange(self.cache.next_pos, self.cache.next_pos + T, dtype=np.int64)
-        self._rope_memo.clear()  # the tables are for these positions
-        embedding(self.embed, tokens, b.x[:T])
-        if self.embed_scale != 1.0:
-            b.x[:T] *= np.float32(self.embed_scale)
-        for i in range(len(self.layers)) if layers is None else layers:
-            self.block(i, self.layers[i], b, T, positions)
-        self.cache.next_pos += T
-        self.cache.n_tokens += T
+        x = self.forward_rows([tokens], [self.cache], layers)
         if want == "none":
             return None
         if want == "hidden":  # embeddings: the final norm's output of every token
-            rmsnorm(b.x[:T], self.final_norm, self.args.rms_norm_eps, self.norm_offset, b.h[:T])
-            return b.h[:T]
+            h = self.buffers.h[:T]
+            rmsnorm(x, self.final_norm, self.args.rms_norm_eps, self.norm_offset, h)
+            return h
         if want == "last":
-            return self.head_logits(b.x[T - 1:T])
+            return self.head_logits(x[T - 1:T])
         out = np.empty((T, self.args.vocab_size), np.float32)  # "all": LOGIT_ROWS at a time
         for s in range(0, T, LOGIT_ROWS):
             e = min(T, s + LOGIT_ROWS)
-            self.head_logits(b.x[s:e], out[s:e])
+            self.head_logits(x[s:e], out[s:e])
         return out
 
     def head_logits(self, rows: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Logits [n, vocab] of final hidden rows [n, D] (rows of self.buffers.x): the final
+        """Logits [n, vocab] of final hidden rows [n, D] (forward_rows'): the final
         norm, the output head and its scale/softcap; into `out` [n, vocab] if given, else a
         view of an internal buffer (n <= LOGIT_ROWS) or a new array."""
         b = self.buffers

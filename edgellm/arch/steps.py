@@ -96,14 +96,15 @@ def dense_mlp(w, norm_out: str = "h", act: str = "silu") -> list:
 
 
 class StepRunner:
-    """The per-operation path: each step one kernel call over a chunk (model: a Transformer)."""
+    """The per-operation path: each step one kernel call over a chunk (model: a Transformer,
+    bufs: its Buffers)."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, bufs):
+        self.model, self.bufs = model, bufs
         self.extra: dict[str, np.ndarray] = {}
 
     def buffer(self, name: str, width: int, T: int) -> np.ndarray:
-        b = self.model.buffers
+        b = self.bufs
         arr = getattr(b, name, None)
         if not isinstance(arr, np.ndarray) or arr.shape[1] != width:
             arr = self.extra.get(name)
@@ -111,14 +112,13 @@ class StepRunner:
                 arr = self.extra[name] = np.zeros((b.x.shape[0], width), np.float32)
         return arr[:T]
 
-    def run(self, steps: list, T: int, positions: np.ndarray, attend=None) -> None:
-        """Run `steps` over rows [:T]; attend: the Attend step's function (default the
-        model's: all T rows one sequence; the server's batched decode gives each row its
-        own cache)."""
+    def run(self, steps: list, T: int, positions: np.ndarray, attend) -> None:
+        """Run `steps` over rows [:T] at `positions` [T]; attend(s, q, k, v, out, T,
+        positions): the Attend step's function (Transformer.forward_rows': each sequence's
+        rows over its own cache)."""
         m = self.model
-        attend = m.attend if attend is None else attend
         a = m.args
-        b = m.buffers
+        b = self.bufs
         acts: dict[str, object] = {}  # buffer name -> its int8 copy (hidden-wide rows)
         widths = {"x": a.hidden_size}
 

@@ -18,14 +18,15 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from ..errors import EdgeLLMError
-from .errors import from_edgellm
+from .errors import APIError, from_edgellm
 
 DONE = "data: [DONE]\n\n"
 
 
-def event(data: Any) -> str:
-    """One server-sent event carrying `data` as JSON."""
-    return f"data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
+def event(data: Any, name: str | None = None) -> str:
+    """One server-sent event carrying `data` as JSON (named `name`: an `event:` line)."""
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(data, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 async def in_thread(items: Iterator, on_exit: Callable[[], None],
@@ -76,15 +77,20 @@ async def in_thread(items: Iterator, on_exit: Callable[[], None],
 
 
 def sse(events: AsyncIterator, fields: set[str], error_of=from_edgellm,
-        done: str | None = DONE) -> StreamingResponse:
+        done: str | None = DONE, named: bool = False,
+        shape: Callable[[APIError], dict] = APIError.body) -> StreamingResponse:
     """`events` (dicts) as server-sent events, then `done`; an edgellm error after the
-    first byte goes out as the last event, error_of(e, fields)'s body."""
+    first byte goes out as the last event, error_of(e, fields) as `shape` renders it.
+    `named`: each event named by its data's "type" (Anthropic's stream names its events)."""
+    def out(data: dict) -> str:
+        return event(data, data.get("type") if named else None)
+
     async def body():
         try:
             async for e in events:
-                yield event(e)
+                yield out(e)
         except EdgeLLMError as e:
-            yield event(error_of(e, fields).body())
+            yield out(shape(error_of(e, fields)))
         if done:
             yield done
 

@@ -61,6 +61,47 @@ def _check_keys(raw: dict, model=at.Message) -> None:
             _check_keys(block, BLOCKS[block["type"]])
 
 
+EVENTS = {"message_start": at.RawMessageStartEvent, "message_delta": at.RawMessageDeltaEvent,
+          "message_stop": at.RawMessageStopEvent,
+          "content_block_start": at.RawContentBlockStartEvent,
+          "content_block_delta": at.RawContentBlockDeltaEvent,
+          "content_block_stop": at.RawContentBlockStopEvent}
+MESSAGE_DELTA = at.RawMessageDeltaEvent.model_fields["delta"].annotation
+DELTAS = {"text_delta": at.TextDelta, "thinking_delta": at.ThinkingDelta,
+          "input_json_delta": at.InputJSONDelta}
+
+
+def _raw_events(url: str, body: dict, key: str = KEY) -> list[dict]:
+    """The events of a raw stream, each named as its data's type and its keys (nested too)
+    fields of the SDK's types: message_start, ping, ..., message_stop."""
+    status, headers, raw = request(url + "/v1/messages", {**body, "stream": True},
+                                   {"x-api-key": key})
+    assert status == 200 and headers["content-type"].startswith("text/event-stream")
+    assert "[DONE]" not in raw.decode()
+    events = []
+    for part in raw.decode().strip().split("\n\n"):
+        head, data = part.split("\n")
+        assert head.startswith("event: ") and data.startswith("data: ")
+        e = json.loads(data[6:])
+        assert e["type"] == head[7:]
+        events.append(e)
+        if e["type"] == "ping":
+            assert e == {"type": "ping"}
+            continue
+        _check_keys(e, EVENTS[e["type"]])
+        inner = {"message_start": {"message": at.Message},
+                 "message_delta": {"delta": MESSAGE_DELTA, "usage": at.MessageDeltaUsage},
+                 "content_block_start": {"content_block": BLOCKS.get(
+                     e.get("content_block", {}).get("type"))},
+                 "content_block_delta": {"delta": DELTAS.get(e.get("delta", {}).get("type"))},
+                 }.get(e["type"], {})
+        for name, model in inner.items():
+            _check_keys(e[name], model)
+    assert [e["type"] for e in events[:2]] == ["message_start", "ping"]
+    assert [e["type"] for e in events[-2:]] == ["message_delta", "message_stop"]
+    return events
+
+
 def _created(client, **kwargs) -> at.Message:
     """messages.create's Message, the raw JSON's keys checked."""
     raw = client.messages.with_raw_response.create(**kwargs)
@@ -122,18 +163,7 @@ def test_stream_events_equal_the_whole_message(client, server):
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
     assert kinds[-2] == "message_delta" and kinds.count("content_block_start") == 1
     # the raw stream: each event named as its data's type, a ping after message_start
-    body = {**{k: v for k, v in kw.items() if k != "extra_body"}, **T0, "stream": True}
-    status, headers, raw = request(server.url + "/v1/messages", body,
-                                   {"x-api-key": KEY})
-    assert status == 200 and headers["content-type"].startswith("text/event-stream")
-    names = []
-    for e in raw.decode().strip().split("\n\n"):
-        head, data = e.split("\n")
-        assert head.startswith("event: ") and data.startswith("data: ")
-        names.append(head[7:])
-        assert json.loads(data[6:])["type"] == names[-1]
-    assert names[:2] == ["message_start", "ping"] and names[-1] == "message_stop"
-    assert "[DONE]" not in raw.decode()
+    _raw_events(server.url, {**{k: v for k, v in kw.items() if k != "extra_body"}, **T0})
 
 
 def test_tool_use_round_trip_with_a_tool_result(client, llm):
@@ -158,6 +188,8 @@ def test_tool_use_round_trip_with_a_tool_result(client, llm):
     answer = _created(client, messages=turns, **kw)
     assert answer.content and answer.content[0].type == "text"
     assert answer.stop_reason in ("end_turn", "max_tokens")
+    with client.messages.stream(messages=turns, **kw) as stream:
+        assert "".join(stream.text_stream) == answer.content[0].text
     # the prompt is the one the same conversation in OpenAI's shape renders
     openai_turns = ask + [
         {"role": "assistant", "content": None, "tool_calls": [{
@@ -260,6 +292,10 @@ def test_thinking_blocks(thinker):
     assert [b.type for b in final.content] == ["thinking", "tool_use"]
     assert final.content[0].thinking.strip() == r.content[0].thinking
     assert final.content[1].input == r.content[1].input
+    kinds = [e["content_block"]["type"] for e in _raw_events(thinker.url, {
+        **{k: v for k, v in kw.items() if k != "extra_body"}, **kw["extra_body"]}, "none")
+        if e["type"] == "content_block_start"]
+    assert kinds == ["thinking", "tool_use"]
     # without `thinking`, no thinking (Anthropic's default)
     off = client.messages.create(**{**kw, "thinking": {"type": "disabled"}})
     assert [b.type for b in off.content] == ["tool_use"]

@@ -235,7 +235,12 @@ def test_errors_are_the_clients_typed_exceptions(client, server):
     for path, body, headers, status in [
             ("/v1/messages", b"{", {"x-api-key": KEY}, 400),
             ("/v1/messages/count_tokens", {"model": "smollm2"}, {"x-api-key": KEY}, 400),
-            ("/v1/messages", {"model": "smollm2"}, {"x-api-key": "wrong"}, 401)]:
+            ("/v1/messages", {"model": "smollm2"}, {"x-api-key": "wrong"}, 401),
+            ("/v1/messages", {"model": "smollm2", "max_tokens": 4, "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x",
+                                              "content": 5}]}]}, {"x-api-key": KEY}, 400),
+            ("/v1/messages", {"model": "smollm2", "max_tokens": 4, "messages": [
+                *ASK, {"role": "assistant", "content": "The"}]}, {"x-api-key": KEY}, 400)]:
         got, _, raw = request(server.url + path, body, headers)
         err = json.loads(raw)
         assert got == status and set(err) == {"type", "error"} and err["type"] == "error"

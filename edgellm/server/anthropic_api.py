@@ -146,6 +146,9 @@ def _text(content: str | list, where: str) -> str:
     text parts are (LLM.apply_chat_template); any other block refused."""
     if isinstance(content, str):
         return content
+    if not isinstance(content, list):
+        raise APIError(400, f"{where}: a string or a list of text blocks is required",
+                       param=where)
     parts = []
     for j, b in enumerate(content):
         if not isinstance(b, dict) or b.get("type") != "text":

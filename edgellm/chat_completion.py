@@ -7,12 +7,13 @@
 
 returns {"id", "object": "chat.completion", "created", "model", "choices": [{"index": 0,
 "message": {"role": "assistant", "content", "tool_calls"?, "reasoning_content"?},
-"finish_reason": "stop" | "length" | "tool_calls"}], "usage": {...}}; with stream=True, an
-iterator of "chat.completion.chunk" dicts whose deltas carry "reasoning_content" and
-"content" as they come (with tools, the content is held until the end, where it is either
-parsed into "tool_calls" or sent as content). Tool calls end where one repeats an earlier
-call (it is dropped) and a named tool_choice makes one call; an answer cut at max_tokens
-keeps the complete calls it made, with finish_reason "length".
+"finish_reason": "stop" | "length" | "tool_calls", "stop_reason"?}], "usage": {...}}
+("stop_reason", vLLM's: the stop string that ended the answer, only when one did); with
+stream=True, an iterator of "chat.completion.chunk" dicts whose deltas carry
+"reasoning_content" and "content" as they come (with tools, the content is held until the
+end, where it is either parsed into "tool_calls" or sent as content). Tool calls end where
+one repeats an earlier call (it is dropped) and a named tool_choice makes one call; an
+answer cut at max_tokens keeps the complete calls it made, with finish_reason "length".
 
 Everything is checked, the prompt rendered and the constraint compiled before the first
 token (errors raise at the call, also with stream=True). A generation may run in phases on
@@ -114,9 +115,9 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
 
 def _events(llm, plan: _Plan,
             cancelled: Callable[[], bool] | None = None) -> Iterator[tuple[str, Any]]:
-    """("reasoning" | "content", text) pieces, then ("finish", reason) and ("usage",
-    (tokens generated, those of them thinking)).
-    Once `cancelled()` (checked after each token) the generation ends there."""
+    """("reasoning" | "content", text) pieces, then ("finish", reason), ("stop", the stop
+    string that ended it, or None) and ("usage", (tokens generated, those of them
+    thinking)). Once `cancelled()` (checked after each token) the generation ends there."""
     splitter = reasoning.ReasoningSplitter(inside=plan.inside)
     ids = list(plan.ids)
     # With a constraint, a thinking model thinks freely first: open the block for it (a
@@ -127,7 +128,7 @@ def _events(llm, plan: _Plan,
         splitter.inside = True
     constraint = None if free_first else plan.constraint
     generated = reasoning_tokens = phase = 0
-    finish = "length"
+    finish, stopped_by = "length", None
     keep = False
     repeats = tool_calls.Repeats(plan.fmt) if plan.tool_mode != "none" else None
     while True:
@@ -156,7 +157,7 @@ def _events(llm, plan: _Plan,
                 finish = "stop"
                 break
             if chunk.finish_reason is not None:
-                finish = chunk.finish_reason
+                finish, stopped_by = chunk.finish_reason, chunk.stop
                 if finish == "stop" and splitter.inside and free_first and constraint is None \
                         and not plan.stop:
                     switch, last = "close", None  # EOS while thinking: the answer is due
@@ -184,6 +185,7 @@ def _events(llm, plan: _Plan,
     for piece in splitter.flush():
         yield piece
     yield "finish", finish
+    yield "stop", stopped_by
     yield "usage", (generated, reasoning_tokens)
 
 
@@ -210,10 +212,12 @@ def _usage(plan: _Plan, counts: tuple[int, int]) -> dict:
 
 def _completion(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> dict:
     parts: dict[str, list[str]] = {"reasoning": [], "content": []}
-    finish, completion = "length", (0, 0)
+    finish, completion, stopped_by = "length", (0, 0), None
     for kind, value in _events(llm, plan, cancelled):
         if kind == "finish":
             finish = value
+        elif kind == "stop":
+            stopped_by = value
         elif kind == "usage":
             completion = value
         else:
@@ -227,23 +231,26 @@ def _completion(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -
         message["reasoning_content"] = "".join(parts["reasoning"]).strip()
     return {**_base(llm, "chat.completion"),
             "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": finish}],
+                         "finish_reason": finish, **_stop_reason(finish, stopped_by)}],
             "usage": _usage(plan, completion)}
 
 
 def _chunks(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> Iterator[dict]:
     base = _base(llm, "chat.completion.chunk")
 
-    def chunk(delta: dict, finish: str | None = None, **extra: Any) -> dict:
+    def chunk(delta: dict, finish: str | None = None, stop: dict | None = None,
+              **extra: Any) -> dict:
         return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                     "finish_reason": finish}], **extra}
+                                     "finish_reason": finish, **(stop or {})}], **extra}
 
     yield chunk({"role": "assistant", "content": ""})
     held: list[str] = []
-    finish = "length"
+    finish, stopped_by = "length", None
     for kind, value in _events(llm, plan, cancelled):
         if kind == "finish":
             finish = value
+        elif kind == "stop":
+            stopped_by = value
         elif kind == "usage":
             completion = value
         elif kind == "reasoning":
@@ -259,7 +266,12 @@ def _chunks(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> It
             yield chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
         if content:
             yield chunk({"content": content})
-    yield chunk({}, finish, usage=_usage(plan, completion))
+    yield chunk({}, finish, _stop_reason(finish, stopped_by), usage=_usage(plan, completion))
+
+
+def _stop_reason(finish: str, stopped_by: str | None) -> dict:
+    """vLLM's "stop_reason" for a choice that a stop string ended (none otherwise)."""
+    return {"stop_reason": stopped_by} if finish == "stop" and stopped_by else {}
 
 
 def create_chat_completion(llm, messages, tools=None, tool_choice=None, response_format=None,

@@ -56,6 +56,7 @@ class Chunk:
     token: int | None
     finish_reason: str | None = None  # "stop" (end of sequence or stop string), "length"
     stats: Stats | None = None
+    stop: str | None = None  # on the last chunk: the stop string that ended it, if one did
 
 
 class StopMatcher:
@@ -65,6 +66,7 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]):
         self.stops = [s for s in stops if s]
         self.pending = ""
+        self.hit: str | None = None  # the stop string reached (the first in the text)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to emit, whether a stop string was reached)."""
@@ -72,10 +74,11 @@ class StopMatcher:
         if not self.stops:
             self.pending = ""
             return buf, False
-        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for s in self.stops if (i := buf.find(s)) >= 0]
         if hits:
             self.pending = ""
-            return buf[:min(hits)], True
+            at, self.hit = min(hits, key=lambda h: h[0])
+            return buf[:at], True
         hold = 0
         for s in self.stops:
             for n in range(min(len(s) - 1, len(buf)), hold, -1):
@@ -185,7 +188,7 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
             text += tail if stopped else tail + stopper.flush()
             stats.decode_s = time.perf_counter() - t_first
             steps.close()
-            yield Chunk(text, token, "stop" if stopped else "length", stats)
+            yield Chunk(text, token, "stop" if stopped else "length", stats, stopper.hit)
             return
         yield Chunk(text, token)  # one chunk per token; text may be "" (an unfinished char)
     stats.decode_s = time.perf_counter() - t_first
@@ -194,4 +197,4 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
         text, _ = stopper.feed(detok.flush())
         text += stopper.flush()
     steps.close()
-    yield Chunk(text, None, finish, stats)
+    yield Chunk(text, None, finish, stats, stopper.hit)

@@ -59,6 +59,27 @@ def test_stop_string_cuts_exactly(llm):
     assert cut == full[:full.find(stop)]
 
 
+def test_the_stop_string_that_ended_it_is_told(llm):
+    """The last chunk names the stop string reached (the first in the text), so that an API
+    can say which (Anthropic's stop_sequence, vLLM's stop_reason); an end by length or by
+    end of sequence names none."""
+    full = llm.generate("import ", max_tokens=24, temperature=0)
+    first, later = full[3:5], full[9:12]
+    chunks = list(llm.stream("import ", max_tokens=24, temperature=0, stop=[later, first]))
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].stop == first
+    assert list(llm.stream("import ", max_tokens=4, temperature=0))[-1].stop is None
+    msgs = [{"role": "user", "content": "hi"}]
+    r = llm.create_chat_completion(msgs, max_tokens=24, temperature=0)
+    said = r["choices"][0]["message"]["content"]
+    assert "stop_reason" not in r["choices"][0]
+    stop = said[2:4]
+    r = llm.create_chat_completion(msgs, max_tokens=24, temperature=0, stop=[stop])
+    assert r["choices"][0]["stop_reason"] == stop
+    last = list(llm.create_chat_completion(msgs, max_tokens=24, temperature=0, stop=[stop],
+                                           stream=True))[-1]
+    assert last["choices"][0]["stop_reason"] == stop
+
+
 @pytest.mark.parametrize("stops,pieces,want", [
     (["END"], ["abc E", "N", "D tail"], "abc "),
     (["END"], ["abc EN", "X"], "abc ENX"),

@@ -1,7 +1,8 @@
 """Serve a model over an OpenAI-compatible HTTP API (needs pip install "edgellm[server]").
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST
-/v1/embeddings (with --embedding-model), GET /health, and a chat page at /. --parallel N
+/v1/embeddings (with --embedding-model), Anthropic's POST /v1/messages and
+/v1/messages/count_tokens, GET /health, and a chat page at /. --parallel N
 slots decode together in one batched step; requests beyond them wait in a queue of
 --queue (503 beyond). A prompt beyond the context, or --max-prompt-tokens, is refused (400
 context_length_exceeded) unless the request sends truncate_prompt_tokens. Binds 127.0.0.1

@@ -7,6 +7,7 @@ pip install "edgellm[server]", FastAPI and uvicorn).
                   watched, answered or streamed, whatever API shaped it (Engine, Settings)
     models.py     what the server serves, found by a request's `model` (Served)
     openai_api.py OpenAI's chat completions, completions and embeddings
+    anthropic_api.py  Anthropic's Messages API (/v1/messages, its count_tokens)
     limits.py     the API key (401) and the body size (413), before a route runs
     schemas.py    request bodies, as OpenAI's API shapes them
     errors.py     edgellm's typed errors as OpenAI's error objects and HTTP statuses

@@ -4,7 +4,8 @@ API key and the body size first).
     app = create_app(llm, Settings(model_id="smollm2", parallel=4), embedder=None)
 
 Routes: GET /health, GET /v1/models, GET / (the chat page), and each API surface's
-(openai_api.py: /v1/chat/completions, /v1/completions, /v1/embeddings). A request is
+(openai_api.py: /v1/chat/completions, /v1/completions, /v1/embeddings; anthropic_api.py:
+/v1/messages, /v1/messages/count_tokens). A request is
 checked and planned (its prompt rendered and tokenized, its constraint compiled) before
 it waits for a slot, so a bad one is answered 400 at once (engine.py); then it runs on a
 slot of the Batch (edgellm/batch.py), streaming as server-sent events when asked. A request
@@ -24,9 +25,9 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..llm import LLM
-from . import openai_api, responses_api
+from . import anthropic_api, openai_api, responses_api
 from .engine import Settings
-from .errors import APIError, from_validation
+from .errors import APIError, from_validation, shaped
 from .limits import BodyTooLarge, Limits
 from .models import Served
 from .router import Leases
@@ -74,22 +75,24 @@ def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
                            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
                            expose_headers=["Retry-After"])
 
+    # errors in the shape of the API the path belongs to (OpenAI's, or Anthropic's)
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
-        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        return JSONResponse(shaped(e, request.url.path), status_code=e.status,
+                            headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):
         err = from_validation(list(e.errors()))
-        return JSONResponse(err.body(), status_code=400)
+        return JSONResponse(shaped(err, request.url.path), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
         if isinstance(e, BodyTooLarge):  # a body sent in chunks, found too large while read
-            return JSONResponse(e.error.body(), status_code=e.status_code)
+            return JSONResponse(shaped(e.error, request.url.path), status_code=e.status_code)
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(APIError(e.status_code, f"{request.method} {request.url.path}: "
-                                     f"{e.detail}", kind).body(), status_code=e.status_code,
+        err = APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}", kind)
+        return JSONResponse(shaped(err, request.url.path), status_code=e.status_code,
                             headers=e.headers)  # a 405's Allow
 
     @app.get("/health")
@@ -113,6 +116,7 @@ def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
 
     openai_api.add_routes(app, served)
     responses_api.add_routes(app, served)
+    anthropic_api.add_routes(app, served)
     return app
 
 

@@ -1,5 +1,6 @@
 """Errors in OpenAI's shape, {"error": {"message", "type", "param", "code"}}, with their
-HTTP status: edgellm's typed exceptions and request validation mapped onto them."""
+HTTP status: edgellm's typed exceptions and request validation mapped onto them. Anthropic's
+routes (/v1/messages...) answer the same errors in Anthropic's shape (shaped)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,24 @@ def from_validation(errors: list[dict]) -> APIError:
     param = ".".join(loc) or None
     text = first.get("msg", "invalid value")
     return APIError(400, f"{param + ': ' if param else ''}{text}", param=param)
+
+
+# Anthropic's error types by HTTP status (its API reference, "Errors")
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+                    429: "rate_limit_error", 500: "api_error", 503: "overloaded_error",
+                    529: "overloaded_error"}
+
+
+def anthropic_body(e: APIError) -> dict:
+    """`e` in Anthropic's shape: {"type": "error", "error": {"type", "message"}}."""
+    kind = _ANTHROPIC_TYPES.get(e.status, "api_error" if e.status >= 500
+                                else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": e.message}}
+
+
+def shaped(e: APIError, path: str) -> dict:
+    """`e`'s body in the shape of the API at `path`: Anthropic's for /v1/messages and
+    below, OpenAI's elsewhere."""
+    anthropic = path == "/v1/messages" or path.startswith("/v1/messages/")
+    return anthropic_body(e) if anthropic else e.body()

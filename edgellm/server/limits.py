@@ -1,5 +1,6 @@
 """Limits: the API key (401) and the body size (413), checked before a route runs; a
-prompt's tokens (fit_prompt: 400 context_length_exceeded), once the route has them."""
+prompt's tokens (fit_prompt: 400 context_length_exceeded), once the route has them. Errors
+are in the shape of the API the path belongs to (errors.shaped)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import json
 
 from starlette.exceptions import HTTPException
 
-from .errors import APIError
+from .errors import APIError, shaped
 
 
 class Limits:
     """ASGI middleware: request bodies of at most max_body bytes (413), and the API key
-    on /v1/ routes (401), before a route reads anything."""
+    on /v1/ routes (401: `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`),
+    before a route reads anything."""
 
     def __init__(self, app, max_body: int, api_key: str | None = None):
         self.app, self.max_body, self.api_key = app, max_body, api_key
@@ -25,21 +27,23 @@ class Limits:
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
-        if self.api_key is not None and scope["path"].startswith("/v1/") \
+        path = scope["path"]
+        if self.api_key is not None and path.startswith("/v1/") \
                 and scope["method"] != "OPTIONS":
             given = headers.get("authorization", "")
             token = given[7:] if given.lower().startswith("bearer ") else ""
+            token = token or headers.get("x-api-key", "")
             if not hmac.compare_digest(token.encode(), self.api_key.encode()):
                 return await _reply(send, APIError(
-                    401, "missing or wrong API key (send Authorization: Bearer KEY)",
-                    "authentication_error", code="invalid_api_key"))
+                    401, "missing or wrong API key (send Authorization: Bearer KEY, or "
+                    "x-api-key: KEY)", "authentication_error", code="invalid_api_key"), path)
         length = headers.get("content-length")
         too_big = APIError(413, f"request body is larger than {self.max_body} bytes",
                            param=None, code="request_too_large")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             # a client waiting for 100 Continue sends no body: nothing to read
             return await _refuse(receive, send, too_big,
-                                 headers.get("expect", "").lower() != "100-continue")
+                                 headers.get("expect", "").lower() != "100-continue", path)
         seen = 0
 
         async def bounded():
@@ -56,7 +60,7 @@ class Limits:
         try:
             await self.app(scope, bounded, send)
         except BodyTooLarge:  # raised where the app did not answer it itself
-            await _reply(send, too_big)
+            await _reply(send, too_big, path)
 
 
 def token_bytes(tokenizer) -> int:
@@ -122,13 +126,13 @@ DRAIN_LIMIT = 64 << 20  # bytes of a refused body read (and dropped) so the clie
 DRAIN_S = 10.0  # and the most time spent reading them
 
 
-async def _refuse(receive, send, e: APIError, drain: bool) -> None:
+async def _refuse(receive, send, e: APIError, drain: bool, path: str) -> None:
     """`e` (a 413) sent whole at once, before the body is read (the client waiting for its
     answer has it at once); then, with `drain`, what the client still sends of its body read
     and dropped (bounded) before the response is completed: the connection is closed then,
     and one closed on unread data is reset, a client still sending seeing the reset (a
     broken pipe), not the 413."""
-    body = json.dumps(e.body()).encode()
+    body = json.dumps(shaped(e, path)).encode()
     await send({"type": "http.response.start", "status": e.status, "headers": _headers(e, body)})
     await send({"type": "http.response.body", "body": body, "more_body": True})
     if drain:
@@ -154,7 +158,7 @@ def _headers(e: APIError, body: bytes) -> list[tuple[bytes, bytes]]:
     return headers + [(k.lower().encode(), v.encode()) for k, v in e.headers.items()]
 
 
-async def _reply(send, e: APIError) -> None:
-    body = json.dumps(e.body()).encode()
+async def _reply(send, e: APIError, path: str) -> None:
+    body = json.dumps(shaped(e, path)).encode()
     await send({"type": "http.response.start", "status": e.status, "headers": _headers(e, body)})
     await send({"type": "http.response.body", "body": body})

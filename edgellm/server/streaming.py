@@ -18,7 +18,7 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 from ..errors import EdgeLLMError
-from .errors import from_edgellm
+from .errors import APIError, from_edgellm
 
 DONE = "data: [DONE]\n\n"
 
@@ -78,16 +78,20 @@ async def in_thread(items: Iterator, on_exit: Callable[[], None],
 
 
 def sse(events: AsyncIterator, fields: set[str], error_of=from_edgellm,
-        done: str | None = DONE, named: bool = False) -> StreamingResponse:
+        done: str | None = DONE, named: bool = False,
+        shape: Callable[[APIError], dict] = APIError.body) -> StreamingResponse:
     """`events` (dicts) as server-sent events, each named by its "type" if `named`, then
     `done`; an edgellm error after the first byte goes out as the last event,
-    error_of(e, fields)'s body."""
+    error_of(e, fields) as `shape` renders it."""
+    def out(data: dict) -> str:
+        return event(data, data.get("type") if named else None)
+
     async def body():
         try:
             async for e in events:
-                yield event(e, e.get("type") if named else None)
+                yield out(e)
         except EdgeLLMError as e:
-            yield event(error_of(e, fields).body())
+            yield out(shape(error_of(e, fields)))
         if done:
             yield done
 

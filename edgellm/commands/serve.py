@@ -1,7 +1,8 @@
 """Serve a model over an OpenAI-compatible HTTP API (needs pip install "edgellm[server]").
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST
-/v1/embeddings (with --embedding-model), GET /health, and a chat page at /. --parallel N
+/v1/embeddings (with --embedding-model), POST /v1/rerank (with --rerank-model), GET /health,
+GET /metrics (Prometheus), and a chat page at /. --parallel N
 slots decode together in one batched step; requests beyond them wait in a queue of
 --queue (503 beyond). A prompt beyond the context, or --max-prompt-tokens, is refused (400
 context_length_exceeded) unless the request sends truncate_prompt_tokens. Binds 127.0.0.1
@@ -43,6 +44,10 @@ def add_arguments(p) -> None:
     p.add_argument("--embedding-model", default=None,
                    type=text_argument("embedding model", empty=False),
                    help="an embedding model (file or catalog name) for /v1/embeddings")
+    p.add_argument("--rerank-model", default=None,
+                   type=text_argument("rerank model", empty=False),
+                   help="a cross-encoder (a converted *ForSequenceClassification with one "
+                        "label) for /v1/rerank")
     p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                    help="allow cross-origin requests from ORIGIN (repeatable; default: none)")
     p.add_argument("--max-tokens", type=int_at_least(1), default=4096,
@@ -79,15 +84,16 @@ def run(args) -> int:
             "reach this address can use the model")
     sock = _bind(args.host, args.port)  # before the models load: a bad address fails now
     llm = open_model(args, warm=False)  # warmed on the engine thread (warm_on)
-    embedder = None
+    embedder = reranker = None
     try:
-        if args.embedding_model is not None:
-            import argparse
-
-            embedder = open_model(argparse.Namespace(**{**vars(args),
-                                                        "model": args.embedding_model,
-                                                        "lora": None}), warm=False)
+        embedder = _side_model(args, args.embedding_model)
+        if embedder is not None:
             embedder.embedder  # noqa: B018 -- refuses a model without pooling now
+        reranker = _side_model(args, args.rerank_model)
+        if reranker is not None and reranker.heads.kind != "reranker":
+            raise EdgeLLMError(f"--rerank-model {args.rerank_model}: a "
+                               f"{reranker.heads.kind}, not a reranker (a cross-encoder: a "
+                               "sequence classifier with one label)")
         settings = Settings(
             model_id=args.alias or _model_id(args.model, llm.packed.path),
             parallel=args.parallel, queue=args.queue, api_key=args.api_key,
@@ -96,9 +102,11 @@ def run(args) -> int:
             max_prompt_tokens=args.max_prompt_tokens,
             interleave=False if args.no_interleave else None,
             embedding_id=None if embedder is None else _model_id(args.embedding_model,
-                                                                 embedder.packed.path))
-        app = create_app(llm, settings, embedder)
-        warm_on(app.state.batch.call, llm, *([] if embedder is None else [embedder]))
+                                                                 embedder.packed.path),
+            rerank_id=None if reranker is None else _model_id(args.rerank_model,
+                                                              reranker.packed.path))
+        app = create_app(llm, settings, embedder, reranker)
+        warm_on(app.state.batch.call, llm, *[m for m in (embedder, reranker) if m is not None])
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                 timeout_graceful_shutdown=GRACE_S - 0.5, access_log=False)
         server = uvicorn_server(app, config)
@@ -112,10 +120,21 @@ def run(args) -> int:
     finally:
         sock.close()
         llm.close()
-        if embedder is not None:
-            embedder.close()
+        for m in (embedder, reranker):
+            if m is not None:
+                m.close()
     say("edgellm: stopped")
     return 0
+
+
+def _side_model(args, name: str | None):
+    """The model `name` (an embedder, a reranker) opened as -m's options say, or None."""
+    if name is None:
+        return None
+    import argparse
+
+    return open_model(argparse.Namespace(**{**vars(args), "model": name, "lora": None}),
+                      warm=False)
 
 
 def _bind(host: str, port: int):

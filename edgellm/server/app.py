@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..llm import LLM
-from . import openai_api
+from . import openai_api, rerank_api
 from .engine import Engine, Settings
 from .errors import APIError, from_validation
 from .limits import BodyTooLarge, Limits
@@ -33,11 +33,13 @@ from .models import Served
 __all__ = ["Settings", "create_app", "uvicorn_server"]
 
 
-def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> FastAPI:
-    """The app serving `llm` (and `embedder` at /v1/embeddings); it owns neither: the
-    caller closes them after the app has shut down (its lifespan closes the Batch)."""
+def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None,
+               reranker: LLM | None = None) -> FastAPI:
+    """The app serving `llm` (and `embedder` at /v1/embeddings, `reranker` at /v1/rerank);
+    it owns none: the caller closes them after the app has shut down (its lifespan closes
+    the Batch)."""
     engine = Engine(llm, settings)
-    served = Served(engine, settings, embedder)
+    served = Served(engine, settings, embedder, reranker)
 
     def wind_down(grace: float) -> None:
         """The server stops (on the event loop): requests in flight get `grace` seconds,
@@ -102,6 +104,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None) -> Fas
         return resources.files(__package__).joinpath("static/chat.html").read_text("utf-8")
 
     openai_api.add_routes(app, served)
+    rerank_api.add_routes(app, served)
     return app
 
 

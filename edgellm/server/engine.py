@@ -53,6 +53,7 @@ class Settings:
     max_messages: int = 512
     max_inputs: int = 2048  # texts in one embeddings request
     embedding_id: str | None = None
+    rerank_id: str | None = None
     interleave: bool | None = None  # the batched step's interleaved weights (Batch's default)
 
 

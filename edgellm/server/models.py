@@ -1,8 +1,11 @@
-"""What one server serves, found by a request's `model`: the chat engine and the embedder.
+"""What one server serves, found by a request's `model`: the chat engine, the embedder
+and the reranker.
 
-    served = Served(engine, settings, embedder)
+    served = Served(engine, settings, embedder, reranker)
     engine = served.chat(req.model)           # 404 in the API's shape when not served
     embedder, name = served.embedder(req.model)
+    reranker, name = served.reranker(req.model)
+    for name, kind, llm in served.loaded(): ...   # kind: "chat", "embedding", "rerank"
 """
 
 from __future__ import annotations
@@ -15,15 +18,25 @@ from .errors import APIError
 
 
 class Served:
-    """The models of one server: `engine` (its chat model's) and `embedder` (or None)."""
+    """The models of one server: `engine` (its chat model's), `embedder` and `reranker`
+    (or None)."""
 
-    def __init__(self, engine: Engine, settings: Settings, embedder: LLM | None = None):
+    def __init__(self, engine: Engine, settings: Settings, embedder: LLM | None = None,
+                 reranker: LLM | None = None):
         self.engine, self.settings, self._embedder = engine, settings, embedder
+        self._reranker = reranker
         self.created = int(time.time())
 
+    def loaded(self) -> list[tuple[str, str, LLM]]:
+        """(name, kind, model) of each model loaded."""
+        s = self.settings
+        return [(s.model_id, "chat", self.engine.llm)] + [
+            (name, kind, llm) for name, kind, llm in (
+                (s.embedding_id, "embedding", self._embedder),
+                (s.rerank_id, "rerank", self._reranker)) if llm is not None]
+
     def ids(self) -> list[str]:
-        return [self.settings.model_id] + (
-            [self.settings.embedding_id] if self._embedder is not None else [])
+        return [name for name, _, _ in self.loaded()]
 
     def card(self, name: str) -> dict:
         """OpenAI's model object for `name` (404 when it is not served)."""
@@ -37,12 +50,22 @@ class Served:
 
     def embedder(self, name: str) -> tuple[LLM, str]:
         """The embedding model `name` and the name it answers with."""
-        if self._embedder is None:
-            raise APIError(404, "no embedding model is loaded (start the server with "
-                           "--embedding-model MODEL)", "not_found_error", "model",
-                           "model_not_found")
-        check_model(name, [self.settings.embedding_id])
-        return self._embedder, self.settings.embedding_id
+        return _found(self._embedder, name, self.settings.embedding_id, "embedding",
+                      "--embedding-model")
+
+    def reranker(self, name: str) -> tuple[LLM, str]:
+        """The cross-encoder `name` and the name it answers with."""
+        return _found(self._reranker, name, self.settings.rerank_id, "rerank",
+                      "--rerank-model")
+
+
+def _found(llm: LLM | None, name: str, served_as: str | None, kind: str,
+           option: str) -> tuple[LLM, str]:
+    if llm is None:
+        raise APIError(404, f"no {kind} model is loaded (start the server with {option} "
+                       "MODEL)", "not_found_error", "model", "model_not_found")
+    check_model(name, [served_as])
+    return llm, served_as
 
 
 def check_model(name: str, ids: list[str]) -> None:

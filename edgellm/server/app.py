@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..llm import LLM
-from . import openai_api, rerank_api
+from . import metrics, openai_api, rerank_api
 from .engine import Engine, Settings
 from .errors import APIError, from_validation
 from .limits import BodyTooLarge, Limits
@@ -105,6 +105,7 @@ def create_app(llm: LLM, settings: Settings, embedder: LLM | None = None,
 
     openai_api.add_routes(app, served)
     rerank_api.add_routes(app, served)
+    metrics.add_routes(app, served)  # last: its middleware counts what the others answer
     return app
 
 

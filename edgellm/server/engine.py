@@ -21,6 +21,7 @@ import dataclasses
 import math
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -133,14 +134,17 @@ class Engine:
 
     # slots --------------------------------------------------------------------------------
     async def slot_for(self, ids):
+        asked = time.monotonic()  # a time to first token counts the wait (metrics.py)
         try:
-            return await self.pool.acquire(ids)
+            slot = await self.pool.acquire(ids)
         except QueueFull as e:
             raise APIError(503, str(e), "server_error", code="queue_full",
                            headers={"Retry-After": "1"}) from None
         except PoolClosed:
             raise APIError(503, "the server is shutting down", "server_error",
                            code="unavailable", headers={"Retry-After": "1"}) from None
+        slot.asked = asked
+        return slot
 
     def watched(self, slot, stop: threading.Event) -> Callable[[], bool]:
         """The request's cancelled(): its client gone (`stop`) or the server ending; the

@@ -136,3 +136,12 @@ def test_no_reranker_loaded_is_a_404(llm):
         assert r["error"]["code"] == "model_not_found"
     finally:
         s.stop()
+
+
+def test_serve_refuses_a_rerank_model_that_is_not_a_cross_encoder(smollm2, capsys):
+    from edgellm.cli import main
+
+    assert main(["serve", "-m", str(smollm2), "--port", "0",
+                 "--rerank-model", str(smollm2)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "is a text generator, not a reranker" in err

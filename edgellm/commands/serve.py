@@ -91,9 +91,9 @@ def run(args) -> int:
             embedder.embedder  # noqa: B018 -- refuses a model without pooling now
         reranker = _side_model(args, args.rerank_model)
         if reranker is not None and reranker.heads.kind != "reranker":
-            raise EdgeLLMError(f"--rerank-model {args.rerank_model}: a "
-                               f"{reranker.heads.kind}, not a reranker (a cross-encoder: a "
-                               "sequence classifier with one label)")
+            raise EdgeLLMError(f"--rerank-model {args.rerank_model} is "
+                               f"{_KINDS[reranker.heads.kind]}, not a reranker (a "
+                               "cross-encoder: a sequence classifier with one label)")
         settings = Settings(
             model_id=args.alias or _model_id(args.model, llm.packed.path),
             parallel=args.parallel, queue=args.queue, api_key=args.api_key,
@@ -125,6 +125,10 @@ def run(args) -> int:
                 m.close()
     say("edgellm: stopped")
     return 0
+
+
+_KINDS = {"generator": "a text generator", "embedding": "an embedding model",
+          "classifier": "a classifier with several labels", "tagger": "a token classifier"}
 
 
 def _side_model(args, name: str | None):

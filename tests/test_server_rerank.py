@@ -24,12 +24,6 @@ def _ref():
 
 
 @pytest.fixture(scope="module")
-def llm(smollm2):
-    with edgellm.load(smollm2, context=512) as model:
-        yield model
-
-
-@pytest.fixture(scope="module")
 def reranker(tmp_path_factory):
     from converter.hf_source import open_hf
     from converter.pack import convert
@@ -41,10 +35,11 @@ def reranker(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(llm, reranker):
-    s = ThreadServer(llm, reranker=reranker, rerank_id="tiny-reranker", max_inputs=40)
-    yield s
-    s.stop()
+def server(smollm2, reranker):
+    with edgellm.load(smollm2, context=512) as llm:
+        s = ThreadServer(llm, reranker=reranker, rerank_id="tiny-reranker", max_inputs=40)
+        yield s
+        s.stop()
 
 
 def _rerank(server, body, path="/v1/rerank"):
@@ -128,8 +123,8 @@ def test_errors_name_the_field(server, body, param, words):
     assert r["error"]["param"] == param and words in r["error"]["message"]
 
 
-def test_no_reranker_loaded_is_a_404(llm):
-    s = ThreadServer(llm)
+def test_no_reranker_loaded_is_a_404(server):
+    s = ThreadServer(server.app.state.served.engine.llm)
     try:
         status, r = _rerank(s, {"model": "x", "query": "q", "documents": ["a"]})
         assert status == 404 and "--rerank-model" in r["error"]["message"]

@@ -25,6 +25,7 @@ that thinks continues its generation in a second one).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
 
@@ -75,21 +76,22 @@ class Metrics:
         if asked is not None:
             self.prompt.labels(model).inc(len(ids))
         last = None
-        for i, chunk in enumerate(chunks):
-            if i == 0 and asked is not None:  # its prompt is in the cache now
-                reused = getattr(slot.prompt_cache, "reused", 0)
-                if reused:
-                    self.cache_hits.labels(model).inc()
-                    self.cache_tokens.labels(model).inc(reused)
-            if chunk.token is not None:
-                now = time.monotonic()
-                self.generated.labels(model).inc()
-                if last is not None:
-                    self.per_token.labels(model).observe(now - last)
-                elif asked is not None:
-                    self.ttft.labels(model).observe(now - asked)
-                last = now
-            yield chunk
+        with contextlib.closing(chunks):  # closed with this one: the generation ends now
+            for i, chunk in enumerate(chunks):
+                if i == 0 and asked is not None:  # its prompt is in the cache now
+                    reused = getattr(slot.prompt_cache, "reused", 0)
+                    if reused:
+                        self.cache_hits.labels(model).inc()
+                        self.cache_tokens.labels(model).inc(reused)
+                if chunk.token is not None:
+                    now = time.monotonic()
+                    self.generated.labels(model).inc()
+                    if last is not None:
+                        self.per_token.labels(model).observe(now - last)
+                    elif asked is not None:
+                        self.ttft.labels(model).observe(now - asked)
+                    last = now
+                yield chunk
 
 
 class _Counted:

@@ -238,6 +238,12 @@ class SlotLLM(LLM):
     def embed(self, *args, **kwargs):
         raise ClosedError("a slot generates; embeddings run on the batch (Batch.call)")
 
+    meter = asked = None  # a server's: meter(slot, ids, chunks) sees each stream (metrics.py)
+
+    def _chunks(self, model, tokenizer, ids, *args):
+        chunks = super()._chunks(model, tokenizer, ids, *args)
+        return chunks if self.meter is None else self.meter(self, ids, chunks)
+
     def begin_generation(self) -> None:
         """The slot has a new request, whose prompt is coming: the engine waits for it (up to
         GATHER_S) as for a generation's next row, so that requests arriving together prefill

@@ -22,16 +22,16 @@ def free_socket() -> socket.socket:
 
 
 class ThreadServer:
-    """create_app(llm, settings, embedder) served by uvicorn in a thread."""
+    """create_app(llm, settings, embedder, reranker) served by uvicorn in a thread."""
 
-    def __init__(self, llm, embedder=None, **settings):
+    def __init__(self, llm, embedder=None, reranker=None, **settings):
         import uvicorn
 
         from edgellm.server.app import Settings, create_app, uvicorn_server
 
         settings.setdefault("model_id", "smollm2")
         self.settings = Settings(**settings)
-        self.app = create_app(llm, self.settings, embedder)
+        self.app = create_app(llm, self.settings, embedder, reranker)
         self.sock = free_socket()
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"

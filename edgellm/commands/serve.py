@@ -1,8 +1,10 @@
 """Serve a model over an OpenAI-compatible HTTP API (needs pip install "edgellm[server]").
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST
-/v1/embeddings (with --embedding-model), Anthropic's POST /v1/messages and
-/v1/messages/count_tokens, GET /health, and a chat page at /. --parallel N
+/v1/embeddings (with --embedding-model), POST /v1/rerank (with --rerank-model), Anthropic's
+POST /v1/messages and /v1/messages/count_tokens, POST /v1/responses, GET /health, GET
+/metrics (Prometheus), and a chat page at /. Several -m (or a directory) serve several
+models, loaded on first use under --max-memory. --parallel N
 slots decode together in one batched step; requests beyond them wait in a queue of
 --queue (503 beyond). A prompt beyond the context, or --max-prompt-tokens, is refused (400
 context_length_exceeded) unless the request sends truncate_prompt_tokens. Binds 127.0.0.1
@@ -44,6 +46,10 @@ def add_arguments(p) -> None:
     p.add_argument("--embedding-model", default=None,
                    type=text_argument("embedding model", empty=False),
                    help="an embedding model (file or catalog name) for /v1/embeddings")
+    p.add_argument("--rerank-model", default=None,
+                   type=text_argument("rerank model", empty=False),
+                   help="a cross-encoder (a converted *ForSequenceClassification with one "
+                        "label) for /v1/rerank")
     p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                    help="allow cross-origin requests from ORIGIN (repeatable; default: none)")
     p.add_argument("--max-tokens", type=int_at_least(1), default=4096,
@@ -98,28 +104,37 @@ def run(args) -> int:
     names = _expand(args.model or [None])
     routing = len(names) > 1 or args.max_memory is not None
     llm = open_model(_with(args, names[0], args.lora), warm=False)  # warmed on the engine
-    embedder = None                                                   # thread (warm_on)
+    embedder = reranker = None                                        # thread (warm_on)
     served = None
     try:
         first_id = args.alias or _model_id(names[0], llm.packed.path)
-        embedding_id = None
+        embedding_id = rerank_id = None
         if args.embedding_model is not None:
             embedding_id = _model_id(args.embedding_model, args.embedding_model)
-            if not routing:
-                embedder = open_model(_with(args, args.embedding_model, ctx=None), warm=False)
+        if args.rerank_model is not None:
+            rerank_id = _model_id(args.rerank_model, args.rerank_model)
+        if not routing:
+            embedder = _side_model(args, args.embedding_model)
+            if embedder is not None:
                 embedder.embedder  # noqa: B018 -- refuses a model without pooling now
+            reranker = _side_model(args, args.rerank_model)
+            if reranker is not None and reranker.heads.kind != "reranker":
+                raise EdgeLLMError(f"--rerank-model {args.rerank_model} is "
+                                   f"{_KINDS[reranker.heads.kind]}, not a reranker (a "
+                                   "cross-encoder: a sequence classifier with one label)")
         settings = Settings(
             model_id=first_id, parallel=args.parallel, queue=args.queue,
             api_key=args.api_key, cors=tuple(args.cors), max_body=args.max_body,
             max_tokens=min(args.max_tokens, llm.context),
             max_prompt_tokens=args.max_prompt_tokens,
-            interleave=False if args.no_interleave else None, embedding_id=embedding_id)
+            interleave=False if args.no_interleave else None, embedding_id=embedding_id,
+            rerank_id=rerank_id)
         if routing:
             served = _router(args, settings, llm, first_id, names[1:])
             app = create_app(None, settings, served=served)
         else:
-            app = create_app(llm, settings, embedder)
-        warm_on(app.state.batch.call, llm, *([] if embedder is None else [embedder]))
+            app = create_app(llm, settings, embedder, reranker)
+        warm_on(app.state.batch.call, llm, *[m for m in (embedder, reranker) if m is not None])
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                 timeout_graceful_shutdown=GRACE_S - 0.5, access_log=False)
         server = uvicorn_server(app, config)
@@ -135,10 +150,20 @@ def run(args) -> int:
         sock.close()
         if served is None:
             llm.close()
-        if embedder is not None:
-            embedder.close()
+        for m in (embedder, reranker):
+            if m is not None:
+                m.close()
     say("edgellm: stopped")
     return 0
+
+
+_KINDS = {"generator": "a text generator", "embedding": "an embedding model",
+          "classifier": "a classifier with several labels", "tagger": "a token classifier"}
+
+
+def _side_model(args, name: str | None):
+    """The model `name` (an embedder, a reranker) opened as -m's options say, or None."""
+    return None if name is None else open_model(_with(args, name), warm=False)
 
 
 def _bind(host: str, port: int):
@@ -240,4 +265,7 @@ def _router(args, settings, llm, first_id: str, more: list):
     if args.embedding_model is not None:
         path = resolve(args.embedding_model, say=say)
         served.add(settings.embedding_id, path=path, kind="embedding")
+    if args.rerank_model is not None:
+        path = resolve(args.rerank_model, say=say)
+        served.add(settings.rerank_id, path=path, kind="rerank")
     return served

@@ -25,7 +25,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..llm import LLM
-from . import anthropic_api, openai_api, responses_api
+from . import anthropic_api, metrics, openai_api, rerank_api, responses_api
 from .engine import Settings
 from .errors import APIError, from_validation, shaped
 from .limits import BodyTooLarge, Limits
@@ -36,15 +36,18 @@ __all__ = ["Settings", "create_app", "uvicorn_server"]
 
 
 def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
-               served: Served | None = None) -> FastAPI:
-    """The app serving `llm` (and `embedder` at /v1/embeddings); it owns neither: the
-    caller closes them after the app has shut down (its lifespan closes the engines). Or
-    the models of `served` (several, loaded on first use: commands/serve.py)."""
+               reranker: LLM | None = None, served: Served | None = None) -> FastAPI:
+    """The app serving `llm` (and `embedder` at /v1/embeddings, `reranker` at /v1/rerank);
+    it owns none: the caller closes them after the app has shut down (its lifespan closes
+    the engines). Or the models of `served` (several, loaded on first use:
+    commands/serve.py)."""
     if served is None:
         served = Served(settings)
         served.add(settings.model_id, llm=llm)
         if embedder is not None:
             served.add(settings.embedding_id, llm=embedder, kind="embedding")
+        if reranker is not None:
+            served.add(settings.rerank_id, llm=reranker, kind="rerank")
 
     def wind_down(grace: float) -> None:
         """The server stops (on the event loop): requests in flight get `grace` seconds,
@@ -117,6 +120,8 @@ def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
     openai_api.add_routes(app, served)
     responses_api.add_routes(app, served)
     anthropic_api.add_routes(app, served)
+    rerank_api.add_routes(app, served)
+    metrics.add_routes(app, served)  # last: its middleware counts what the others answer
     return app
 
 

@@ -21,6 +21,7 @@ import dataclasses
 import math
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ class Settings:
     max_messages: int = 512
     max_inputs: int = 2048  # texts in one embeddings request
     embedding_id: str | None = None
+    rerank_id: str | None = None
     interleave: bool | None = None  # the batched step's interleaved weights (Batch's default)
 
 
@@ -132,14 +134,17 @@ class Engine:
 
     # slots --------------------------------------------------------------------------------
     async def slot_for(self, ids):
+        asked = time.monotonic()  # a time to first token counts the wait (metrics.py)
         try:
-            return await self.pool.acquire(ids)
+            slot = await self.pool.acquire(ids)
         except QueueFull as e:
             raise APIError(503, str(e), "server_error", code="queue_full",
                            headers={"Retry-After": "1"}) from None
         except PoolClosed:
             raise APIError(503, "the server is shutting down", "server_error",
                            code="unavailable", headers={"Retry-After": "1"}) from None
+        slot.asked = asked
+        return slot
 
     def watched(self, slot, stop: threading.Event) -> Callable[[], bool]:
         """The request's cancelled(): its client gone (`stop`) or the server ending; the

@@ -1,13 +1,14 @@
 """What one server serves, found by a request's `model`: chat models on engines, embedding
-models beside them, loaded on first use and closed least recently used first when the next
-would pass the memory budget.
+models and rerankers beside them, loaded on first use and closed least recently used first
+when the next would pass the memory budget.
 
     served = Served(settings, max_memory=2 << 30, opener=open_file)
     served.add("smollm2", llm=llm)                 # loaded by the caller, who owns it
     served.add("qwen", path=Path("qwen.edgellm"))  # loaded here on first use
     async with served.lease("qwen"):               # loaded (waits, bounded), never closed
         engine = served.chat("qwen")               #   while a lease is held
-    embedder, name = served.embedder("bert")
+    embedder, name = served.embedder("bert")     # reranker(name) likewise
+    for name, kind, llm in served.loaded(): ...  # kind: "chat", "embedding", "rerank"
 
 The lease is taken for a whole request, its stream included, by the Leases middleware
 (router.py), so a route finds its model loaded and a model is never closed under a
@@ -71,6 +72,7 @@ class Served:
                                                                   opener, warm)
         self.context, self.kv_type = context, kv_type
         self.models: dict[str, Model] = {}
+        self._on_engine: list[Callable[[Engine], None]] = []
         self.created = int(time.time())
         self._lock: asyncio.Lock | None = None  # made on the loop that serves
         self._released: asyncio.Event | None = None
@@ -87,7 +89,7 @@ class Served:
             m = Model(name, Path(llm.packed.path), kind or _kind(llm), planned_bytes(llm),
                       llm=llm, owned=False)
             if m.kind == "chat" and engine:
-                m.engine = Engine(llm, self.settings, name)
+                m.engine = self._made(Engine(llm, self.settings, name))
         else:
             m = Model(name, Path(path), kind or "chat", 0)
         self.models[name] = m
@@ -114,6 +116,18 @@ class Served:
         """The first chat model's engine (its Batch runs the legacy embedder's calls)."""
         return next(m.engine for m in self.models.values() if m.engine is not None)
 
+    def on_engine(self, fn: Callable[[Engine], None]) -> None:
+        """Call fn(engine) for each chat model's engine: those made already, and each one
+        made when a model loads."""
+        self._on_engine.append(fn)
+        for e in self.engines():
+            fn(e)
+
+    def _made(self, engine: Engine) -> Engine:
+        for fn in self._on_engine:
+            fn(engine)
+        return engine
+
     def engines(self) -> list[Engine]:
         return [m.engine for m in self.models.values() if m.engine is not None]
 
@@ -128,11 +142,21 @@ class Served:
 
     def embedder(self, name: str) -> tuple[LLM, str]:
         """The embedding model `name` and the name it answers with."""
-        if not any(m.kind == "embedding" for m in self.models.values()):
-            raise APIError(404, "no embedding model is loaded (start the server with "
-                           "--embedding-model MODEL)", "not_found_error", "model",
-                           "model_not_found")
-        m = self._find(name, "embedding")
+        return self._side(name, "embedding", "--embedding-model")
+
+    def reranker(self, name: str) -> tuple[LLM, str]:
+        """The cross-encoder `name` and the name it answers with."""
+        return self._side(name, "rerank", "--rerank-model")
+
+    def loaded(self) -> list[tuple[str, str, LLM]]:
+        """(name, kind, model) of each model loaded."""
+        return [(m.name, m.kind, m.llm) for m in self.models.values() if m.llm is not None]
+
+    def _side(self, name: str, kind: str, option: str) -> tuple[LLM, str]:
+        if not any(m.kind == kind for m in self.models.values()):
+            raise APIError(404, f"no {kind} model is loaded (start the server with {option} "
+                           "MODEL)", "not_found_error", "model", "model_not_found")
+        m = self._find(name, kind)
         if m.llm is None:
             raise APIError(503, f"model {name!r} is not loaded", "server_error",
                            code="model_not_loaded", headers={"Retry-After": "1"})
@@ -224,7 +248,7 @@ class Served:
             m.kind = _kind(llm)
             m.planned = planned_bytes(llm)
             if m.kind == "chat":
-                m.engine = Engine(llm, self.settings, m.name)
+                m.engine = self._made(Engine(llm, self.settings, m.name))
                 call = m.engine.batch.call
             else:
                 m.worker = ThreadPoolExecutor(1, thread_name_prefix=f"edgellm-{m.name}")
@@ -272,7 +296,9 @@ class Served:
 
 
 def _kind(llm: LLM) -> str:
-    return "chat" if getattr(llm.model, "generates", True) else "embedding"
+    if getattr(llm.model, "generates", True):
+        return "chat"
+    return "rerank" if llm.heads.kind == "reranker" else "embedding"
 
 
 def planned_bytes(llm: LLM) -> int:

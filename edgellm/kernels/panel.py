@@ -49,14 +49,12 @@ from numba.extending import intrinsic
 
 from ..codegen.int8_tiles import GROUP, group_blocks, scale_block
 from ..codegen.ir import (
-    BLOCK_BYTES,
     F32,
     FAST,
     I8,
     I16,
     I32,
     I64,
-    _by_block,
     _c,
     _dot_acc,
     _drop_block,
@@ -74,6 +72,11 @@ from ..codegen.ir import (
     _store_vec,
     _typed,
     _v,
+    affine,
+    block_layout,
+    by_block_of,
+    signed,
+    weights,
 )
 from ..codegen.kquant_tiles import SUPER_BYTES, _codes, _q5_codes, _scales_k4
 from ..modelfile import quant
@@ -117,18 +120,15 @@ def _pack_codegen(kind, B):
     """Rows i..i+7 of the weight matrix (blocks of B) -> row g of panel and scales.
 
     The panel is always in 32-column sub-blocks: a weight block of 64 or 128 becomes 2 or
-    4 of them, each with the block's scale (and minimum). q5_0 / q5_1 (B = 32): the 5-bit
+    4 of them, each with the block's scale (and minimum). A signed type (quant.Packing:
+    q8_0, iq4_nl) packs its int8 weights w + 128 into q8_0's panels. q5_0 / q5_1: the 5-bit
     codes 0..31 (codegen_kquant._q5_codes) as a q4_1 panel, value d q + m, with q5_1's
     minimum, or q5_0's d (q - 16) as the minimum -16 d: both run on ptile_q4_1.
     """
     if kind in Q5:
-        if B != 32:  # the type has blocks of 32 only: other sizes are never called
-            return lambda ctx, b, sig, args: ctx.get_dummy_value()
         BB, hdr = Q5[kind]
-        per_byte = 1
     else:
-        hdr, per_byte = BLOCK_BYTES[kind]
-        BB = hdr + B // per_byte
+        hdr, BB = block_layout(kind, B)
     low16 = _c(_v(I8, 32), [15] * 32)
     four = _c(_v(I8, 32), [4] * 32)
     flip = _c(_v(I8, 32), [-128] * 32)
@@ -137,8 +137,8 @@ def _pack_codegen(kind, B):
         """Sub-block j of the weight block at p as <32 x i8> unsigned values."""
         if kind in Q5:
             return _q5_codes(b, p, hdr)
-        if kind == "q8_0":
-            return b.xor(_load(b, p, hdr + 32 * j, _v(I8, 32)), flip)
+        if signed(kind):
+            return b.xor(weights(b, kind, p, 32, 32 * j), flip)
         if B == 32:
             return _nibbles(b, p, hdr, 32)
         half = B // 2  # elements 0..half-1 are low nibbles, half..B-1 high ones
@@ -164,7 +164,7 @@ def _pack_codegen(kind, B):
             if kind == "q5_0":  # d (q - 16) = d q + (-16 d)
                 mw = b.fmul(dw, _c(_v(F32, GROUP), [-16.0] * GROUP), flags=FAST)
             else:
-                mw = gather16(ps, 2) if kind in ("q4_1", "q5_1") else None
+                mw = gather16(ps, 2) if affine(kind) or kind == "q5_1" else None
             for j in range(B // 32):
                 sb = b.add(b.mul(bi, _i64(B // 32)), _i64(j))  # the panel's block
                 _interleave(b, prow, b.mul(sb, _i64(PANEL_BLOCK)),
@@ -413,7 +413,7 @@ def make_pack(kind):
     elif kind in SUPER_BYTES:
         codegen = _drop_block(_pack_k_codegen(kind))
     else:
-        codegen = _by_block(lambda B: _pack_codegen(kind, B))
+        codegen = by_block_of(kind, lambda B: _pack_codegen(kind, B))
     return _typed(name, codegen, {0: types.uint8, 3: types.uint8, 4: types.float32},
                   ints=(1, 2, 5))
 

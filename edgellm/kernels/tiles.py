@@ -1,5 +1,5 @@
-"""Every tile of the types with a generated kernel family (f32, f16, q8_0, q4_0, q4_1
-and, int8 activations only, q5_0, q5_1), made from one recipe a type:
+"""Every tile of the types with a generated kernel family (f32, f16, q8_0, q4_0, q4_1,
+iq4_nl and, int8 activations only, q5_0, q5_1), made from one recipe a type:
 TILES[code][role], found by type code (family.tile) by the kernels the type's family is
 generated from (matvec.py, matmul.py, panel_gemm.py, batch_step.py).
 
@@ -68,6 +68,8 @@ RECIPES = {
     # Q4_K_M's matrices): packed as q4_1 panels, run on q4_1's panel tiles
     "q5_0": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False),
     "q5_1": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False),
+    # int8 weights after its table: q8_0's tiles and panels, the table looked up in the tile
+    "iq4_nl": Recipe(group=4, panel="q8_0"),
 }
 
 

@@ -18,12 +18,15 @@ Block layouts (ggml's, generalized to block size B; B = 32 is exactly ggml's):
   q8_0: [f16 d][B x int8 q]                value = d * q
   q4_0: [f16 d][B/2 bytes]                 value = d * (q - 8)
   q4_1: [f16 d][f16 m][B/2 bytes]          value = d * q + m
+  iq4_nl: [f16 d][B/2 bytes] (B = 32 only) value = d * IQ4_NL_VALUES[q] (ggml's non-linear
+        16 levels; quantized by ggml's best-scale search, _quantize_iq4_nl)
   4-bit bytes: byte j holds element j in its low nibble and element j + B/2 in its high one.
 A quantized tensor of shape [rows, cols] is stored as uint8 [rows, (cols // B) * block_bytes]:
 rows contiguous, blocks along the columns.
 
 ggml's K-quants (q2_k .. q6_k: super-blocks of 256), q5_0 and q5_1 (blocks of 32) have one fixed
-block size each (`QuantType.blocks`); their layouts and reference code: quant_k.py.
+block size each (`QuantType.blocks`); their layouts and reference code: quant_k.py. iq4_nl
+has one too (32), with its reference here and its kernels generated from its `Packing`.
 """
 
 from __future__ import annotations
@@ -174,6 +177,49 @@ class Packing:
         return v + _f16_at(raw, 2) if self.affine else v
 
 
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _best_index(values: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """ggml's best_index_int8: the index of the level nearest v (a tie: the higher one)."""
+    n = len(values)
+    mu = np.clip(np.searchsorted(values, v, side="right"), 1, n - 1)
+    idx = np.where(v - values[mu - 1] < values[mu] - v, mu - 1, mu)
+    return np.where(v <= values[0], 0, np.where(v >= values[-1], n - 1, idx))
+
+
+def _fit(xb: np.ndarray, w: np.ndarray, values: np.ndarray, inv: np.ndarray):
+    """Codes for scale 1/inv and the weighted sums (sum w q x, sum w q^2), in C's order."""
+    idx = _best_index(values, inv[..., None] * xb)
+    q = values[idx]
+    return idx, np.cumsum(w * q * xb, -1, dtype=np.float32)[..., -1], \
+        np.cumsum(w * q * q, -1, dtype=np.float32)[..., -1]
+
+
+def _quantize_iq4_nl(xb: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_iq4_nl_ref (no importance): per block the scale -max/values[0],
+    then 15 tries id = (k + values[0]) / max, k = -7..7, keeping the least weighted error
+    (weights x^2) with d refit by least squares; codes rounded for the final float d."""
+    values = np.asarray(IQ4_NL_VALUES, np.float32)
+    w = xb * xb
+    idx = np.abs(xb).argmax(axis=-1)  # the first of the largest magnitude, as C's loop
+    vmax = np.take_along_axis(xb, idx[..., None], axis=-1)[..., 0]
+    zero = np.abs(vmax) < np.float32(1e-15)
+    safe = np.where(zero, np.float32(1), vmax)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        _, sqx, sq2 = _fit(xb, w, values, np.float32(1) / (-safe / values[0]))
+        d = sqx / sq2
+        best = d * sqx
+        for k in range(-7, 8):
+            _, sqx, sq2 = _fit(xb, w, values, (np.float32(k) + values[0]) / safe)
+            better = (sq2 > 0) & (sqx * sqx > best * sq2)
+            d = np.where(better, sqx / sq2, d)
+            best = np.where(better, d * sqx, best)
+        d = np.where(zero, np.float32(0), d).astype(np.float32)
+        idx, _, _ = _fit(xb, w, values, _inverse(d))
+    return np.concatenate([_f16_bytes(d), _pack_nibbles(idx.astype(np.uint8))], axis=-1)
+
+
 Blocks = Callable[[np.ndarray], np.ndarray]
 
 
@@ -221,7 +267,8 @@ class QuantType:
 
     @property
     def superblock(self) -> bool:
-        """One fixed block size (K-quants, q5_0, q5_1): float kernels in kernels/kquant.py."""
+        """One fixed block size (K-quants, q5_0, q5_1: float kernels in kernels/kquant.py;
+        iq4_nl)."""
         return self.quantized and len(self.blocks) == 1
 
     def is_ggml_block(self, block_size: int) -> bool:
@@ -320,6 +367,10 @@ TYPES: dict[str, QuantType] = {t.name: t for t in (
           ("q6_k", 10, 6, 18, "[128 B low nibbles][64 B 2-bit high][16 int8 scales][f16 d], "
                               "value d sc (q - 32)"),
       )),
+    QuantType("iq4_nl", 12, "IQ4_NL", "[f16 d][B/2 bytes of 4-bit q], value d IQ4_NL_VALUES[q]",
+              bits=4, header_bytes=2, codes=(0, 15), max_abs=F16_MAX * 127, blocks=(32,),
+              quantize_blocks=_quantize_iq4_nl, int8_kernels=True,
+              **_packed(Packing(table=IQ4_NL_VALUES))),
 )}
 FLOAT_ITEMSIZE = {n: t.itemsize for n, t in TYPES.items() if not t.quantized}
 QUANTIZED = tuple(n for n, t in TYPES.items() if t.quantized)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from numba import types
 
 from .ir import (
-    BLOCK_BYTES,
     F32,
     FAST,
     I8,
@@ -32,13 +31,8 @@ from .ir import (
     _store,
     _typed,
     _v,
-    affine,
-    block_layout,
-    by_block_of,
-    signed,
-    weights,
-    zero,
 )
+from .packing import BLOCK_BYTES, affine, block_layout, by_block_of, signed, weights, zero
 
 __all__ = ["make_ftile", "make_row"]
 

@@ -40,7 +40,6 @@ from .ir import (
     I16,
     I32,
     ORDERED,
-    PACKING,
     _c,
     _dot_acc,
     _f16,
@@ -64,14 +63,8 @@ from .ir import (
     _store,
     _typed,
     _v,
-    _weight_dot,
-    affine,
-    block_layout,
-    by_block_of,
-    signed,
-    weights,
-    zero,
 )
+from .packing import PACKING, affine, block_layout, by_block_of, signed, weight_dot, weights, zero
 
 __all__ = ["GROUP", "group_blocks", "make_tile", "scale_block"]
 
@@ -161,7 +154,7 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
             for r in range(RW):
                 us = units(b, b.gep(wrow[r], [b.mul(k, _i64(NW * BB))], inbounds=True))
                 for h, (wv, d2, m2) in enumerate(us):
-                    dot = _weight_dot(b, kind, wv)
+                    dot = weight_dot(b, kind, wv)
                     dw = _pick(b, d2, expand)  # shared by the RT tokens
                     for s in range(RT):
                         j = r * RT + s
@@ -281,7 +274,7 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
                         wu = b.xor(weights(b, kind, p), flip)
                     else:
                         wv = weights(b, kind, p) if not q4 else _nibbles(b, p, hdr, 32)
-                        dotw = _weight_dot(b, kind, wv)
+                        dotw = weight_dot(b, kind, wv)
                 for s in range(RT):
                     if halves:
                         dot = dotw(xs[s])
@@ -648,7 +641,7 @@ def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT, A=I8):
         p = b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True)
         dw = _f16(b, p, 0)
         wv = weights(b, kind, p) if signed(kind) else _nibbles(b, p, hdr, 32)
-        dot = _weight_dot(b, kind, wv)
+        dot = weight_dot(b, kind, wv)
         for s in range(RT):
             x = _load(b, xrow[s], b.mul(bi, _i64(A.width * 4)), _v(A, 32))
             dx = _load(b, drow[s], b.mul(bi, _i64(4)), F32)

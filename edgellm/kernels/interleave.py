@@ -55,7 +55,6 @@ from numba import types
 
 from ..codegen.int8_tiles import group_blocks
 from ..codegen.ir import (
-    BLOCK_BYTES,
     F32,
     I8,
     I16,
@@ -78,6 +77,7 @@ from ..codegen.ir import (
     vpdpwssd,
     vpdpwssd_bcast,
 )
+from ..codegen.packing import BLOCK_BYTES
 from ..modelfile import quant
 from ..runtime.simd import VNNI
 

@@ -72,13 +72,9 @@ from ..codegen.ir import (
     _store_vec,
     _typed,
     _v,
-    affine,
-    block_layout,
-    by_block_of,
-    signed,
-    weights,
 )
 from ..codegen.kquant_tiles import SUPER_BYTES, _codes, _q5_codes, _scales_k4
+from ..codegen.packing import affine, block_layout, by_block_of, signed, weights
 from ..modelfile import quant
 from ..runtime.simd import VNNI
 

@@ -314,7 +314,7 @@ def _ptile_codegen(kind, RT, A=I8):
     # token costs an add each (measured slower); q4's tiles measured slower with one.
     # q6_k's wide panels: one chain, measured faster than two (8x4; 8x6 slower either way)
     q6w = wssd and kind == "q6_k"  # q6_k's wide panels: int16 sc (q - 32), one scale d
-    chains = 1 if wssd and kind == "q8_0" and RT >= 6 or q6w else CHAINS
+    chains = 1 if wssd and signed(kind) and RT >= 6 or q6w else CHAINS
 
     def codegen(ctx, b, sig, args):
         panel, scales, xq, xd, xs, xds, out = (
@@ -339,7 +339,7 @@ def _ptile_codegen(kind, RT, A=I8):
             sb = b.mul(bi, _i64(4 * SCALES_BLOCK))
             dw = _load(b, srow, sb, v8)
             mw = (_load(b, srow, b.add(sb, _i64(4 * GROUP)), v8)  # q6_k: values 16-31's dw
-                  if kind == "q4_1" or kind == "q6_k" and not q6w else None)
+                  if affine(kind) or kind == "q6_k" and not q6w else None)
             xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             new = []
@@ -353,7 +353,7 @@ def _ptile_codegen(kind, RT, A=I8):
             elif wssd:  # the chunks as 32 x i16 (row r's 4 weights in lanes 4r..4r+3), shared
                 wide = [b.bitcast(b.zext(ch, _v(I16, 32)), v16i) for ch in chunks]
             for s in range(RT):
-                if kind == "q8_0":  # the +128 of the weights, taken back
+                if signed(kind):  # the +128 of the weights, taken back
                     tot = _splat(b, b.mul(_load(b, irow[s], foff, I32), _c(I32, -128)), 8)
                 else:
                     tot = zero_i

@@ -121,14 +121,14 @@ class Packing:
     scales  the f16 fields at the block's start, in order: ("d",) or ("d", "m")
     codes   "int8": B signed bytes; "nibbles": B/2 bytes, byte j holding element j in its
             low nibble and element j + B/2 in its high one (a new plane of codes: a branch
-            in codes_of and in codegen/ir.py's `codes`)
+            in codes_of and in codegen/packing.py's `codes`)
     zero    value d (q - zero) (q4_0: 8)
     table   value d table[q]: the int8 level each code stands for (iq4_nl)
     With "m" among the scales the value is d q + m (4-bit codes).
     The generators' three forms: `signed` (value d w, w an int8 weight: the int8 bytes, the
     table's level or q - zero; run as q8_0's tiles and panels, w decoded in the tile), the
     nibbles' offset (d (q - zero), q4_0) and `affine` (d q + m, q4_1), these two with the
-    offset or minimum folded in per block (codegen/int8_tiles.py).
+    offset or minimum folded in per block (codegen/packing.py).
     """
 
     scales: tuple[str, ...] = ("d",)

@@ -302,6 +302,13 @@ def test_kquant_int_tiles_are_vectorized(kind):
         assert dots >= rt * (8 if B == 256 else 4), (kind, rt)
 
 
+def _probe(tile):
+    """A jitted f(w, xq, xd, xds, out) running the tile on row 0, token 0 (blocks of 32)."""
+    def probe(w, xq, xd, xds, out):
+        tile(w, 32, 0, xq, xd, xds, 0, out)
+    return numba.njit(probe)
+
+
 @pytest.mark.skipif(not X86 or simd.SIMD_PATH != "vnni", reason="the vnni path's lookup")
 def test_iq4_nl_tiles_look_its_levels_up_with_vpshufb():
     """iq4_nl runs q8_0's tiles on its int8 levels: one vpshufb of the 16-entry table per 32
@@ -314,12 +321,7 @@ def test_iq4_nl_tiles_look_its_levels_up_with_vpshufb():
     for role in ("1", "g"):
         for xq, dot in ((np.zeros((4, 256), np.int16), "vpdpwssd"),
                         (np.zeros((4, 256), np.int8), "vpdpbusd")):
-            tile = TILES[t.code][role]
-
-            def probe(w, xq, xd, xds, out):
-                tile(w, 32, 0, xq, xd, xds, 0, out)
-
-            f_ = numba.njit(probe)
+            f_ = _probe(TILES[t.code][role])
             sig = tuple(numba.typeof(a) for a in (w, xq, f, f, out))
             f_.compile(sig)
             asm = f_.inspect_asm(sig)

@@ -1,5 +1,6 @@
-"""K-quants (q2_k .. q6_k), q5_0, q5_1 and iq4_nl (one fixed block size each): the numpy reference against the gguf package, and the
-kernels (kernels/kquant.py, through linear()/embedding() and the fused decode step) against
+"""K-quants (q2_k .. q6_k), q5_0, q5_1 and iq4_nl (one fixed block size each): the numpy
+reference against the gguf package, and the kernels (kernels/kquant.py, or the generated
+family, through linear()/embedding() and the fused decode step) against
 the reference, on random and adversarial blocks (extreme and zero scales, all-zero
 sub-blocks, codes at their limits)."""
 

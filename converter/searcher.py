@@ -23,8 +23,14 @@ def searcher(col_weights: dict[str, np.ndarray] | None = None,
 
     def run(values: np.ndarray, type_name: str, block_size: int = quant.DEFAULT_BLOCK,
             name: str = "tensor") -> np.ndarray:
+        t = quant.qtype(type_name)
+        if t.quantized and (t.packing is None or t.packing.table or t.bits not in (4, 8)):
+            # the searches fit d q (+ m) to int8 or 4-bit codes: a table type, q5 and the
+            # K-quants take their reference quantization (llama-quantize's without an
+            # importance matrix)
+            return quant.quantize(values, type_name, block_size, name=name)
         h = moments.get(name)
-        if h is not None and quant.qtype(type_name).quantized:
+        if h is not None and t.quantized:
             return gptq_quantize(values, h, type_name, block_size, name)
         return quantize(values, type_name, block_size, name, weights.get(name))
 

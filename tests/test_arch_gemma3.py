@@ -213,6 +213,18 @@ def gguf_name(hf: str) -> str:
     return f"blk.{layer}.{GGUF_BLOCK[rest]}.weight"
 
 
+def _quantize(x: np.ndarray, t) -> np.ndarray:
+    """gguf's quantization of x, or (types gguf only reads, such as IQ4_NL) edgellm's
+    reference, which is llama-quantize's."""
+    try:
+        return gguf.quants.quantize(x, t)
+    except NotImplementedError:
+        from edgellm.modelfile import quant
+
+        name = next(n for n, r in quant.TYPES.items() if r.ggml == t.name)
+        return quant.quantize(x, name)
+
+
 def write_gemma3_gguf(path, matrix_type=QT.F32) -> tuple[dict, dict]:
     """The fixture as llama.cpp's Gemma3Model writes it: norms stored as 1 + weight, a
     SentencePiece vocabulary with scores (the token embedding padded with zero rows to its
@@ -248,7 +260,7 @@ def write_gemma3_gguf(path, matrix_type=QT.F32) -> tuple[dict, dict]:
         if hf.endswith("norm.weight"):
             x = x + np.float32(1.0)
         t = matrix_type if x.ndim == 2 else QT.F32
-        data = x if t == QT.F32 else gguf.quants.quantize(x, t)
+        data = x if t == QT.F32 else _quantize(x, t)
         w.add_tensor(gguf_name(hf), data, raw_dtype=t)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -75,7 +75,8 @@ def _same_function(got, fused, exact):
         assert np.abs(got - fused).max() <= 1e-4 * np.abs(fused).max()
 
 
-# q4_1 / q4_0: the shared row-group tiles; q8_0: its 4-row tiles (serial and parallel steps).
+# q4_1 / q4_0: the shared row-group tiles; q8_0 (and iq4_nl, its table looked up in the
+# tile): its 4-row tiles (serial and parallel steps).
 # gemma3: sliding and global caches, two RoPE sets; qwen3-moe: each row its own experts.
 # act_type int8: the interleaved copies in their int8 layout (vpdpbusd tiles); the server's
 # case (llama q4_1) on its two threads, the others on one (the serial step compiles in ~14 s,
@@ -84,7 +85,8 @@ def _same_function(got, fused, exact):
     ("llama", "q4_1", 2, "int16"), ("llama", "q4_0", 1, "int16"), ("qwen2", "q8_0", 2, "int16"),
     ("qwen2", "q8_0", 1, "int16"), ("gemma3", "q4_0", 2, "int16"),
     ("qwen3-moe", "q8_0", 2, "int16"), ("phi3", "q4_1", 1, "int16"),
-    ("llama", "q4_1", 2, "int8"), ("gemma3", "q4_0", 1, "int8"), ("qwen2", "q8_0", 1, "int8")])
+    ("llama", "q4_1", 2, "int8"), ("gemma3", "q4_0", 1, "int8"), ("qwen2", "q8_0", 1, "int8"),
+    ("llama", "iq4_nl", 2, "int16"), ("llama", "iq4_nl", 1, "int8")])
 def test_each_row_is_its_result_alone_bit_for_bit(name, kind, threads, act_type, converted):
     ids = [int(t) for t in reference(name)["input_ids"]]
     prompts = [ids[:5], ids[:9], ids[2:4], ids[1:12]]

@@ -252,7 +252,7 @@ def test_float_paths_are_vectorized():
 
 
 @pytest.mark.skipif(not X86, reason="checks x86 vector registers")
-@pytest.mark.parametrize("kind", quant.K_TYPES)
+@pytest.mark.parametrize("kind", [n for n in quant.K_TYPES if not quant.TYPES[n].packing])
 def test_kquant_paths_are_vectorized(kind):
     """kquant.py's decode rows: the row dequantizer converts codes to floats in vector
     registers (its runtime trip counts keep LLVM's loop vectorizer on) and the dot product is
@@ -267,7 +267,8 @@ def test_kquant_paths_are_vectorized(kind):
 
 
 @pytest.mark.skipif(not X86, reason="checks x86 vector registers")
-@pytest.mark.parametrize("kind", [n for n in quant.K_TYPES if quant.TYPES[n].int8_kernels])
+@pytest.mark.parametrize("kind", [n for n in quant.K_TYPES if quant.TYPES[n].int8_kernels
+                                  and not quant.TYPES[n].packing])  # (iq4_nl: q8_0's tiles)
 def test_kquant_int_tiles_are_vectorized(kind):
     """kquant_int.py's tiles (decode's 1x1, prefill's 1x4), int16 activations: the block dots
     are vpmaddwd on 256- or 512-bit registers, the per-block sums reduced with vphaddd,
@@ -299,6 +300,33 @@ def test_kquant_int_tiles_are_vectorized(kind):
         assert re.search(r"vcvtdq2ps\s[^\n]*%ymm", asm), (kind, rt)
         dots = int16_dots(asm) if wssd else asm.count(dot)
         assert dots >= rt * (8 if B == 256 else 4), (kind, rt)
+
+
+def _probe(tile):
+    """A jitted f(w, xq, xd, xds, out) running the tile on row 0, token 0 (blocks of 32)."""
+    def probe(w, xq, xd, xds, out):
+        tile(w, 32, 0, xq, xd, xds, 0, out)
+    return numba.njit(probe)
+
+
+@pytest.mark.skipif(not X86 or simd.SIMD_PATH != "vnni", reason="the vnni path's lookup")
+def test_iq4_nl_tiles_look_its_levels_up_with_vpshufb():
+    """iq4_nl runs q8_0's tiles on its int8 levels: one vpshufb of the 16-entry table per 32
+    codes in the decode tiles (int16 activations: vpdpwssd; int8: vpdpbusd)."""
+    t = quant.TYPES["iq4_nl"]
+    w = np.zeros((4, t.block_bytes(32) * 8), np.uint8)
+    w.flags.writeable = False
+    f = np.zeros((4, 8), np.float32)
+    out = np.zeros((4, 4), np.float32)
+    for role in ("1", "g"):
+        for xq, dot in ((np.zeros((4, 256), np.int16), "vpdpwssd"),
+                        (np.zeros((4, 256), np.int8), "vpdpbusd")):
+            f_ = _probe(TILES[t.code][role])
+            sig = tuple(numba.typeof(a) for a in (w, xq, f, f, out))
+            f_.compile(sig)
+            asm = f_.inspect_asm(sig)
+            assert re.search(r"vpshufb\s[^\n]*%[xyz]mm", asm), (role, dot)
+            assert re.search(dot + r"\s[^\n]*%[yz]mm", asm), (role, dot)
 
 
 @pytest.mark.skipif(not X86, reason="checks x86 vector registers")

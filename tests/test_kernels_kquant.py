@@ -1,5 +1,6 @@
-"""K-quants (q2_k .. q6_k) and q5_0: the numpy reference against the gguf package, and the
-kernels (kernels/kquant.py, through linear()/embedding() and the fused decode step) against
+"""K-quants (q2_k .. q6_k), q5_0, q5_1 and iq4_nl (one fixed block size each): the numpy
+reference against the gguf package, and the kernels (kernels/kquant.py, or the generated
+family, through linear()/embedding() and the fused decode step) against
 the reference, on random and adversarial blocks (extreme and zero scales, all-zero
 sub-blocks, codes at their limits)."""
 
@@ -25,13 +26,14 @@ def raw_blocks(kind: str, n: int, rng, adversarial: bool) -> np.ndarray:
     (65504, subnormal, zero), a zero block, codes all at their highest."""
     t = quant.TYPES[kind]
     raw = rng.integers(0, 256, (n, t.block_bytes(256)), dtype=np.uint8)
-    scales = rng.uniform(-1, 1, (n, len(quant_k.F16_AT[kind]))).astype(np.float32)
+    at = quant_k.F16_AT.get(kind, range(0, t.header_bytes, 2))  # (iq4_nl: its d at 0)
+    scales = rng.uniform(-1, 1, (n, len(at))).astype(np.float32)
     if adversarial:
         scales[0::4] = np.float32(65504) / np.float32(1024)  # large: values up to ~4e4 x codes
         scales[1::4] = np.float32(6e-8)  # f16 subnormal
         scales[2::4] = 0.0
         raw[3::4, :] = 0xFF if kind != "q6_k" else raw[3::4, :]
-    for j, off in enumerate(quant_k.F16_AT[kind]):
+    for j, off in enumerate(at):
         raw[:, off:off + 2] = scales[:, j].astype("<f2").view(np.uint8).reshape(n, 2)
     if adversarial:
         raw[-1] = 0  # an all-zero block

@@ -25,7 +25,7 @@ def quantized(x: np.ndarray, dtype):
 
 
 def test_the_int_types_are_the_expected_ones():
-    assert INT_K == ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
+    assert INT_K == ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "iq4_nl"]
     assert set(INT_K) <= set(registry.INT8)
 
 

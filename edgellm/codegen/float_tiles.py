@@ -11,12 +11,10 @@ from __future__ import annotations
 from numba import types
 
 from .ir import (
-    BLOCK_BYTES,
     F32,
     FAST,
     I8,
     I16,
-    _by_block,
     _c,
     _drop_block,
     _f16,
@@ -34,6 +32,7 @@ from .ir import (
     _typed,
     _v,
 )
+from .packing import BLOCK_BYTES, affine, block_layout, by_block_of, signed, weights, zero
 
 __all__ = ["make_ftile", "make_row"]
 
@@ -44,26 +43,25 @@ NACC = 2  # accumulators per output: breaks the multiply-add dependency chain
 def _dequant(b, kind, p, B, scaled=True):
     """Weight block at p as <16 x f32> chunks of dequantized values.
 
-    scaled=False (q8_0, q4_0): the integer values q (q - 8 for q4_0), and the scale apart:
-    returns (chunks, <16 x f32> scale).
+    scaled=False (not affine: q8_0, q4_0, iq4_nl): the integer values (w, or q - zero),
+    and the scale apart: returns (chunks, <16 x f32> scale).
     """
-    hdr, _ = BLOCK_BYTES[kind]
+    hdr, _ = block_layout(kind, B)
     dwv = _splat(b, _f16(b, p, 0), 16)
-    if kind == "q8_0":
-        qs = [b.sitofp(_load(b, p, hdr + 16 * c, _v(I8, 16)), _v(F32, 16))
-              for c in range(B // 16)]
+    if signed(kind):  # int8 weights: the bytes, or the table's levels
+        qs = [b.sitofp(weights(b, kind, p, 16, 16 * c), _v(F32, 16)) for c in range(B // 16)]
     else:
         full = _nibbles(b, p, hdr, B)
-        if kind == "q4_0":
-            full = b.sub(full, _c(_v(I8, B), [8] * B))
-        conv = b.sitofp if kind == "q4_0" else b.uitofp
+        if zero(kind):
+            full = b.sub(full, _c(_v(I8, B), [zero(kind)] * B))
+        conv = b.sitofp if zero(kind) else b.uitofp
         qs = [conv(_pick(b, full, range(16 * c, 16 * c + 16)), _v(F32, 16))
               for c in range(B // 16)]
     if not scaled:
-        assert kind != "q4_1"
+        assert not affine(kind)
         return qs, dwv
     chunks = [b.fmul(q, dwv, flags=FAST) for q in qs]
-    if kind == "q4_1":
+    if affine(kind):
         mv = _splat(b, _f16(b, p, 2), 16)
         chunks = [b.fadd(c, mv, flags=FAST) for c in chunks]
     return chunks
@@ -73,8 +71,7 @@ def _unit(kind, B):
     """(quantized, bytes, columns) of one loop step over a weight row: a block of B
     (quantized kinds) or 16 f32/f16 values."""
     if kind in BLOCK_BYTES:
-        hdr, per_byte = BLOCK_BYTES[kind]
-        return True, hdr + B // per_byte, B
+        return True, block_layout(kind, B)[1], B
     return False, (4 if kind == "f32" else 2) * 16, 16
 
 
@@ -109,7 +106,7 @@ def _f32act_codegen(kind, B, RW, RT):
         zero16 = _c(_v(F32, 16), [0.0] * 16)
 
         # one token: sum q . x over the block first, then one multiply-add by the scale
-        sum_first = RT == 1 and kind in ("q8_0", "q4_0")
+        sum_first = RT == 1 and quantized and not affine(kind)
 
         def body(bi, st):
             acc = list(st)
@@ -201,7 +198,7 @@ def make_ftile(kind, RW, RT):
     """The intrinsic ftile_<kind>_<RW>x<RT>(W, block, i, x, t, out) (tiles.py)."""
     name = f"ftile_{kind}_{RW}x{RT}"
     if kind in BLOCK_BYTES:
-        codegen = _by_block(lambda B: _f32act_codegen(kind, B, RW, RT))
+        codegen = by_block_of(kind, lambda B: _f32act_codegen(kind, B, RW, RT))
     else:
         codegen = _drop_block(_f32act_codegen(kind, 0, RW, RT))
     arrays = {0: _WEIGHT_DTYPE.get(kind, types.uint8), 3: types.float32, 5: types.float32}
@@ -212,7 +209,7 @@ def make_row(kind):
     """The intrinsic row_<kind>(W, block, i, out, t): out[t] = row i dequantized."""
     name = f"row_{kind}"
     if kind in BLOCK_BYTES:
-        codegen = _by_block(lambda B: _dequant_row_codegen(kind, B))
+        codegen = by_block_of(kind, lambda B: _dequant_row_codegen(kind, B))
     else:
         codegen = _drop_block(_dequant_row_codegen(kind, 0))
     arrays = {0: _WEIGHT_DTYPE.get(kind, types.uint8), 3: types.float32}

@@ -33,7 +33,6 @@ from numba import types
 from ..modelfile import quant
 from ..runtime.simd import VNNI
 from .ir import (
-    BLOCK_BYTES,
     BYTES,
     F32,
     FAST,
@@ -41,7 +40,6 @@ from .ir import (
     I16,
     I32,
     ORDERED,
-    _by_block,
     _c,
     _dot_acc,
     _f16,
@@ -65,8 +63,8 @@ from .ir import (
     _store,
     _typed,
     _v,
-    _weight_dot,
 )
+from .packing import PACKING, affine, block_layout, by_block_of, signed, weight_dot, weights, zero
 
 __all__ = ["GROUP", "group_blocks", "make_tile", "scale_block"]
 
@@ -95,12 +93,11 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
     first block and 8-15 of the second. With B = 32 an odd block count leaves one block,
     done at the end on 256 bits.
     """
-    hdr, per_byte = BLOCK_BYTES[kind]
-    BB = hdr + B // per_byte
+    hdr, BB = block_layout(kind, B)
     E = max(64, B)  # columns per loop step
     NW = E // B  # weight blocks per step
     U = E // 64  # 64-column units per step
-    q4 = kind != "q8_0"
+    q4 = not signed(kind)
     AB = A.width // 8  # bytes per activation value
 
     def units(b, p):
@@ -109,9 +106,9 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
             p1 = b.gep(p, [_i64(BB)], inbounds=True)
             h = [_load(b, q, 0, I16) for q in (p, p1)]
             d2 = _pair16(b, h[0], h[1])
-            m2 = _pair16(b, _load(b, p, 2, I16), _load(b, p1, 2, I16)) if kind == "q4_1" else None
-            if kind == "q8_0":
-                w = _pick(b, _load(b, p, 2, _v(I8, 32)), range(64), _load(b, p1, 2, _v(I8, 32)))
+            m2 = _pair16(b, _load(b, p, 2, I16), _load(b, p1, 2, I16)) if affine(kind) else None
+            if signed(kind):
+                w = _pick(b, weights(b, kind, p), range(64), weights(b, kind, p1))
             else:
                 raw = _pick(b, _load(b, p, hdr, _v(I8, 16)), range(32),
                             _load(b, p1, hdr, _v(I8, 16)))
@@ -121,8 +118,9 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
                 w = _pick(b, lo, order, hi)
             return [(w, d2, m2)]
         d2 = _splat(b, _f16(b, p, 0), 2)
-        m2 = _splat(b, _f16(b, p, 2), 2) if kind == "q4_1" else None
-        if kind == "q8_0":
+        m2 = _splat(b, _f16(b, p, 2), 2) if affine(kind) else None
+        if signed(kind):  # blocks of 64 and 128: int8 bytes (a table type has blocks of 32)
+            assert PACKING[kind].codes == "int8"
             ws = [_load(b, p, 2 + 64 * h, _v(I8, 64)) for h in range(U)]
         else:
             full = _nibbles(b, p, hdr, B)
@@ -156,14 +154,14 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
             for r in range(RW):
                 us = units(b, b.gep(wrow[r], [b.mul(k, _i64(NW * BB))], inbounds=True))
                 for h, (wv, d2, m2) in enumerate(us):
-                    dot = _weight_dot(b, kind, wv)
+                    dot = weight_dot(b, kind, wv)
                     dw = _pick(b, d2, expand)  # shared by the RT tokens
                     for s in range(RT):
                         j = r * RT + s
                         f = b.fmul(b.sitofp(dot(xs[s][h]), _v(F32, 16)), dx[s][h], flags=FAST)
                         acc[j] = b.fadd(acc[j], b.fmul(f, dw, flags=FAST), flags=FAST)
                         if q4:
-                            fm = d2 if kind == "q4_0" else m2
+                            fm = m2 if affine(kind) else d2
                             fix[j] = b.fadd(fix[j], b.fmul(fm, ds[s][h], flags=FAST),
                                             flags=FAST)
             return acc + fix
@@ -179,8 +177,8 @@ def _q8act_codegen(kind, B, RW, RT, A=I8):
             if q4:
                 f = b.fadd(b.extract_element(final[n + j], _c(I32, 0)),
                            b.extract_element(final[n + j], _c(I32, 1)), flags=FAST)
-                if kind == "q4_0":
-                    f = b.fmul(f, _c(F32, -8.0), flags=FAST)
+                if zero(kind):
+                    f = b.fmul(f, _c(F32, -float(zero(kind))), flags=FAST)
                 v = b.fadd(v, f, flags=FAST)
             res.append(v)
         if B == 32:  # the last block when K / 32 is odd
@@ -222,16 +220,15 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
     RT > 1 (q8_0, the batched step's tiles): RT tokens, each with the one-token tile's
     operations in its order (its results bit for bit), the weights loaded once.
     """
-    hdr, per_byte = BLOCK_BYTES[kind]
-    BB = hdr + 32 // per_byte
-    q4 = kind != "q8_0"
+    hdr, BB = block_layout(kind)
+    q4 = not signed(kind)
     assert (RW == 1 and RT == 1) or not q4
     flip_trick = VNNI and RW > 1 and A == I8
     # q8_0 off vpdpbusd (int16 activations, or AVX2): the halves grouping of the products,
     # and per row and block a vpbroadcastw + vcvtph2ps of the scale instead of a scalar
     # f16 load, convert, dw dx multiply and broadcast (fewer operations a block; measured
     # faster from L2)
-    halves = kind == "q8_0" and not (VNNI and A == I8)
+    halves = signed(kind) and not (VNNI and A == I8)
     # q8_0 on VNNI with int16 activations: one vpdpwssd per block into 16 lanes, kept as 16
     # float lanes (no halves add: 8 operations a row and block instead of 10)
     wide = halves and VNNI and A == I16
@@ -263,22 +260,21 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
             for r in range(RW):
                 p = b.gep(wrows[r], [b.mul(bi, _i64(BB))], inbounds=True)
                 if wide:
-                    w16 = b.bitcast(b.sext(_load(b, p, 2, _v(I8, 32)), _v(I16, 32)), v16i)
+                    w16 = b.bitcast(b.sext(weights(b, kind, p), _v(I16, 32)), v16i)
                     dwv = _splat_f16(b, p, 0, L)
 
                     def dotw(x, w16=w16):
                         return b.call(dpw, [_c(v16i, [0] * 16), w16, b.bitcast(x, v16i)])
                 elif halves:  # the same dw dx, dw broadcast from its f16 bits
-                    dotw = _signed_dot_halves(b, _load(b, p, 2, _v(I8, 32)))
+                    dotw = _signed_dot_halves(b, weights(b, kind, p))
                     dwv = _splat_f16(b, p, 0, 8)
                 else:
                     dw = _f16(b, p, 0)
                     if flip_trick:
-                        wu = b.xor(_load(b, p, 2, _v(I8, 32)), flip)
+                        wu = b.xor(weights(b, kind, p), flip)
                     else:
-                        wv = (_load(b, p, 2, _v(I8, 32)) if kind == "q8_0"
-                              else _nibbles(b, p, hdr, 32))
-                        dotw = _weight_dot(b, kind, wv)
+                        wv = weights(b, kind, p) if not q4 else _nibbles(b, p, hdr, 32)
+                        dotw = weight_dot(b, kind, wv)
                 for s in range(RT):
                     if halves:
                         dot = dotw(xs[s])
@@ -291,7 +287,7 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
                     out[j] = b.fadd(st[j], b.fmul(b.sitofp(dot, vf), scale, flags=ORDERED),
                                     flags=ORDERED)
             if q4:  # RW == RT == 1: p and dw are the row's
-                fm = dw if kind == "q4_0" else _f16(b, p, 2)
+                fm = _f16(b, p, 2) if affine(kind) else dw
                 ds = _load(b, srows[0], b.mul(bi, _i64(4)), F32)
                 out.append(b.fadd(st[n], b.fmul(fm, ds, flags=ORDERED), flags=ORDERED))
             return out
@@ -304,8 +300,8 @@ def _q8act_row_codegen(kind, RW=1, A=I8, RT=1):
                              flags=ORDERED)
                 if q4:
                     fix = b.fadd(states[0][n], states[1][n], flags=ORDERED)
-                    if kind == "q4_0":
-                        fix = b.fmul(fix, _c(F32, -8.0), flags=ORDERED)
+                    if zero(kind):
+                        fix = b.fmul(fix, _c(F32, -float(zero(kind))), flags=ORDERED)
                     res = b.fadd(res, fix, flags=ORDERED)
                 _store(b, out, toks[s], b.add(i, _i64(r)), res)
         return ctx.get_dummy_value()
@@ -331,8 +327,7 @@ def _q4_i16_row_codegen(kind, RW, RT=1, chains=None):
     are, in `chains` chains (default: two for one row, else one), so a tile of several
     tokens gives each token the one-token tile's result bit for bit (the batched step).
     """
-    hdr, per_byte = BLOCK_BYTES[kind]
-    BB = hdr + 32 // per_byte
+    hdr, BB = block_layout(kind)
     v8, i16x16 = _v(F32, 8), _v(I16, 16)
     n = RW * RT
 
@@ -354,7 +349,10 @@ def _q4_i16_row_codegen(kind, RW, RT=1, chains=None):
                 x1 = _load(b, xrows[s], b.add(xo, _i64(32)), i16x16)
                 dx = _splat(b, _load(b, drows[s], fo, F32), 8)
                 xs = _load(b, srows[s], fo, F32)
-                c = _splat(b, b.fsub(_c(F32, 0.0), xs, flags=FAST), 8)  # q4_0's offset
+                # q4_0's offset: -zero xs dw over the 8 lanes, an eighth each
+                z8 = zero(kind) / 8
+                c = _splat(b, b.fsub(_c(F32, 0.0), xs, flags=FAST) if z8 == 1
+                           else b.fmul(xs, _c(F32, -z8), flags=FAST), 8)
                 tok.append((x0, x1, dx, xs, c))
             if RW > 1:
                 _prefetch_ahead(b, nxt, bi, RW * BB)
@@ -364,11 +362,11 @@ def _q4_i16_row_codegen(kind, RW, RT=1, chains=None):
                 q = b.zext(_load(b, p, hdr, _v(I8, 16)), i16x16)
                 lo, hi = b.and_(q, low), b.lshr(q, four)
                 dw = _splat_f16(b, p, 0, 8)
-                m = _f16(b, p, 2) if kind == "q4_1" else None
+                m = _f16(b, p, 2) if affine(kind) else None
                 for s, (x0, x1, dx, xs, c) in enumerate(tok):
                     j = r * RT + s
                     f = b.sitofp(b.add(madd(b, lo, x0), madd(b, hi, x1)), v8)
-                    if kind == "q4_0":
+                    if not affine(kind):
                         f = b.fadd(b.fmul(f, dx, flags=FAST), c, flags=FAST)
                         new.append(b.fadd(st[j], b.fmul(f, dw, flags=FAST), flags=FAST))
                     else:
@@ -377,7 +375,7 @@ def _q4_i16_row_codegen(kind, RW, RT=1, chains=None):
                         fix.append(b.fadd(st[n + j], b.fmul(m, xs, flags=FAST), flags=FAST))
             return new + fix
 
-        init = [_c(v8, [0.0] * 8)] * n + ([_c(F32, 0.0)] * n if kind == "q4_1" else [])
+        init = [_c(v8, [0.0] * 8)] * n + ([_c(F32, 0.0)] * n if affine(kind) else [])
         unroll = chains or (2 if n == 1 else 1)
         states = _loop(b, b.sdiv(xq.cols, _i64(32)), init, body, unroll=unroll)
         final = states[0]
@@ -387,7 +385,7 @@ def _q4_i16_row_codegen(kind, RW, RT=1, chains=None):
             for s in range(RT):
                 j = r * RT + s
                 res = _hsum(b, final[j])
-                if kind == "q4_1":
+                if affine(kind):
                     res = b.fadd(res, final[n + j], flags=FAST)
                 _store(b, out, b.add(t, _i64(s)), b.add(i, _i64(r)), res)
         return ctx.get_dummy_value()
@@ -428,11 +426,12 @@ def scale_block(b, kind, tot, drow, srow, foff, dw, mw, acc):
     v8 = _v(F32, 8)
     dx = _splat(b, _load(b, drow, foff, F32), 8)
     f = b.fmul(b.sitofp(tot, v8), dx, flags=FAST)
-    if kind == "q4_0":
+    if zero(kind):
         ds = _load(b, srow, foff, F32)
-        f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -8.0), flags=FAST), 8), flags=FAST)
+        f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -float(zero(kind))), flags=FAST), 8),
+                   flags=FAST)
     acc = b.fadd(acc, b.fmul(f, dw, flags=FAST), flags=FAST)
-    if kind == "q4_1":
+    if affine(kind):
         ds = _splat(b, _load(b, srow, foff, F32), 8)
         acc = b.fadd(acc, b.fmul(mw, ds, flags=FAST), flags=FAST)
     return acc
@@ -453,10 +452,9 @@ def _group_codegen(kind, RT, A=I8, chains=None):
     weights made unsigned by one xor per row, shared by the tokens) with each sum started
     at -128 sum(x) (one vpdpbusd per token): exactly w . x in the integers.
     """
-    hdr, per_byte = BLOCK_BYTES[kind]
-    BB = hdr + 32 // per_byte
+    hdr, BB = block_layout(kind)
     R = GROUP
-    q4 = kind != "q8_0"
+    q4 = not signed(kind)
     order = _PAIR_ORDER if q4 else tuple(range(R))
     AB = A.width // 8
 
@@ -500,17 +498,17 @@ def _group_codegen(kind, RT, A=I8, chains=None):
                 xs = [_load(b, xrow[s], xoff, _v(I8, 32)) for s in range(RT)]
                 bias = [b.sub(zero_i, _dot_acc(b, zero_i, flip, x)) for x in xs]
                 for r in range(R):
-                    wu = b.xor(_load(b, ps[r], hdr, _v(I8, 32)), flip)
+                    wu = b.xor(weights(b, kind, ps[r]), flip)
                     for s in range(RT):
                         dots[s].append(_dot_acc(b, bias[s], wu, xs[s]))
             else:
                 xs = [_load(b, xrow[s], xoff, _v(A, 32)) for s in range(RT)]
                 for r in range(R):
-                    dot = _signed_dot(b, _load(b, ps[r], hdr, _v(I8, 32)))
+                    dot = _signed_dot(b, weights(b, kind, ps[r]))
                     for s in range(RT):
                         dots[s].append(dot(xs[s]))
             dw = gather16(ps, 0)
-            mw = gather16(ps, 2) if kind == "q4_1" else None
+            mw = gather16(ps, 2) if affine(kind) else None
             new = []
             for s in range(RT):
                 d = dots[s]
@@ -584,7 +582,7 @@ def _q4_i16_vnni_group_codegen(kind, RT, chains=None):
             if kind == "q5_0":
                 return dw, b.fmul(dw, _c(_v(F32, R), [-16.0] * R), flags=FAST)
             mw = (_h2f(b, b.trunc(b.lshr(words, _c(v8i, [16] * 8)), _v(I16, R)))
-                  if kind in ("q4_1", "q5_1") else None)
+                  if affine(kind) or kind == "q5_1" else None)
             return dw, mw
 
         nxt = w.row(b.add(i, _i64(PF_GROUPS * R)))  # the rows PF_GROUPS groups ahead
@@ -637,22 +635,22 @@ def _fifth_bits(b, lo, hi, qa, qb):
 
 def _last_block(b, kind, bi, wrow, xrow, drow, srow, st, RT, A=I8):
     """Add one 32-column block (index bi, B = 32) to the scalar results st."""
-    hdr, per_byte = BLOCK_BYTES[kind]
-    BB = hdr + 32 // per_byte
+    hdr, BB = block_layout(kind)
     st = list(st)
     for r, row in enumerate(wrow):
         p = b.gep(row, [b.mul(bi, _i64(BB))], inbounds=True)
         dw = _f16(b, p, 0)
-        wv = _load(b, p, 2, _v(I8, 32)) if kind == "q8_0" else _nibbles(b, p, hdr, 32)
-        dot = _weight_dot(b, kind, wv)
+        wv = weights(b, kind, p) if signed(kind) else _nibbles(b, p, hdr, 32)
+        dot = weight_dot(b, kind, wv)
         for s in range(RT):
             x = _load(b, xrow[s], b.mul(bi, _i64(A.width * 4)), _v(A, 32))
             dx = _load(b, drow[s], b.mul(bi, _i64(4)), F32)
             v = b.fmul(_hsum(b, b.sitofp(dot(x), _v(F32, 8))), b.fmul(dw, dx, flags=FAST),
                        flags=FAST)
-            if kind != "q8_0":
+            if not signed(kind):
                 ds = _load(b, srow[s], b.mul(bi, _i64(4)), F32)
-                fm = b.fmul(dw, _c(F32, -8.0), flags=FAST) if kind == "q4_0" else _f16(b, p, 2)
+                fm = (_f16(b, p, 2) if affine(kind)
+                      else b.fmul(dw, _c(F32, -float(zero(kind))), flags=FAST))
                 v = b.fadd(v, b.fmul(fm, ds, flags=FAST), flags=FAST)
             st[r * RT + s] = b.fadd(st[r * RT + s], v, flags=FAST)
     return st
@@ -684,7 +682,7 @@ def make_tile(kind, RW, RT, chains=None):
         # decode's one-row tile: 256-bit blocks measured faster for q8_0 and q4_0, 64-column
         # units for q4_1; q8_0: 4 rows (the activation side shared between them, the next
         # rows prefetched), faster hot and from memory
-        if B == 32 and A == I16 and not VNNI and kind != "q8_0" and (RT == 1 or chains):
+        if B == 32 and A == I16 and not VNNI and not signed(kind) and (RT == 1 or chains):
             # AVX2 / portable: fewer shuffles than the row group (faster for q4_0 and q4_1
             # from L2); the batched
             # step's 8xRT tiles (chains) give each token the 8x1 tile's sums bit for bit
@@ -692,18 +690,18 @@ def make_tile(kind, RW, RT, chains=None):
                 return _rows_of(_q4_i16_row_codegen(kind, min(RW, 4)), RW, min(RW, 4))
             sub = max(1, 4 // RT)
             return _rows_of(_q4_i16_row_codegen(kind, sub, RT, chains=1), RW, sub)
-        if B == 32 and RT == 1 and (RW == 1 and kind != "q4_1" or RW == 4 and kind == "q8_0"):
+        if B == 32 and RT == 1 and (RW == 1 and not affine(kind) or RW == 4 and signed(kind)):
             return _q8act_row_codegen(kind, RW, A)
-        if B == 32 and RW == 4 and kind == "q8_0" and chains:  # the batched step's
+        if B == 32 and RW == 4 and signed(kind) and chains:  # the batched step's
             return _q8act_row_codegen(kind, RW, A, RT)
-        if RW == GROUP and B == 32 and A == I16 and VNNI and kind != "q8_0":
+        if RW == GROUP and B == 32 and A == I16 and VNNI and not signed(kind):
             return _q4_i16_vnni_group_codegen(kind, RT, chains)
         if RW == GROUP:
             return _group_codegen(kind, RT, A, chains) if B == 32 else _stacked(kind, B, RT, A)
         return _q8act_codegen(kind, B, RW, RT, A)
 
-    by_act = {types.int8: _by_block(lambda B: make(B, I8)),
-              types.int16: _by_block(lambda B: make(B, I16))}
+    by_act = {types.int8: by_block_of(kind, lambda B: make(B, I8)),
+              types.int16: by_block_of(kind, lambda B: make(B, I16))}
 
     def codegen(ctx, b, sig, args):
         return by_act[sig.args[3].dtype](ctx, b, sig, args)

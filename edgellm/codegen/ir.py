@@ -21,10 +21,6 @@ from ..modelfile import quant
 from ..runtime.simd import NATIVE_F16, VNNI
 
 BLOCKS = quant.BLOCK_SIZES
-# (header bytes, elements per byte) of each block-quantized type, from quant.TYPES
-BLOCK_BYTES = {n: (t.header_bytes, 8 // t.bits) for n, t in quant.TYPES.items()
-               if t.quantized and not t.superblock}  # (K-quants: kquant.py)
-
 # IR helpers
 I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 F16, F32 = ir.HalfType(), ir.FloatType()
@@ -149,15 +145,6 @@ def _dot_us(b, u8, s8):
         fn = _llvm_fn(b, f"llvm.x86.avx512.vpdpbusd.{8 * n}", vi, [vi] * 3)
         return b.call(fn, [_c(vi, [0] * (n // 4)), b.bitcast(u8, vi), b.bitcast(s8, vi)])
     return _pairsum(b, b.mul(b.zext(u8, _v(I32, n)), b.sext(s8, _v(I32, n))))
-
-
-def _weight_dot(b, kind, w):
-    """dot(x) -> partial sums of w . x for int8 activation vectors x (w's lane count)."""
-    if kind != "q8_0":  # unsigned nibbles
-        def dot(x):
-            return _dot_us(b, w, x)
-        return dot
-    return _signed_dot(b, w)
 
 
 def _signed_dot(b, w):

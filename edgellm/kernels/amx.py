@@ -41,6 +41,7 @@ from numba.extending import intrinsic
 from ..codegen import ir as irh
 from ..codegen.int8_tiles import GROUP
 from ..codegen.ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
+from ..codegen.packing import affine, signed, zero
 from ..runtime.simd import AMX
 from .panel import PANEL_BLOCK, SCALES_BLOCK
 
@@ -117,10 +118,11 @@ def _scale(b, kind, tot, dx, ds, dw, mw, acc):
     """panel.py's scale_block on 16 lanes: acc + tot dx dw (q4_0: (tot dx - 8 ds) dw;
     q4_1: + mw ds), the same operations in the same order."""
     f = b.fmul(b.sitofp(tot, V16), _splat(b, dx, 16), flags=FAST)
-    if kind == "q4_0":
-        f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -8.0), flags=FAST), 16), flags=FAST)
+    if zero(kind):
+        f = b.fadd(f, _splat(b, b.fmul(ds, _c(F32, -float(zero(kind))), flags=FAST), 16),
+                   flags=FAST)
     acc = b.fadd(acc, b.fmul(f, dw, flags=FAST), flags=FAST)
-    if kind == "q4_1":
+    if affine(kind):
         acc = b.fadd(acc, b.fmul(mw, _splat(b, ds, 16), flags=FAST), flags=FAST)
     return acc
 
@@ -133,7 +135,7 @@ def _tokens_codegen(kind):
         srows = [scales.row(_i64(g)) for g in (0, 1)]
         brow = bx.row(_i64(0))
         nblocks = b.sdiv(xq.cols, _i64(32))
-        _expand(b, panel, brow, nblocks, kind == "q8_0")
+        _expand(b, panel, brow, nblocks, signed(kind))
         cs = b.bitcast(_aligned(b, _v(I8, 2 * CS_BYTES)), BYTES)  # two blocks' C tiles
         acc = b.bitcast(_aligned(b, _v(F32, 2 * TOKENS * ROWS)), V16.as_pointer())
         zero = _c(V16, [0.0] * 16)
@@ -159,8 +161,8 @@ def _tokens_codegen(kind):
                     _tile(b, "tileloadd64", a, b.gep(x, [xo], inbounds=True), xq.stride)
                     _tile(b, "tilezero", lo)
                     _tile(b, "tilezero", hi)
-                    _tile(b, "tdpbusd" if kind == "q8_0" else "tdpbuud", lo, a, B_LO)
-                    _tile(b, "tdpbssd" if kind == "q8_0" else "tdpbsud", hi, a, B_HI)
+                    _tile(b, "tdpbusd" if signed(kind) else "tdpbuud", lo, a, B_LO)
+                    _tile(b, "tdpbssd" if signed(kind) else "tdpbsud", hi, a, B_HI)
                     for tile, q in ((lo, k), (hi, k + 1)):
                         _tile(b, "tilestored64", tile,
                               b.gep(c, [_i64(q * TOKENS * 64)]), _i64(64))
@@ -174,7 +176,7 @@ def _tokens_codegen(kind):
                     return _pick(b, halves[0], range(16), halves[1])
 
                 dw = both(sb)
-                mw = both(b.add(sb, _i64(4 * GROUP))) if kind == "q4_1" else None
+                mw = both(b.add(sb, _i64(4 * GROUP))) if affine(kind) else None
                 foff = b.mul(bi, _i64(4))
                 for s in range(2 * TOKENS):
                     tile, row = divmod(s, TOKENS)
@@ -182,7 +184,7 @@ def _tokens_codegen(kind):
                     hi = _load(b, c, ((2 * tile + 1) * TOKENS + row) * 64, V16I)
                     tot = b.add(lo, b.shl(hi, _c(V16I, [8] * 16)))
                     r = rows[s]
-                    ds = _load(b, xds.row(r), foff, F32) if kind != "q8_0" else None
+                    ds = _load(b, xds.row(r), foff, F32) if not signed(kind) else None
                     a = b.gep(acc, [_i64(s)])
                     b.store(_scale(b, kind, tot, _load(b, xd.row(r), foff, F32), ds, dw, mw,
                                    b.load(a)), a)

@@ -55,7 +55,6 @@ from numba import types
 
 from ..codegen.int8_tiles import group_blocks
 from ..codegen.ir import (
-    BLOCK_BYTES,
     F32,
     I8,
     I16,
@@ -78,6 +77,7 @@ from ..codegen.ir import (
     vpdpwssd,
     vpdpwssd_bcast,
 )
+from ..codegen.packing import BLOCK_BYTES
 from ..modelfile import quant
 from ..runtime.simd import VNNI
 
@@ -95,8 +95,7 @@ def interleave(w: np.ndarray, kind: str, act=np.int16) -> np.ndarray:
     """ggml q4_0 / q4_1 / q8_0 rows (uint8 [rows, nb * 18 | 20 | 34], rows a multiple of
     16) -> the interleaved groups (uint8 [rows / 16, nb * ILV_BLOCK[kind]], module
     docstring) for activations of dtype act: int8 ones take q4's byte layout."""
-    qs, per_byte = BLOCK_BYTES[kind]  # ggml's block: the header, then the codes
-    BB = qs + 32 // per_byte
+    qs, BB = BLOCK_BYTES[kind]  # ggml's block: the header, then the codes
     rows, nb = w.shape[0], w.shape[1] // BB
     if rows % ILV_ROWS or w.shape[1] != nb * BB:
         raise ValueError(f"interleave: {kind} rows {w.shape} are not groups of 16 blocks")

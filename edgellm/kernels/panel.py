@@ -49,14 +49,12 @@ from numba.extending import intrinsic
 
 from ..codegen.int8_tiles import GROUP, group_blocks, scale_block
 from ..codegen.ir import (
-    BLOCK_BYTES,
     F32,
     FAST,
     I8,
     I16,
     I32,
     I64,
-    _by_block,
     _c,
     _dot_acc,
     _drop_block,
@@ -76,6 +74,7 @@ from ..codegen.ir import (
     _v,
 )
 from ..codegen.kquant_tiles import SUPER_BYTES, _codes, _q5_codes, _scales_k4
+from ..codegen.packing import affine, block_layout, by_block_of, signed, weights
 from ..modelfile import quant
 from ..runtime.simd import VNNI
 
@@ -117,18 +116,15 @@ def _pack_codegen(kind, B):
     """Rows i..i+7 of the weight matrix (blocks of B) -> row g of panel and scales.
 
     The panel is always in 32-column sub-blocks: a weight block of 64 or 128 becomes 2 or
-    4 of them, each with the block's scale (and minimum). q5_0 / q5_1 (B = 32): the 5-bit
+    4 of them, each with the block's scale (and minimum). A signed type (quant.Packing:
+    q8_0, iq4_nl) packs its int8 weights w + 128 into q8_0's panels. q5_0 / q5_1: the 5-bit
     codes 0..31 (codegen_kquant._q5_codes) as a q4_1 panel, value d q + m, with q5_1's
     minimum, or q5_0's d (q - 16) as the minimum -16 d: both run on ptile_q4_1.
     """
     if kind in Q5:
-        if B != 32:  # the type has blocks of 32 only: other sizes are never called
-            return lambda ctx, b, sig, args: ctx.get_dummy_value()
         BB, hdr = Q5[kind]
-        per_byte = 1
     else:
-        hdr, per_byte = BLOCK_BYTES[kind]
-        BB = hdr + B // per_byte
+        hdr, BB = block_layout(kind, B)
     low16 = _c(_v(I8, 32), [15] * 32)
     four = _c(_v(I8, 32), [4] * 32)
     flip = _c(_v(I8, 32), [-128] * 32)
@@ -137,8 +133,8 @@ def _pack_codegen(kind, B):
         """Sub-block j of the weight block at p as <32 x i8> unsigned values."""
         if kind in Q5:
             return _q5_codes(b, p, hdr)
-        if kind == "q8_0":
-            return b.xor(_load(b, p, hdr + 32 * j, _v(I8, 32)), flip)
+        if signed(kind):
+            return b.xor(weights(b, kind, p, 32, 32 * j), flip)
         if B == 32:
             return _nibbles(b, p, hdr, 32)
         half = B // 2  # elements 0..half-1 are low nibbles, half..B-1 high ones
@@ -164,7 +160,7 @@ def _pack_codegen(kind, B):
             if kind == "q5_0":  # d (q - 16) = d q + (-16 d)
                 mw = b.fmul(dw, _c(_v(F32, GROUP), [-16.0] * GROUP), flags=FAST)
             else:
-                mw = gather16(ps, 2) if kind in ("q4_1", "q5_1") else None
+                mw = gather16(ps, 2) if affine(kind) or kind == "q5_1" else None
             for j in range(B // 32):
                 sb = b.add(b.mul(bi, _i64(B // 32)), _i64(j))  # the panel's block
                 _interleave(b, prow, b.mul(sb, _i64(PANEL_BLOCK)),
@@ -318,7 +314,7 @@ def _ptile_codegen(kind, RT, A=I8):
     # token costs an add each (measured slower); q4's tiles measured slower with one.
     # q6_k's wide panels: one chain, measured faster than two (8x4; 8x6 slower either way)
     q6w = wssd and kind == "q6_k"  # q6_k's wide panels: int16 sc (q - 32), one scale d
-    chains = 1 if wssd and kind == "q8_0" and RT >= 6 or q6w else CHAINS
+    chains = 1 if wssd and signed(kind) and RT >= 6 or q6w else CHAINS
 
     def codegen(ctx, b, sig, args):
         panel, scales, xq, xd, xs, xds, out = (
@@ -343,7 +339,7 @@ def _ptile_codegen(kind, RT, A=I8):
             sb = b.mul(bi, _i64(4 * SCALES_BLOCK))
             dw = _load(b, srow, sb, v8)
             mw = (_load(b, srow, b.add(sb, _i64(4 * GROUP)), v8)  # q6_k: values 16-31's dw
-                  if kind == "q4_1" or kind == "q6_k" and not q6w else None)
+                  if affine(kind) or kind == "q6_k" and not q6w else None)
             xoff = b.mul(bi, _i64(32 * AB))
             foff = b.mul(bi, _i64(4))
             new = []
@@ -357,7 +353,7 @@ def _ptile_codegen(kind, RT, A=I8):
             elif wssd:  # the chunks as 32 x i16 (row r's 4 weights in lanes 4r..4r+3), shared
                 wide = [b.bitcast(b.zext(ch, _v(I16, 32)), v16i) for ch in chunks]
             for s in range(RT):
-                if kind == "q8_0":  # the +128 of the weights, taken back
+                if signed(kind):  # the +128 of the weights, taken back
                     tot = _splat(b, b.mul(_load(b, irow[s], foff, I32), _c(I32, -128)), 8)
                 else:
                     tot = zero_i
@@ -413,7 +409,7 @@ def make_pack(kind):
     elif kind in SUPER_BYTES:
         codegen = _drop_block(_pack_k_codegen(kind))
     else:
-        codegen = _by_block(lambda B: _pack_codegen(kind, B))
+        codegen = by_block_of(kind, lambda B: _pack_codegen(kind, B))
     return _typed(name, codegen, {0: types.uint8, 3: types.uint8, 4: types.float32},
                   ints=(1, 2, 5))
 

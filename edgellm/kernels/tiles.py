@@ -1,7 +1,7 @@
-"""Every tile of the types with a generated kernel family (f32, f16, q8_0, q4_0, q4_1 and,
-int8 activations only, q5_0, q5_1), made from one recipe a type: TILES[code][role], found
-by type code (family.tile) by the kernels the type's family is generated from (matvec.py,
-matmul.py, panel_gemm.py, batch_step.py).
+"""Every tile of the types with a generated kernel family (f32, f16, q8_0, q4_0, q4_1,
+iq4_nl and, int8 activations only, q5_0, q5_1), made from one recipe a type:
+TILES[code][role], found by type code (family.tile) by the kernels the type's family is
+generated from (matvec.py, matmul.py, panel_gemm.py, batch_step.py).
 
 `block` (32, 64 or 128) is a runtime argument of the weight tiles: each holds one loop per
 block size behind a switch (f32/f16 ignore it). Roles, with the code generators that make
@@ -24,8 +24,9 @@ them:
                    (interleave.py; where `interleave` is set)
 Each tile writes out[t + s, i + r] for its rows r and tokens s and reads nothing else of out.
 
-A new type is its row in quant.TYPES, its code generators' branches for its bytes (where
-no existing layout reads them), and one line in RECIPES.
+A new type is its row in quant.TYPES and one line in RECIPES: the code generators read
+its block from the row's `packing` (quant.Packing: f16 scales, int8 or 4-bit codes, value
+d q, d (q - z), d q + m or d table[q]), never its name.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ RECIPES = {
     # Q4_K_M's matrices): packed as q4_1 panels, run on q4_1's panel tiles
     "q5_0": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False),
     "q5_1": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False),
+    # int8 weights after its table: q8_0's tiles and panels, the table looked up in the tile
+    "iq4_nl": Recipe(group=4, panel="q8_0"),
 }
 
 

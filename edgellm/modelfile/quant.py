@@ -5,8 +5,9 @@ the numpy reference that defines it, and which kernels edgellm has for it. The l
 (format.py), validation, the linear kernels (kernels/registry.py), the fused decode step,
 the converter and `edgellm info` read these rows instead of keeping their own lists; the
 kernels find a type by its code. Adding a type is a row here plus a line in
-kernels/tiles.py's RECIPES (its kernel family is generated from its tiles) and, for a new
-byte layout, the code generators' branch for it (README, Development).
+kernels/tiles.py's RECIPES (its kernel family is generated from its tiles). A sized type's
+row describes its block (`Packing`: the f16 fields, the code bytes, the value formula) and the
+code generators read that description, not the type's name (README, Development).
 
 This module is the oracle: the converter writes what it computes and every Numba kernel is
 tested against `dequantize`. Rounding follows llama.cpp's reference C code
@@ -17,12 +18,15 @@ Block layouts (ggml's, generalized to block size B; B = 32 is exactly ggml's):
   q8_0: [f16 d][B x int8 q]                value = d * q
   q4_0: [f16 d][B/2 bytes]                 value = d * (q - 8)
   q4_1: [f16 d][f16 m][B/2 bytes]          value = d * q + m
+  iq4_nl: [f16 d][B/2 bytes] (B = 32 only) value = d * IQ4_NL_VALUES[q] (ggml's non-linear
+        16 levels; quantized by ggml's best-scale search, _quantize_iq4_nl)
   4-bit bytes: byte j holds element j in its low nibble and element j + B/2 in its high one.
 A quantized tensor of shape [rows, cols] is stored as uint8 [rows, (cols // B) * block_bytes]:
 rows contiguous, blocks along the columns.
 
 ggml's K-quants (q2_k .. q6_k: super-blocks of 256), q5_0 and q5_1 (blocks of 32) have one fixed
-block size each (`QuantType.blocks`); their layouts and reference code: quant_k.py.
+block size each (`QuantType.blocks`); their layouts and reference code: quant_k.py. iq4_nl
+has one too (32), with its reference here and its kernels generated from its `Packing`.
 """
 
 from __future__ import annotations
@@ -109,18 +113,111 @@ def _f16_at(raw: np.ndarray, off: int) -> np.ndarray:
     return raw[..., off:off + 2].copy().view("<f2")[..., 0].astype(np.float32)[..., None]
 
 
-def _dequantize_q8_0(raw: np.ndarray) -> np.ndarray:
-    return _f16_at(raw, 0) * raw[..., 2:].copy().view(np.int8).astype(np.float32)
+
+@dataclass(frozen=True)
+class Packing:
+    """A sized type's block as the code generators read it (codegen/, kernels/panel.py):
+
+    scales  the f16 fields at the block's start, in order: ("d",) or ("d", "m")
+    codes   "int8": B signed bytes; "nibbles": B/2 bytes, byte j holding element j in its
+            low nibble and element j + B/2 in its high one (a new plane of codes: a branch
+            in codes_of and in codegen/packing.py's `codes`)
+    zero    value d (q - zero) (q4_0: 8)
+    table   value d table[q]: the int8 level each code stands for (iq4_nl)
+    With "m" among the scales the value is d q + m (4-bit codes).
+    The generators' three forms: `signed` (value d w, w an int8 weight: the int8 bytes, the
+    table's level or q - zero; run as q8_0's tiles and panels, w decoded in the tile), the
+    nibbles' offset (d (q - zero), q4_0) and `affine` (d q + m, q4_1), these two with the
+    offset or minimum folded in per block (codegen/packing.py).
+    """
+
+    scales: tuple[str, ...] = ("d",)
+    codes: str = "nibbles"
+    zero: int = 0
+    table: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        assert not self.affine or self.codes == "nibbles" and not self.table, self
+
+    @property
+    def signed(self) -> bool:
+        """value = d w with w an int8 weight decoded from the block (the bytes, the table's
+        level, or q - zero of codes other than nibbles)."""
+        return self.codes != "nibbles" or bool(self.table)
+
+    def codes_of(self, body: np.ndarray) -> np.ndarray:
+        """The code bytes uint8 [rows, nb, .] -> the codes q, uint8 [rows, nb, B]."""
+        if self.codes == "nibbles":
+            return _unpack_nibbles(body)
+        raise NotImplementedError(f"no reference reads {self.codes!r} codes")
+
+    @property
+    def affine(self) -> bool:
+        """value = d q + m."""
+        return "m" in self.scales
+
+    @property
+    def header_bytes(self) -> int:
+        return 2 * len(self.scales)
+
+    def weights(self, raw: np.ndarray) -> np.ndarray:
+        """uint8 [rows, nb, block_bytes] -> float32 [rows, nb, B]: w (signed), q - zero, or q."""
+        body = raw[..., self.header_bytes:]
+        if self.codes == "int8":
+            return body.copy().view(np.int8).astype(np.float32)
+        q = self.codes_of(body)
+        if self.table:
+            return np.asarray(self.table, np.float32)[q]
+        q = q.astype(np.float32)
+        return q - np.float32(self.zero) if self.zero else q
+
+    def dequantize(self, raw: np.ndarray) -> np.ndarray:
+        """The reference dequantization of the blocks raw [rows, nb, block_bytes]."""
+        v = _f16_at(raw, 0) * self.weights(raw)
+        return v + _f16_at(raw, 2) if self.affine else v
 
 
-def _dequantize_q4_0(raw: np.ndarray) -> np.ndarray:
-    q = _unpack_nibbles(raw[..., 2:]).astype(np.float32)
-    return _f16_at(raw, 0) * (q - np.float32(8))
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 
-def _dequantize_q4_1(raw: np.ndarray) -> np.ndarray:
-    q = _unpack_nibbles(raw[..., 4:]).astype(np.float32)
-    return _f16_at(raw, 0) * q + _f16_at(raw, 2)
+def _best_index(values: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """ggml's best_index_int8: the index of the level nearest v (a tie: the higher one)."""
+    n = len(values)
+    mu = np.clip(np.searchsorted(values, v, side="right"), 1, n - 1)
+    idx = np.where(v - values[mu - 1] < values[mu] - v, mu - 1, mu)
+    return np.where(v <= values[0], 0, np.where(v >= values[-1], n - 1, idx))
+
+
+def _fit(xb: np.ndarray, w: np.ndarray, values: np.ndarray, inv: np.ndarray):
+    """Codes for scale 1/inv and the weighted sums (sum w q x, sum w q^2), in C's order."""
+    idx = _best_index(values, inv[..., None] * xb)
+    q = values[idx]
+    return idx, np.cumsum(w * q * xb, -1, dtype=np.float32)[..., -1], \
+        np.cumsum(w * q * q, -1, dtype=np.float32)[..., -1]
+
+
+def _quantize_iq4_nl(xb: np.ndarray) -> np.ndarray:
+    """ggml's quantize_row_iq4_nl_ref (no importance): per block the scale -max/values[0],
+    then 15 tries id = (k + values[0]) / max, k = -7..7, keeping the least weighted error
+    (weights x^2) with d refit by least squares; codes rounded for the final float d."""
+    values = np.asarray(IQ4_NL_VALUES, np.float32)
+    w = xb * xb
+    idx = np.abs(xb).argmax(axis=-1)  # the first of the largest magnitude, as C's loop
+    vmax = np.take_along_axis(xb, idx[..., None], axis=-1)[..., 0]
+    zero = np.abs(vmax) < np.float32(1e-15)
+    safe = np.where(zero, np.float32(1), vmax)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        _, sqx, sq2 = _fit(xb, w, values, np.float32(1) / (-safe / values[0]))
+        d = sqx / sq2
+        best = d * sqx
+        for k in range(-7, 8):
+            _, sqx, sq2 = _fit(xb, w, values, (np.float32(k) + values[0]) / safe)
+            better = (sq2 > 0) & (sqx * sqx > best * sq2)
+            d = np.where(better, sqx / sq2, d)
+            best = np.where(better, d * sqx, best)
+        d = np.where(zero, np.float32(0), d).astype(np.float32)
+        idx, _, _ = _fit(xb, w, values, _inverse(d))
+    return np.concatenate([_f16_bytes(d), _pack_nibbles(idx.astype(np.uint8))], axis=-1)
 
 
 Blocks = Callable[[np.ndarray], np.ndarray]
@@ -135,7 +232,8 @@ class QuantType:
     layout        one block's bytes and the value they stand for
     bits          bits per quantized element; 0 for a float type (itemsize bytes per element)
     header_bytes  the f16 scale (and f16 minimum) at the start of each block
-    codes         (lowest, highest) integer code q; affine: value = d q + m, else d q
+    codes         (lowest, highest) integer code q as stored; affine: value = d q + m,
+                  with a table (packing): d table[q], else d q
     max_abs       the largest |value| it stores (float16 scales), None for no limit
     quantize_blocks / dequantize_blocks   the reference: float32 [rows, nb, B] <-> uint8
                   [rows, nb, block_bytes] (float types: None, they are only converted)
@@ -145,6 +243,8 @@ class QuantType:
                   q2_k, q3_k: float only, kernels/kquant.py)
     float_kernels matvec / matmul on float32 activations and the embedding lookup
     blocks        the block sizes it can be stored in (K-quants: 256 only; q5_0: 32)
+    packing       its block as the code generators read it (`Packing`), for the types whose
+                  tiles codegen/int8_tiles.py, float_tiles.py and kernels/panel.py make
     The kernels themselves: kernels/registry.py, by type code.
     """
 
@@ -163,10 +263,12 @@ class QuantType:
     int8_kernels: bool = False
     float_kernels: bool = True
     blocks: tuple[int, ...] = BLOCK_SIZES
+    packing: Packing | None = None
 
     @property
     def superblock(self) -> bool:
-        """One fixed block size (K-quants, q5_0, q5_1): float kernels in kernels/kquant.py."""
+        """One fixed block size (K-quants, q5_0, q5_1: float kernels in kernels/kquant.py;
+        iq4_nl)."""
         return self.quantized and len(self.blocks) == 1
 
     def is_ggml_block(self, block_size: int) -> bool:
@@ -225,6 +327,11 @@ def _ref(name: str) -> dict:
                 dequantize_blocks=quant_k.DEQUANTIZE_BLOCKS[name])
 
 
+def _packed(p: Packing) -> dict:
+    """A sized type's packing and the dequantization it defines."""
+    return dict(packing=p, dequantize_blocks=p.dequantize)
+
+
 # K-quants with integer-activation kernels too (kernels/kquant_int.py)
 INT_K_TYPES = ("q5_0", "q5_1", "q4_k", "q5_k", "q6_k")
 TYPES: dict[str, QuantType] = {t.name: t for t in (
@@ -232,15 +339,14 @@ TYPES: dict[str, QuantType] = {t.name: t for t in (
     QuantType("f16", 1, "F16", "float16 values", itemsize=2, max_abs=F16_MAX),
     QuantType("q8_0", 2, "Q8_0", "[f16 d][B x int8 q], value d q", bits=8, header_bytes=2,
               codes=(-127, 127), max_abs=F16_MAX * 127, quantize_blocks=_quantize_q8_0,
-              dequantize_blocks=_dequantize_q8_0, int8_kernels=True),
+              int8_kernels=True, **_packed(Packing(codes="int8"))),
     QuantType("q4_0", 3, "Q4_0", "[f16 d][B/2 bytes of 4-bit q], value d (q - 8)", bits=4,
               header_bytes=2, codes=(-8, 7), max_abs=F16_MAX * 8,
-              quantize_blocks=_quantize_q4_0, dequantize_blocks=_dequantize_q4_0,
-              int8_kernels=True),
+              quantize_blocks=_quantize_q4_0, int8_kernels=True, **_packed(Packing(zero=8))),
     QuantType("q4_1", 4, "Q4_1", "[f16 d][f16 m][B/2 bytes of 4-bit q], value d q + m",
               bits=4, header_bytes=4, codes=(0, 15), affine=True, max_abs=F16_MAX,
-              quantize_blocks=_quantize_q4_1, dequantize_blocks=_dequantize_q4_1,
-              int8_kernels=True),
+              quantize_blocks=_quantize_q4_1, int8_kernels=True,
+              **_packed(Packing(scales=("d", "m")))),
     QuantType("q5_0", 5, "Q5_0", "[f16 d][u32 high bits][B/2 bytes of low nibbles], value "
               "d (q - 16)", bits=5, header_bytes=2, codes=(-16, 15), max_abs=F16_MAX * 16,
               blocks=(32,), int8_kernels=True, **_ref("q5_0")),
@@ -261,6 +367,10 @@ TYPES: dict[str, QuantType] = {t.name: t for t in (
           ("q6_k", 10, 6, 18, "[128 B low nibbles][64 B 2-bit high][16 int8 scales][f16 d], "
                               "value d sc (q - 32)"),
       )),
+    QuantType("iq4_nl", 12, "IQ4_NL", "[f16 d][B/2 bytes of 4-bit q], value d IQ4_NL_VALUES[q]",
+              bits=4, header_bytes=2, codes=(0, 15), max_abs=F16_MAX * 127, blocks=(32,),
+              quantize_blocks=_quantize_iq4_nl, int8_kernels=True,
+              **_packed(Packing(table=IQ4_NL_VALUES))),
 )}
 FLOAT_ITEMSIZE = {n: t.itemsize for n, t in TYPES.items() if not t.quantized}
 QUANTIZED = tuple(n for n, t in TYPES.items() if t.quantized)

@@ -23,7 +23,8 @@ the compiler placed for one row hold for n:
   NORM QUANT ADD ACT  decode_step's functions for them (_norm_op ..), once per row on row
           r's arena and activation slots: a call per row and op (about a thousand a 4-row step)
   others  decode_step._worker on a one-op program, once per row: its own code (MOE's
-          barriers, LoRA) on row r's buffers and cache. (A one-op program for every op had
+          barriers, LoRA) on row r's buffers and cache; so an op needs no branch here
+          unless it is worth a batched form. (A one-op program for every op had
           cost the 4-row step dearly, the more the noisier the host: each call built
           tuples of ~17 arrays, views of every buffer, each counted in and out; not
           contention between the threads, which count views as fast as one does.)
@@ -294,7 +295,8 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, f
         elif code == ACT:
             for r in range(n):
                 _act_op(op, mem[r], shared, private, tid, nt)
-        else:  # the rarer ops (SCALE, SOFTCAP, ROUTE, MOE, LORA_*) as a one-op program
+        else:  # every other op (SCALE, SOFTCAP, ROUTE, MOE, LORA_*, a new one): a one-op
+            # program through the single interpreter's branch, once per row
             for r in range(n):
                 c = slots[r]
                 _worker(tid, nt, (prog[i:i + 1], mats, consts, params, ints_all[r], blob, lora),

@@ -156,7 +156,7 @@ def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
 
 
 def fused_table_bytes(args: ModelArgs) -> int:
-    """A bound on the fused step's tables: program rows (decode_step.WIDTH int64 each),
+    """A bound on the fused step's tables: program rows (step.ops.WIDTH int64 each),
     matrix table, constants, norm and bias copies, layer table and RoPE rows."""
     D, Dh, L = args.hidden_size, args.head_dim, args.num_hidden_layers
     qd = args.num_attention_heads * Dh

@@ -1,9 +1,9 @@
 """A decoder block as data: the steps an architecture's block runs, over named buffers.
 
 An architecture's `steps(i, w)` returns layer i's block as a list of these records; the
-per-operation path (`run`, below: one kernel call per step over a chunk of T tokens) and
-the fused decode step (step/fused.py compiles the same list into one parallel region per
-token) both execute it, so a block is written once.
+per-operation path (each step's `run`: one kernel call over a chunk of T tokens, through
+StepRunner.run) and the fused decode step (step/fused.py compiles the same list into one
+parallel region per token) both execute it, so a block is written once.
 
 Buffers are named rows [T, width]: "x" (the residual stream), "h" (a normed or projected
 row), "q", "k", "v", "attn", "gate", "up", "ffn", and any other name an architecture uses
@@ -34,15 +34,29 @@ from ..modelfile.format import Tensor
 ACTIVATIONS = ("silu", "gelu_tanh")
 
 
+class Step:
+    """A step of a block; `run(c)` runs it over a Chunk (the per-operation path)."""
+
+    def run(self, c: Chunk) -> None:
+        raise TypeError(f"unknown step {self!r}")
+
+
 @dataclass(frozen=True)
-class Norm:
+class Norm(Step):
     src: str
     weight: np.ndarray
     dst: str
 
+    def run(self, c: Chunk) -> None:
+        m = c.model
+        D = self.weight.shape[0]
+        rmsnorm(c.get(self.src), self.weight, m.args.rms_norm_eps, m.norm_offset,
+                c.get(self.dst, D))
+        c.acts.pop(self.dst, None)
+
 
 @dataclass(frozen=True)
-class Linear:
+class Linear(Step):
     w: Tensor
     src: str
     dst: str | tuple[str, ...]
@@ -54,9 +68,33 @@ class Linear:
     def outputs(self) -> tuple[str, ...]:
         return self.dst if isinstance(self.dst, tuple) else (self.dst,)
 
+    def run(self, c: Chunk) -> None:
+        m = c.model
+        x = c.get(self.src)
+        act = None
+        if m.int8_acts and x.shape[1] == m.args.hidden_size and not self.float_acts:
+            act = c.int8(self.src, x)
+        N = self.w.shape[0]
+        outs = self.outputs
+        out = c.get(outs[0], N) if len(outs) == 1 else c.get("+".join(outs), N)
+        linear(self.w, x, out, precise=m.precise or self.float_acts, act=act,
+               act_dtype=m.act_dtype)
+        delta = m.lora.get(self.w.name)
+        if delta is not None:  # LoRA: out += (x @ A.T) @ BT, in float
+            out += (x @ delta.A.T) @ delta.BT
+        if self.bias is not None:
+            out += self.bias
+        if len(outs) > 1:
+            col = 0
+            for name, n in zip(outs, self.widths):
+                c.get(name, n)[:] = out[:, col:col + n]
+                c.acts.pop(name, None)
+                col += n
+        c.acts.pop(outs[0], None)
+
 
 @dataclass(frozen=True)
-class Attend:
+class Attend(Step):
     layer: int
     q: str = "q"
     k: str = "k"
@@ -66,33 +104,87 @@ class Attend:
     k_norm: np.ndarray | None = None
     perm: np.ndarray | None = None
 
+    def run(self, c: Chunk) -> None:
+        a = c.model.args
+        Hq, Hkv, Dh = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        c.attend(self, c.get(self.q, Hq * Dh), c.get(self.k, Hkv * Dh), c.get(self.v, Hkv * Dh),
+                 c.get(self.dst, Hq * Dh), c.T, c.positions)
+        c.acts.pop(self.dst, None)
+
 
 @dataclass(frozen=True)
-class Act:
+class Act(Step):
     kind: str
     gate: str
     up: str
     dst: str
 
+    def run(self, c: Chunk) -> None:
+        gate, up = c.get(self.gate), c.get(self.up)
+        out = c.get(self.dst, gate.shape[1])
+        (swiglu if self.kind == "silu" else geglu_tanh)(gate, up, out)
+        c.acts.pop(self.dst, None)
+
 
 @dataclass(frozen=True)
-class Add:
+class Add(Step):
     dst: str
     src: str
     scale: float = 1.0
 
+    def run(self, c: Chunk) -> None:
+        dst, src = c.get(self.dst), c.get(self.src)
+        if self.scale != 1.0:
+            dst += src * np.float32(self.scale)
+        else:
+            add_inplace(dst, src)
+        c.acts.pop(self.dst, None)
+
 
 @dataclass(frozen=True)
-class Experts:
+class Experts(Step):
     w: object  # the layer's MoEWeights (router, experts)
     src: str
     dst: str
+
+    def run(self, c: Chunk) -> None:
+        m = c.model
+        x = c.get(self.src)
+        act = c.int8(self.src, x) if m.int8_acts else c.acts.get(self.src)
+        m.sparse_mlp(self.w, x, act, c.get(self.dst))
+        c.acts.pop(self.dst, None)
 
 
 def dense_mlp(w, norm_out: str = "h", act: str = "silu") -> list:
     """gate/up of the normed row, the gated activation, down into "h"."""
     return [Linear(w.gate, norm_out, "gate"), Linear(w.up, norm_out, "up"),
             Act(act, "gate", "up", "ffn"), Linear(w.down, "ffn", "h")]
+
+
+class Chunk:
+    """What a step's `run` works on: the model, rows [:T] of its named buffers (StepRunner's),
+    their int8 copies (acts: buffer name -> its copy, hidden-wide rows; a step that writes a
+    buffer drops its copy), the chunk's positions and the Attend step's function."""
+
+    def __init__(self, runner: StepRunner, T: int, positions: np.ndarray, attend):
+        self.runner, self.model, self.T, self.positions = runner, runner.model, T, positions
+        self.attend = attend
+        self.acts: dict[str, object] = {}
+        self.widths = {"x": runner.model.args.hidden_size}
+
+    def get(self, name: str, width: int | None = None) -> np.ndarray:
+        """Buffer `name`'s rows [:T]: `width` wide (and that width from now on), else the
+        width it was last given."""
+        width = self.widths[name] if width is None else width
+        self.widths[name] = width
+        return self.runner.buffer(name, width, self.T)
+
+    def int8(self, name: str, x: np.ndarray):
+        """Buffer `name`'s int8 copy (x, its rows), quantized on first use."""
+        act = self.acts.get(name)
+        if act is None:
+            act = self.acts[name] = quantize_act(x, self.runner.bufs.act_d)
+        return act
 
 
 class StepRunner:
@@ -112,74 +204,10 @@ class StepRunner:
                 arr = self.extra[name] = np.zeros((b.x.shape[0], width), np.float32)
         return arr[:T]
 
-    def run(self, steps: list, T: int, positions: np.ndarray, attend) -> None:
-        """Run `steps` over rows [:T] at `positions` [T]; attend(s, q, k, v, out, T,
-        positions): the Attend step's function (Transformer.forward_rows': each sequence's
-        rows over its own cache)."""
-        m = self.model
-        a = m.args
-        b = self.bufs
-        acts: dict[str, object] = {}  # buffer name -> its int8 copy (hidden-wide rows)
-        widths = {"x": a.hidden_size}
-
-        def get(name: str, width: int | None = None) -> np.ndarray:
-            width = widths[name] if width is None else width
-            widths[name] = width
-            return self.buffer(name, width, T)
-
+    def run(self, steps: list, T: int, positions: np.ndarray, attend=None) -> None:
+        """Run `steps` over rows [:T] at `positions` [T], each its own `run`; attend(s, q,
+        k, v, out, T, positions): the Attend step's function (Transformer.forward_rows':
+        each sequence's rows over its own cache; None where `steps` have no Attend)."""
+        c = Chunk(self, T, positions, attend)
         for s in steps:
-            if isinstance(s, Norm):
-                D = s.weight.shape[0]
-                rmsnorm(get(s.src), s.weight, a.rms_norm_eps, m.norm_offset, get(s.dst, D))
-                acts.pop(s.dst, None)
-            elif isinstance(s, Linear):
-                x = get(s.src)
-                act = None
-                if m.int8_acts and x.shape[1] == a.hidden_size and not s.float_acts:
-                    act = acts.get(s.src)
-                    if act is None:
-                        act = acts[s.src] = quantize_act(x, b.act_d)
-                N = s.w.shape[0]
-                outs = s.outputs
-                out = get(outs[0], N) if len(outs) == 1 else get("+".join(outs), N)
-                linear(s.w, x, out, precise=m.precise or s.float_acts, act=act,
-                       act_dtype=m.act_dtype)
-                delta = m.lora.get(s.w.name)
-                if delta is not None:  # LoRA: out += (x @ A.T) @ BT, in float
-                    out += (x @ delta.A.T) @ delta.BT
-                if s.bias is not None:
-                    out += s.bias
-                if len(outs) > 1:
-                    c = 0
-                    for name, n in zip(outs, s.widths):
-                        get(name, n)[:] = out[:, c:c + n]
-                        acts.pop(name, None)
-                        c += n
-                acts.pop(outs[0], None)
-            elif isinstance(s, Attend):
-                Hq, Hkv = a.num_attention_heads, a.num_key_value_heads
-                Dh = a.head_dim
-                attend(s, get(s.q, Hq * Dh), get(s.k, Hkv * Dh), get(s.v, Hkv * Dh),
-                         get(s.dst, Hq * Dh), T, positions)
-                acts.pop(s.dst, None)
-            elif isinstance(s, Act):
-                gate, up = get(s.gate), get(s.up)
-                out = get(s.dst, gate.shape[1])
-                (swiglu if s.kind == "silu" else geglu_tanh)(gate, up, out)
-                acts.pop(s.dst, None)
-            elif isinstance(s, Add):
-                dst, src = get(s.dst), get(s.src)
-                if s.scale != 1.0:
-                    dst += src * np.float32(s.scale)
-                else:
-                    add_inplace(dst, src)
-                acts.pop(s.dst, None)
-            elif isinstance(s, Experts):
-                x = get(s.src)
-                act = acts.get(s.src)
-                if act is None and m.int8_acts:
-                    act = acts[s.src] = quantize_act(x, b.act_d)
-                m.sparse_mlp(s.w, x, act, get(s.dst))
-                acts.pop(s.dst, None)
-            else:
-                raise TypeError(f"unknown step {s!r}")
+            s.run(c)

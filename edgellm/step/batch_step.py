@@ -23,7 +23,8 @@ the compiler placed for one row hold for n:
   NORM QUANT ADD ACT  decode_step's functions for them (_norm_op ..), once per row on row
           r's arena and activation slots: a call per row and op (about a thousand a 4-row step)
   others  decode_step._worker on a one-op program, once per row: its own code (MOE's
-          barriers, LoRA) on row r's buffers and cache. (A one-op program for every op had
+          barriers, LoRA) on row r's buffers and cache; so an op needs no branch here
+          unless it is worth a batched form. (A one-op program for every op had
           cost the 4-row step dearly, the more the noisier the host: each call built
           tuples of ~17 arrays, views of every buffer, each counted in and out; not
           contention between the threads, which count views as fast as one does.)
@@ -47,10 +48,6 @@ from ..kernels.kv_store import store_kv_row
 from ..kernels.sync import barrier
 from ..kernels.tiles import RECIPES
 from .decode_step import (
-    ACT,
-    ADD,
-    ATTEND,
-    BARRIER,
     C_EPS,
     C_NORM_OFFSET,
     I_KMAX,
@@ -62,25 +59,24 @@ from .decode_step import (
     MAT_OFF,
     MAT_ROW_BYTES,
     N_KINDS,
-    NORM,
-    PROJ,
-    QUANT,
     SLOTS,
     _act,
     _act_op,
     _add_op,
     _attend_group,
+    _attend_scratch,
+    _attend_vectors,
     _heads,
     _mv,
     _norm_op,
-    _prep_head,
+    _prep_heads,
     _quant_op,
     _row,
     _split,
     _split_feats,
-    _vec,
     _worker,
 )
+from .ops import ACT, ADD, ATTEND, BARRIER, NORM, PROJ, QUANT, opcode, operands
 
 TILE = 32  # weight rows per tile (a multiple of the matvec row groups: the same groups)
 assert all(TILE % r.group == 0 for r in RECIPES.values() if r.group)
@@ -181,30 +177,31 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds):
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     ints = ints_all[0]
-    m = mats[op[1]]
-    row0, rows, K, slot = op[2], op[3], op[4], tid * SLOTS + op[6]
+    o = operands(op, PROJ)
+    m = mats[o.mat]
+    rows, K, slot = o.rows, o.cols, tid * SLOTS + o.slot
     r0, r1 = _split(rows, tid, nt)
-    float_acts = precise or op[9] != 0
+    float_acts = precise or o.float_acts != 0
     c0 = r0
     if not float_acts and m[MAT_BLOCK] == 32:
         kmax = ints[I_KMAX]
         q0, b0, nb = slot * kmax, slot * (kmax // 32), K // 32
-        dst = op[7] if op[7] >= 0 else shared + tid * private + (-1 - op[7])
-        c0 = group_rows(kinds, m[MAT_KIND], m, op[1], row0, rows, K, xq[:n, q0:q0 + K],
+        dst = o.dst if o.dst >= 0 else shared + tid * private + (-1 - o.dst)
+        c0 = group_rows(kinds, m[MAT_KIND], m, o.mat, o.row0, rows, K, xq[:n, q0:q0 + K],
                         xd[:n, b0:b0 + nb], xs[:n, b0:b0 + nb], xds[:n, b0:b0 + nb],
                         mem[:n, dst:dst + rows], blob, ilv, n, r0, r1)
     while c0 < r1:
         c1 = min(r1, c0 + tile_rows)
         for r in range(n):
             aq, ad, asum, ads = _act(xq[r], xd[r], xs[r], xds[r], ints, slot, K)
-            h = _row(mem[r], shared, private, tid, op[5], K)
-            out = _row(mem[r], shared, private, tid, op[7], rows)
-            _mv(blob, m, row0, rows, h, aq, ad, ads, out, c0, c1, float_acts, kinds)
+            h = _row(mem[r], shared, private, tid, o.src, K)
+            out = _row(mem[r], shared, private, tid, o.dst, rows)
+            _mv(blob, m, o.row0, rows, h, aq, ad, ads, out, c0, c1, float_acts, kinds)
         c0 = c1
-    if op[8] >= 0:
-        b = params[op[8]:op[8] + rows]
+    if o.bias >= 0:
+        b = params[o.bias:o.bias + rows]
         for r in range(n):
-            out = _row(mem[r], shared, private, tid, op[7], rows)
+            out = _row(mem[r], shared, private, tid, o.dst, rows)
             for j in range(r0, r1):
                 out[0, j] += b[j]
 
@@ -240,46 +237,30 @@ def _attend_units(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n):
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     _, _, pos_all, layers, cos_all, sin_all = kv
-    layer, qa, ka, va, da = op[1], op[2], op[3], op[4], op[5]
-    qn, kn, rset, perm_at = op[6], op[7], op[8], op[9]
-    scale, softcap = np.float32(consts[op[10]]), np.float32(consts[op[11]])
-    eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
-    Hkv, Dh = k_all.shape[2], kq.shape[2]
-    group = scores.shape[1] - 1  # query heads per KV head
-    Hq = Hkv * group
-    qw, kw = params[max(qn, 0):max(qn, 0) + Dh], params[max(kn, 0):max(kn, 0) + Dh]
-    kbuf, qbuf, tile = kq[tid, 0], kq[tid, 1:1 + group], kq[tid, 1 + group:]
-    use_perm = perm_at >= 0
+    Hkv = k_all.shape[2]
+    o, scale, softcap, group, Hq, Dh, kbuf, qbuf, tile, sc, stats = _attend_scratch(
+        tid, op, consts, kq, scores, Hkv)
     u0, u1 = _heads(n * Hkv, tid, nt)
     for u in range(u0, u1):
         r, kvh = u // Hkv, u % Hkv
         c, p = slots[r], pos[r]
-        lt = layers[r, layer]
+        lt = layers[r, o.layer]
         start, cap, window, slot, filled = lt[0], lt[1], lt[2], lt[3], lt[4]
         kc, vc = k_all[c, start:start + cap], v_all[c, start:start + cap]
         cpos = pos_all[c, start:start + cap]
-        cos, sin = cos_all[r, rset:rset + 1], sin_all[r, rset:rset + 1]
-        perm = ints_all[r, max(perm_at, 0):max(perm_at, 0) + Dh]
-        q = _vec(mem[r], shared, private, tid, qa, Hq * Dh)
-        k = _vec(mem[r], shared, private, tid, ka, Hkv * Dh)
-        v = _vec(mem[r], shared, private, tid, va, Hkv * Dh)
-        out = _vec(mem[r], shared, private, tid, da, Hq * Dh)
+        cos, sin = cos_all[r, o.rope:o.rope + 1], sin_all[r, o.rope:o.rope + 1]
+        q, k, v, out = _attend_vectors(o, mem[r], shared, private, tid, Hq, Hkv, Dh)
         hq = kvh * group
-        _prep_head(k[kvh * Dh:(kvh + 1) * Dh], perm, use_perm, kbuf, kw, kn >= 0, eps, offset,
-                   cos, sin)
-        for g in range(group):
-            _prep_head(q[(hq + g) * Dh:(hq + g + 1) * Dh], perm, use_perm, qbuf[g], qw, qn >= 0,
-                       eps, offset, cos, sin)
+        _prep_heads(o, consts, params, ints_all[r], q, k, kvh, hq, group, kbuf, qbuf, cos, sin)
         _attend_group(qbuf, group, kbuf, v[kvh * Dh:(kvh + 1) * Dh], kc[:filled], vc[:filled],
-                      cpos[:filled], kvh, p, window, scale, softcap, scores[tid, :group],
-                      scores[tid, group:], out, hq, tile)
+                      cpos[:filled], kvh, p, window, scale, softcap, sc, stats, out, hq, tile)
         store_kv_row(kbuf, kc[slot, kvh], tile)
         store_kv_row(v[kvh * Dh:(kvh + 1) * Dh], vc[slot, kvh], tile)
     barrier(state, nt)
     for u in range(u0, u1):
         r = u // Hkv
         if u % Hkv == 0:
-            lt = layers[r, layer]
+            lt = layers[r, o.layer]
             pos_all[slots[r], lt[0] + lt[3]] = pos[r]
 
 
@@ -292,28 +273,30 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, f
     eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
     for i in range(prog.shape[0]):
         op = prog[i]
-        if op[0] == PROJ:
+        code = opcode(op)
+        if code == PROJ:
             _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, feats[:N_KINDS])
-        elif op[0] == BARRIER:  # once for all rows
+        elif code == BARRIER:  # once for all rows
             barrier(state, nt)
-        elif op[0] == ATTEND:
+        elif code == ATTEND:
             _attend_batch(tid, nt, op, model, bufs, kv, pos, slots, n, feats[KV_F32],
                           feats[KV_F16], feats[KV_Q8_0])
-        elif op[0] == NORM:
+        elif code == NORM:
             for r in range(n):
                 _norm_op(op, mem[r], shared, private, tid, params, eps, offset)
-        elif op[0] == QUANT:
+        elif code == QUANT:
             if not precise:
                 for r in range(n):
                     _quant_op(op, mem[r], shared, private, tid, xq[r], xd[r], xs[r], xds[r],
                               ints_all[r])
-        elif op[0] == ADD:
+        elif code == ADD:
             for r in range(n):
                 _add_op(op, mem[r], shared, private, tid, nt, consts)
-        elif op[0] == ACT:
+        elif code == ACT:
             for r in range(n):
                 _act_op(op, mem[r], shared, private, tid, nt)
-        else:  # the rarer ops (SCALE, SOFTCAP, ROUTE, MOE, LORA_*) as a one-op program
+        else:  # every other op (SCALE, SOFTCAP, ROUTE, MOE, LORA_*, a new one): a one-op
+            # program through the single interpreter's branch, once per row
             for r in range(n):
                 c = slots[r]
                 _worker(tid, nt, (prog[i:i + 1], mats, consts, params, ints_all[r], blob, lora),

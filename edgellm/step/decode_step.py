@@ -1,9 +1,10 @@
 """One decode step of any architecture in one parallel region: a program interpreter.
 
 step/fused.py compiles an architecture's block (its list of steps, arch/steps.py) into a
-program: one row of `prog` int64 [n_ops, WIDTH] per operation, with the barriers it needs.
-Python calls `decode_parallel` (or `decode_serial`) once per generated token; inside,
-`nt` workers (one per prange iteration) run the whole program. Each operation is one of
+program: one row of `prog` int64 [n_ops, WIDTH] per operation, with the barriers it needs
+(ops.py: the op codes and their operands, read here by name). Python calls
+`decode_parallel` (or `decode_serial`) once per generated token; inside, `nt` workers (one
+per prange iteration) run the whole program. Each operation is one of
 
   NORM    private dst = rmsnorm(src) * (w + offset)         every worker, whole vector
   QUANT   private int8 copy of src in act slot s             every worker, whole vector
@@ -74,6 +75,24 @@ from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
 from ..kernels.rope import apply_rope
 from ..kernels.sync import barrier
 from ..modelfile import quant
+from .ops import (
+    ACT,
+    ADD,
+    ATTEND,
+    BARRIER,
+    LORA_A,
+    LORA_B,
+    MOE,
+    NORM,
+    PROJ,
+    QUANT,
+    ROUTE,
+    SCALE,
+    SILU,
+    SOFTCAP,
+    opcode,
+    operands,
+)
 
 # Matrix kinds the step has kernels for: the quantized types (f32 only where a step asks
 # for float activations: routers); each kind's code is its row's in the quant table
@@ -95,30 +114,7 @@ C_EPS, C_NORM_OFFSET = 0, 1
 # ints: 0 (a row index scatter_add takes), the width of an int8 slot; then op tables
 I_ZERO, I_KMAX = 0, 1
 
-# op codes and their operands (prog[i, 0] = op, prog[i, 1:] = operands in this order)
-OPS = ("BARRIER", "NORM", "QUANT", "PROJ", "ADD", "ACT", "SCALE", "SOFTCAP", "ATTEND",
-       "ROUTE", "MOE", "LORA_A", "LORA_B")
-(BARRIER, NORM, QUANT, PROJ, ADD, ACT, SCALE, SOFTCAP, ATTEND, ROUTE, MOE, LORA_A,
- LORA_B) = range(len(OPS))
-OPERANDS = {
-    NORM: ("src", "dst", "n", "weight"),  # weight: offset in `params`
-    QUANT: ("src", "n", "slot"),
-    PROJ: ("mat", "row0", "rows", "cols", "src", "slot", "dst", "bias", "float_acts"),
-    ADD: ("dst", "src", "n", "scale"),  # scale: consts index, -1: none
-    ACT: ("kind", "gate", "up", "dst", "n"),
-    SCALE: ("buf", "n", "factor"),
-    SOFTCAP: ("buf", "n", "cap"),
-    ATTEND: ("layer", "q", "k", "v", "dst", "q_norm", "k_norm", "rope", "perm", "scale",
-             "softcap"),  # q_norm/k_norm: params offset or -1; perm: ints offset or -1
-    ROUTE: ("logits", "experts", "top_k", "renorm", "idx", "weights"),  # idx: ints offset
-    MOE: ("mat", "top_k", "src", "slot", "gate", "up", "ffn", "y", "dst", "idx", "weights",
-          "inner", "act"),  # mat: first expert's gate; then up, down, next expert's gate...
-    LORA_A: ("src", "cols", "a", "rank", "dst", "split"),  # a: lora offset of A [rank, cols]
-    LORA_B: ("t", "b", "rank", "row0", "rows", "dst", "tmp"),  # b: lora offset of B [., rank]
-}
-WIDTH = 1 + max(len(v) for v in OPERANDS.values())
 SLOTS = 2  # int8 activation slots per worker (xq rows tid * SLOTS ..)
-SILU, GELU_TANH = 0, 1
 ALIGN = 16  # row split granularity (cache-line friendly, whole prefill tiles)
 NEG = MASKED  # the score of a slot a query does not see
 # one per type code (the kinds tuple is indexed by code; a type the step does not run, f16,
@@ -363,50 +359,70 @@ def _attend(tid, nt, op, model, bufs, kv, p, f32, f16, q8_0):
 
 
 @kernel
+def _attend_scratch(tid, op, consts, kq, scores, Hkv):
+    """ATTEND's operands and worker tid's scratch, as both interpreters take them: (o, its
+    scale and softcap, the query heads per KV head (group), Hq, Dh, kbuf [Dh], qbuf
+    [group, Dh], tile [LANES, Dh], the group's scores and stats)."""
+    o = operands(op, ATTEND)
+    group = scores.shape[1] - 1  # query heads per KV head
+    return (o, np.float32(consts[o.scale]), np.float32(consts[o.softcap]), group, Hkv * group,
+            kq.shape[2], kq[tid, 0], kq[tid, 1:1 + group], kq[tid, 1 + group:],
+            scores[tid, :group], scores[tid, group:])
+
+
+@kernel
+def _attend_vectors(o, mem, shared, private, tid, Hq, Hkv, Dh):
+    """ATTEND o's q [Hq * Dh], k, v [Hkv * Dh] and dst [Hq * Dh] in worker tid's arena."""
+    return (_vec(mem, shared, private, tid, o.q, Hq * Dh),
+            _vec(mem, shared, private, tid, o.k, Hkv * Dh),
+            _vec(mem, shared, private, tid, o.v, Hkv * Dh),
+            _vec(mem, shared, private, tid, o.dst, Hq * Dh))
+
+
+@kernel
+def _prep_heads(o, consts, params, ints, q, k, kvh, hq, ng, kbuf, qbuf, cos, sin):
+    """KV head kvh's k into kbuf [Dh] and query heads hq..hq + ng into qbuf[:ng]: read
+    through ATTEND o's perm, normed by its q_norm / k_norm where it has them, rotated."""
+    Dh = kbuf.shape[0]
+    eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
+    perm = ints[max(o.perm, 0):max(o.perm, 0) + Dh]
+    qw = params[max(o.q_norm, 0):max(o.q_norm, 0) + Dh]
+    kw = params[max(o.k_norm, 0):max(o.k_norm, 0) + Dh]
+    _prep_head(k[kvh * Dh:(kvh + 1) * Dh], perm, o.perm >= 0, kbuf, kw, o.k_norm >= 0, eps,
+               offset, cos, sin)
+    for g in range(ng):
+        _prep_head(q[(hq + g) * Dh:(hq + g + 1) * Dh], perm, o.perm >= 0, qbuf[g], qw,
+                   o.q_norm >= 0, eps, offset, cos, sin)
+
+
+@kernel
 def _attend_rows(tid, nt, op, model, bufs, kv, k_all, v_all, p):
     """_attend on the cache's rows k_all, v_all [slots, Hkv, width] as stored (kv_rows)."""
     prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    Hkv = k_all.shape[1]
+    o, scale, softcap, group, Hq, Dh, kbuf, qbuf, tile, sc, stats = _attend_scratch(
+        tid, op, consts, kq, scores, Hkv)
     _, _, pos_all, layers, cos_all, sin_all = kv
-    layer, qa, ka, va, da = op[1], op[2], op[3], op[4], op[5]
-    qn, kn, rset, perm_at = op[6], op[7], op[8], op[9]
-    scale, softcap = np.float32(consts[op[10]]), np.float32(consts[op[11]])
-    eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
-    Hkv, Dh = k_all.shape[1], kq.shape[2]
-    group = scores.shape[1] - 1  # query heads per KV head
-    Hq = Hkv * group
-    lt = layers[layer]
+    lt = layers[o.layer]
     start, cap, window, slot, n = lt[0], lt[1], lt[2], lt[3], lt[4]
     kc, vc, cpos = k_all[start:start + cap], v_all[start:start + cap], pos_all[start:start + cap]
-    cos, sin = cos_all[rset:rset + 1], sin_all[rset:rset + 1]
-    q = _vec(mem, shared, private, tid, qa, Hq * Dh)
-    k = _vec(mem, shared, private, tid, ka, Hkv * Dh)
-    v = _vec(mem, shared, private, tid, va, Hkv * Dh)
-    out = _vec(mem, shared, private, tid, da, Hq * Dh)
-    use_perm = perm_at >= 0
-    perm = ints[max(perm_at, 0):max(perm_at, 0) + Dh]
-    qw, kw = params[max(qn, 0):max(qn, 0) + Dh], params[max(kn, 0):max(kn, 0) + Dh]
-    kbuf, qbuf, tile = kq[tid, 0], kq[tid, 1:1 + group], kq[tid, 1 + group:]
+    cos, sin = cos_all[o.rope:o.rope + 1], sin_all[o.rope:o.rope + 1]
+    q, k, v, out = _attend_vectors(o, mem, shared, private, tid, Hq, Hkv, Dh)
     h0, h1 = _heads(Hq, tid, nt)
     hq = h0
     while hq < h1:  # the heads of one KV group at a time
         kvh = hq // group
         ng = min(h1, (kvh + 1) * group) - hq
-        _prep_head(k[kvh * Dh:(kvh + 1) * Dh], perm, use_perm, kbuf, kw, kn >= 0, eps, offset,
-                   cos, sin)
-        for g in range(ng):
-            _prep_head(q[(hq + g) * Dh:(hq + g + 1) * Dh], perm, use_perm, qbuf[g], qw, qn >= 0,
-                       eps, offset, cos, sin)
+        _prep_heads(o, consts, params, ints, q, k, kvh, hq, ng, kbuf, qbuf, cos, sin)
         _attend_group(qbuf, ng, kbuf, v[kvh * Dh:(kvh + 1) * Dh], kc[:n], vc[:n], cpos[:n],
-                      kvh, p, window, scale, softcap, scores[tid, :group], scores[tid, group:],
-                      out, hq, tile)
+                      kvh, p, window, scale, softcap, sc, stats, out, hq, tile)
         hq += ng
     barrier(state, nt)
     for hq in range(h0, h1):  # the worker with a KV head's first query head stores it
         if hq % group == 0:
             kvh = hq // group
-            _prep_head(k[kvh * Dh:(kvh + 1) * Dh], perm, use_perm, kbuf, kw, kn >= 0, eps,
-                       offset, cos, sin)
+            _prep_heads(o, consts, params, ints, q, k, kvh, hq, 0, kbuf, qbuf, cos, sin)
             store_kv_row(kbuf, kc[slot, kvh], tile)
             store_kv_row(v[kvh * Dh:(kvh + 1) * Dh], vc[slot, kvh], tile)
             if kvh == 0:
@@ -419,19 +435,17 @@ def _moe(tid, nt, op, model, bufs, precise, kinds):
     per-operation path adds them up (arch/moe.py). kinds: feats' matrix types."""
     prog, mats, consts, params, ints, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
-    mat0, top_k, src, slot, ga, ua, fa, ya, da = op[1], op[2], op[3], op[4], op[5], op[6], \
-        op[7], op[8], op[9]
-    idx_at, wa, F, act = op[10], op[11], op[12], op[13]
-    D = mats[mat0 + 2, MAT_ROWS]
-    idx = ints[idx_at + tid * top_k:idx_at + (tid + 1) * top_k]
-    wts = _vec(mem, shared, private, tid, wa, top_k)
-    h = _row(mem, shared, private, tid, src, D)
-    gate, up = _row(mem, shared, private, tid, ga, F), _row(mem, shared, private, tid, ua, F)
-    ffn, y = _row(mem, shared, private, tid, fa, F), _row(mem, shared, private, tid, ya, D)
-    x = _row(mem, shared, private, tid, da, D)
+    o = operands(op, MOE)
+    top_k, F, D = o.top_k, o.inner, mats[o.mat + 2, MAT_ROWS]
+    idx = ints[o.idx + tid * top_k:o.idx + (tid + 1) * top_k]
+    wts = _vec(mem, shared, private, tid, o.weights, top_k)
+    h = _row(mem, shared, private, tid, o.src, D)
+    gate, up = _row(mem, shared, private, tid, o.gate, F), _row(mem, shared, private, tid, o.up, F)
+    ffn, y = _row(mem, shared, private, tid, o.ffn, F), _row(mem, shared, private, tid, o.y, D)
+    x = _row(mem, shared, private, tid, o.dst, D)
     s0 = tid * SLOTS  # this worker's act slots
-    hq, hd, hs, hds = _act(xq, xd, xs, xds, ints, s0 + slot, D)
-    fq, fd, fs, fds = _act(xq, xd, xs, xds, ints, s0 + 1 - slot, F)  # the other slot: ffn
+    hq, hd, hs, hds = _act(xq, xd, xs, xds, ints, s0 + o.slot, D)
+    fq, fd, fs, fds = _act(xq, xd, xs, xds, ints, s0 + 1 - o.slot, F)  # the other slot: ffn
     last = -1
     zero = ints[I_ZERO:I_ZERO + 1]  # the row index scatter_add takes
     row0 = np.int64(0)  # not a literal 0: the PROJ op's _mv, not a second compile of it
@@ -441,11 +455,11 @@ def _moe(tid, nt, op, model, bufs, precise, kinds):
             if idx[jj] > last and idx[jj] < e:
                 e, j = idx[jj], jj
         last = e
-        m = mat0 + 3 * e
+        m = o.mat + 3 * e
         r0, r1 = _split(F, tid, nt)
         _mv(blob, mats[m], row0, F, h, hq, hd, hds, gate, r0, r1, precise, kinds)
         _mv(blob, mats[m + 1], row0, F, h, hq, hd, hds, up, r0, r1, precise, kinds)
-        _act_rows(act, gate[:, r0:r1], up[:, r0:r1], ffn[:, r0:r1])
+        _act_rows(o.act, gate[:, r0:r1], up[:, r0:r1], ffn[:, r0:r1])
         barrier(state, nt)
         if not precise:
             quantize_rows(ffn, fq, fd, fs, fds, 0, 1)
@@ -477,27 +491,29 @@ def _norm_op(op, mem, shared, private, tid, params, eps, offset):
     """NORM: worker tid's private dst [n] = rmsnorm(src) * (w + offset), the whole vector.
     The row-wise ops here (_norm_op .. _act_op) are _worker's and, once per row on the
     row's arena, batch_step's: a call each, not a one-op program each (batch_step.py)."""
-    n = op[3]
-    rmsnorm(_row(mem, shared, private, tid, op[1], n), params[op[4]:op[4] + n], eps, offset,
-            _row(mem, shared, private, tid, op[2], n))
+    o = operands(op, NORM)
+    rmsnorm(_row(mem, shared, private, tid, o.src, o.n), params[o.weight:o.weight + o.n], eps,
+            offset, _row(mem, shared, private, tid, o.dst, o.n))
 
 
 @kernel
 def _quant_op(op, mem, shared, private, tid, xq, xd, xs, xds, ints):
-    """QUANT: src [n] into worker tid's int8 (int16) activation slot op[3], whole."""
-    aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + op[3], op[2])
-    quantize_rows(_row(mem, shared, private, tid, op[1], op[2]), aq, ad, asum, ads, 0, 1)
+    """QUANT: src [n] into worker tid's int8 (int16) activation slot, whole."""
+    o = operands(op, QUANT)
+    aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + o.slot, o.n)
+    quantize_rows(_row(mem, shared, private, tid, o.src, o.n), aq, ad, asum, ads, 0, 1)
 
 
 @kernel
 def _add_op(op, mem, shared, private, tid, nt, consts):
-    """ADD: dst[r] += src[r] (* consts[op[4]] where op[4] >= 0), worker tid's rows r."""
-    r0, r1 = _split(op[3], tid, nt)
+    """ADD: dst[r] += src[r] (* consts[scale] where scale >= 0), worker tid's rows r."""
+    o = operands(op, ADD)
+    r0, r1 = _split(o.n, tid, nt)
     if r1 > r0:
-        dst = _vec(mem, shared, private, tid, op[1], op[3])[r0:r1]
-        src = _vec(mem, shared, private, tid, op[2], op[3])[r0:r1]
-        if op[4] >= 0:
-            c = np.float32(consts[op[4]])
+        dst = _vec(mem, shared, private, tid, o.dst, o.n)[r0:r1]
+        src = _vec(mem, shared, private, tid, o.src, o.n)[r0:r1]
+        if o.scale >= 0:
+            c = np.float32(consts[o.scale])
             for r in range(r1 - r0):
                 dst[r] += src[r] * c
         else:
@@ -507,13 +523,13 @@ def _add_op(op, mem, shared, private, tid, nt, consts):
 @kernel
 def _act_op(op, mem, shared, private, tid, nt):
     """ACT: dst[r] = act(gate[r]) * up[r], worker tid's rows r."""
-    n = op[5]
-    r0, r1 = _split(n, tid, nt)
+    o = operands(op, ACT)
+    r0, r1 = _split(o.n, tid, nt)
     if r1 > r0:
-        g = _vec(mem, shared, private, tid, op[2], n)[r0:r1].reshape((1, r1 - r0))
-        u = _vec(mem, shared, private, tid, op[3], n)[r0:r1].reshape((1, r1 - r0))
-        o = _vec(mem, shared, private, tid, op[4], n)[r0:r1].reshape((1, r1 - r0))
-        _act_rows(op[1], g, u, o)
+        g = _vec(mem, shared, private, tid, o.gate, o.n)[r0:r1].reshape((1, r1 - r0))
+        u = _vec(mem, shared, private, tid, o.up, o.n)[r0:r1].reshape((1, r1 - r0))
+        out = _vec(mem, shared, private, tid, o.dst, o.n)[r0:r1].reshape((1, r1 - r0))
+        _act_rows(o.kind, g, u, out)
 
 
 @kernel
@@ -527,7 +543,7 @@ def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0
     eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
     for i in range(prog.shape[0]):
         op = prog[i]
-        code = op[0]
+        code = opcode(op)
         if code == BARRIER:
             barrier(state, nt)
         elif code == NORM:
@@ -536,16 +552,15 @@ def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0
             if not precise:
                 _quant_op(op, mem, shared, private, tid, xq, xd, xs, xds, ints)
         elif code == PROJ:
-            rows = op[3]
-            r0, r1 = _split(rows, tid, nt)
-            K = op[4]
-            aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + op[6], K)
-            h = _row(mem, shared, private, tid, op[5], K)
-            out = _row(mem, shared, private, tid, op[7], rows)
-            _mv(blob, mats[op[1]], op[2], rows, h, aq, ad, ads, out, r0, r1,
-                precise or op[9] != 0, kinds)
-            if op[8] >= 0:
-                b = params[op[8]:op[8] + rows]
+            o = operands(op, PROJ)
+            r0, r1 = _split(o.rows, tid, nt)
+            aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + o.slot, o.cols)
+            h = _row(mem, shared, private, tid, o.src, o.cols)
+            out = _row(mem, shared, private, tid, o.dst, o.rows)
+            _mv(blob, mats[o.mat], o.row0, o.rows, h, aq, ad, ads, out, r0, r1,
+                precise or o.float_acts != 0, kinds)
+            if o.bias >= 0:
+                b = params[o.bias:o.bias + o.rows]
                 for r in range(r0, r1):
                     out[0, r] += b[r]
         elif code == ADD:
@@ -553,39 +568,42 @@ def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0
         elif code == ACT:
             _act_op(op, mem, shared, private, tid, nt)
         elif code == SCALE:
-            r0, r1 = _split(op[2], tid, nt)
-            buf = _vec(mem, shared, private, tid, op[1], op[2])
-            c = np.float32(consts[op[3]])
+            o = operands(op, SCALE)
+            r0, r1 = _split(o.n, tid, nt)
+            buf = _vec(mem, shared, private, tid, o.buf, o.n)
+            c = np.float32(consts[o.factor])
             for r in range(r0, r1):
                 buf[r] *= c
         elif code == SOFTCAP:
-            r0, r1 = _split(op[2], tid, nt)
-            buf = _vec(mem, shared, private, tid, op[1], op[2])
-            c = np.float32(consts[op[3]])
+            o = operands(op, SOFTCAP)
+            r0, r1 = _split(o.n, tid, nt)
+            buf = _vec(mem, shared, private, tid, o.buf, o.n)
+            c = np.float32(consts[o.cap])
             for r in range(r0, r1):
                 buf[r] = np.tanh(buf[r] / c) * c
         elif code == ATTEND:
             _attend(tid, nt, op, model, bufs, kv, p, kv_f32, kv_f16, kv_q8_0)
         elif code == ROUTE and moe is not None:
-            E, k = op[2], op[3]
-            route(_row(mem, shared, private, tid, op[1], E), k, op[4] != 0,
-                  ints[op[5] + tid * k:op[5] + (tid + 1) * k].reshape((1, k)),
-                  _row(mem, shared, private, tid, op[6], k))
+            o = operands(op, ROUTE)
+            k = o.top_k
+            route(_row(mem, shared, private, tid, o.logits, o.experts), k, o.renorm != 0,
+                  ints[o.idx + tid * k:o.idx + (tid + 1) * k].reshape((1, k)),
+                  _row(mem, shared, private, tid, o.weights, k))
         elif code == MOE and moe is not None:
             _moe(tid, nt, op, model, bufs, precise, kinds)
         elif code == LORA_A and lora_ops is not None:
-            K, R = op[2], op[4]
-            r0, r1 = _heads(R, tid, nt) if op[6] else (0, R)
-            _lora_down(lora, op[3], R, K, _row(mem, shared, private, tid, op[1], K),
-                       _row(mem, shared, private, tid, op[5], R), r0, r1)
+            o = operands(op, LORA_A)
+            r0, r1 = _heads(o.rank, tid, nt) if o.split else (0, o.rank)
+            _lora_down(lora, o.a, o.rank, o.cols, _row(mem, shared, private, tid, o.src, o.cols),
+                       _row(mem, shared, private, tid, o.dst, o.rank), r0, r1)
         elif code == LORA_B and lora_ops is not None:
-            rows = op[5]
-            r0, r1 = _split(rows, tid, nt)
+            o = operands(op, LORA_B)
+            r0, r1 = _split(o.rows, tid, nt)
             if r1 > r0:
-                R = op[3]
-                _lora_up(lora, op[2], R, op[4], rows, _row(mem, shared, private, tid, op[1], R),
-                         _row(mem, shared, private, tid, op[7], rows),
-                         _row(mem, shared, private, tid, op[6], rows), r0, r1)
+                _lora_up(lora, o.b, o.rank, o.row0, o.rows,
+                         _row(mem, shared, private, tid, o.t, o.rank),
+                         _row(mem, shared, private, tid, o.tmp, o.rows),
+                         _row(mem, shared, private, tid, o.dst, o.rows), r0, r1)
 
 
 @kernel

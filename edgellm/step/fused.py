@@ -29,6 +29,7 @@ from ..kernels.jit import is_cached
 from ..kernels.linear import embedding
 from ..kernels.sync import new_state
 from . import decode_step as ds
+from . import ops
 from .schedule import StepScheduler
 
 QUANTIZED = tuple(k for k in ds.KINDS if k != "f32")  # int8-activation matrix types
@@ -149,7 +150,7 @@ class Program:
         return off if key[0] == "s" else -1 - off
 
     def barrier(self) -> None:
-        self.ops.append([ds.BARRIER])
+        self.ops.append([ops.BARRIER])
         self.barriers += 1
         self.synced()
 
@@ -208,14 +209,14 @@ class Program:
             slot = self.slots.index(name)
         else:  # an empty slot, else the one used less recently
             slot = self.slots.index(None) if None in self.slots else 1 - self.recent
-            self.emit(ds.QUANT, src=self.read(name), n=K, slot=slot)
+            self.emit(ops.QUANT, src=self.read(name), n=K, slot=slot)
             self.slots[slot] = name
         self.recent = slot
         return slot
 
     def emit(self, code: int, **operands) -> None:
-        names = ds.OPERANDS[code]
-        assert set(operands) == set(names), (ds.OPS[code], set(operands) ^ set(names))
+        names = ops.OPERANDS[code]
+        assert set(operands) == set(names), (ops.OPS[code], set(operands) ^ set(names))
         self.ops.append([code] + [int(operands[n]) for n in names])
 
     # steps -------------------------------------------------------------------------------
@@ -225,7 +226,7 @@ class Program:
             D = s.weight.shape[0]
             src = self.read(s.src)
             dst = self.write(s.dst, D, 0, private=True)
-            self.emit(ds.NORM, src=src, dst=dst, n=D, weight=self.param(s.weight))
+            self.emit(ops.NORM, src=src, dst=dst, n=D, weight=self.param(s.weight))
         elif isinstance(s, Linear):
             mat = self.matrix(s.w, float_ok=s.float_acts)
             N, K = s.w.shape
@@ -244,7 +245,7 @@ class Program:
                 bias = -1 if s.bias is None else self.param(s.bias[row0:row0 + rows]
                                                             if len(outs) > 1 else s.bias)
                 dst = self.write(name, rows, rows)
-                self.emit(ds.PROJ, mat=mat, row0=row0, rows=rows, cols=K, src=src, slot=slot,
+                self.emit(ops.PROJ, mat=mat, row0=row0, rows=rows, cols=K, src=src, slot=slot,
                           dst=dst, bias=bias, float_acts=float_acts)
                 if delta is not None:  # dst rows += B[rows] . t, before dst is next read
                     self.pending.setdefault(name, []).append((t, b, delta.rank, row0, rows,
@@ -256,7 +257,7 @@ class Program:
             dst = self.write(s.dst, Hq * Dh, -1)
             perm = -1 if s.perm is None else self.int_block(s.perm)
             scale, cap = self.const(m.attn_scale()), self.const(m.attn_softcap)
-            self.emit(ds.ATTEND, layer=s.layer, q=q, k=k, v=v, dst=dst,
+            self.emit(ops.ATTEND, layer=s.layer, q=q, k=k, v=v, dst=dst,
                       q_norm=self.param(s.q_norm), k_norm=self.param(s.k_norm),
                       rope=m.rope_set[s.layer], perm=perm, scale=scale, softcap=cap)
             self.synced()  # ATTEND ends its heads with a barrier, then stores k, v
@@ -266,14 +267,14 @@ class Program:
             F = self._width(s.gate)
             gate, up = self.read(s.gate, F), self.read(s.up, F)
             dst = self.write(s.dst, F, F)
-            self.emit(ds.ACT, kind=ds.SILU if s.kind == "silu" else ds.GELU_TANH, gate=gate,
+            self.emit(ops.ACT, kind=ops.SILU if s.kind == "silu" else ops.GELU_TANH, gate=gate,
                       up=up, dst=dst, n=F)
         elif isinstance(s, Add):
             n = self._width(s.dst)
             src = self.read(s.src, n)
             dst = self.update(s.dst, n)
             scale = -1 if s.scale == 1.0 else self.const(s.scale)
-            self.emit(ds.ADD, dst=dst, src=src, n=n, scale=scale)
+            self.emit(ops.ADD, dst=dst, src=src, n=n, scale=scale)
         elif isinstance(s, Experts):
             self.experts(s)
         else:
@@ -297,7 +298,7 @@ class Program:
         name = f"lora_t {s.w.name}"
         x = self.read(s.src)
         t = self.write(name, R, -2, private=not self.lora_split)
-        self.emit(ds.LORA_A, src=x, cols=K, a=a, rank=R, dst=t, split=int(self.lora_split))
+        self.emit(ops.LORA_A, src=x, cols=K, a=a, rank=R, dst=t, split=int(self.lora_split))
         return name, b
 
     def flush_lora(self) -> None:
@@ -308,7 +309,7 @@ class Program:
             for t, b, R, row0, rows, dst in ups:
                 src = self.read(t)
                 tmp = self.write("lora_y", rows, 0, private=True)
-                self.emit(ds.LORA_B, t=src, b=b, rank=R, row0=row0, rows=rows, dst=dst,
+                self.emit(ops.LORA_B, t=src, b=b, rank=R, row0=row0, rows=rows, dst=dst,
                           tmp=tmp)
                 key = self.loc[name]
                 if key[0] == "s":  # rewritten on its rows' split (perhaps after a barrier)
@@ -323,12 +324,12 @@ class Program:
         router = self.matrix(w.router, E, D, float_ok=True)
         src = self.read(s.src)
         logits = self.write("router", E, E)
-        self.emit(ds.PROJ, mat=router, row0=0, rows=E, cols=D, src=src, slot=0, dst=logits,
+        self.emit(ops.PROJ, mat=router, row0=0, rows=E, cols=D, src=src, slot=0, dst=logits,
                   bias=-1, float_acts=1)
         logits = self.read("router")
         idx = self.int_block(np.zeros(k * 64, np.int64))  # k per worker (<= 64 workers)
         weights = self.write("route_weights", k, 0, private=True)
-        self.emit(ds.ROUTE, logits=logits, experts=E, top_k=k, renorm=int(m.renorm),
+        self.emit(ops.ROUTE, logits=logits, experts=E, top_k=k, renorm=int(m.renorm),
                   idx=idx, weights=weights)
         first = len(self.mats)
         F = w.experts[0][0].shape[0]
@@ -341,9 +342,9 @@ class Program:
         bufs = {n: self.write(n, width, width) for n, width in
                 (("gate", F), ("up", F), ("ffn", F), ("y", D))}
         dst = self.update(s.dst, D)
-        self.emit(ds.MOE, mat=first, top_k=k, src=src, slot=slot, gate=bufs["gate"],
+        self.emit(ops.MOE, mat=first, top_k=k, src=src, slot=slot, gate=bufs["gate"],
                   up=bufs["up"], ffn=bufs["ffn"], y=bufs["y"], dst=dst, idx=idx,
-                  weights=weights, inner=F, act=ds.SILU)
+                  weights=weights, inner=F, act=ops.SILU)
         self.slots[1 - slot] = None  # MOE quantizes ffn there
         self.synced()  # MOE ends with a barrier
         self.routes.append((idx, w.expert_nbytes))
@@ -354,10 +355,10 @@ class Program:
         self.step(Linear(m.head, "h", "logits"))
         V = a.vocab_size
         if m.logit_scale != 1.0:
-            self.emit(ds.SCALE, buf=self.update("logits", V), n=V,
+            self.emit(ops.SCALE, buf=self.update("logits", V), n=V,
                       factor=self.const(m.logit_scale))
         if m.logit_softcap:
-            self.emit(ds.SOFTCAP, buf=self.update("logits", V), n=V,
+            self.emit(ops.SOFTCAP, buf=self.update("logits", V), n=V,
                       cap=self.const(m.logit_softcap))
 
     def compile(self) -> None:
@@ -365,7 +366,7 @@ class Program:
         self.write("x", D, D)
         self.synced()  # Python wrote the embedding row before the step
         if m.embed_scale != 1.0:
-            self.emit(ds.SCALE, buf=self.update("x", D), n=D, factor=self.const(m.embed_scale))
+            self.emit(ops.SCALE, buf=self.update("x", D), n=D, factor=self.const(m.embed_scale))
         for steps in m.layer_steps:
             for s in steps:
                 self.step(s)
@@ -383,11 +384,11 @@ def features(prog: Program, kv_type: str) -> tuple:
     """decode_step's feats for this program on a cache of kv_type: what it runs, None for
     the rest (so that numba neither types nor compiles that)."""
     have = {ds.KIND_FEATURES[int(m[ds.MAT_KIND])] for m in prog.mats}  # by type code
-    ops = {row[0] for row in prog.ops}
+    codes = {row[0] for row in prog.ops}
     have.add("kv_" + kv_type)
-    if ops & {ds.ROUTE, ds.MOE}:
+    if codes & {ops.ROUTE, ops.MOE}:
         have.add("moe")
-    if ops & {ds.LORA_A, ds.LORA_B}:
+    if codes & {ops.LORA_A, ops.LORA_B}:
         have.add("lora")
     return tuple(_ON if name in have else None for name in ds.FEATURES)
 
@@ -426,7 +427,7 @@ class FusedDecoder:
         a = model.args
         self.model, self.program, self.threads = model, prog, threads
         self.blob = model.packed._mm
-        self.prog = np.array([row + [0] * (ds.WIDTH - len(row)) for row in prog.ops], np.int64)
+        self.prog = np.array([row + [0] * (ops.WIDTH - len(row)) for row in prog.ops], np.int64)
         self.mats = np.stack(prog.mats)
         self.consts = np.array(prog.consts, np.float64)
         self.params = (np.concatenate(prog.params) if prog.params

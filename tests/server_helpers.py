@@ -22,16 +22,24 @@ def free_socket() -> socket.socket:
 
 
 class ThreadServer:
-    """create_app(llm, settings, embedder, reranker) served by uvicorn in a thread."""
+    """create_app(llm, settings, embedder, reranker) served by uvicorn in a thread; `chats`
+    ({name: llm}) adds more chat models, each on its own slots."""
 
-    def __init__(self, llm, embedder=None, reranker=None, **settings):
+    def __init__(self, llm, embedder=None, reranker=None, chats=None, **settings):
         import uvicorn
 
         from edgellm.server.app import Settings, create_app, uvicorn_server
 
         settings.setdefault("model_id", "smollm2")
         self.settings = Settings(**settings)
-        self.app = create_app(llm, self.settings, embedder, reranker)
+        served = None
+        if chats:
+            from edgellm.server.models import Served
+
+            served = Served(self.settings)
+            for name, model in {self.settings.model_id: llm, **chats}.items():
+                served.add(name, llm=model)
+        self.app = create_app(llm, self.settings, embedder, reranker, served=served)
         self.sock = free_socket()
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"

@@ -197,6 +197,44 @@ def test_chat_page_streams_an_answer(browser, smollm2):
     assert "tokens/s" in stats, stats
 
 
+def test_chat_page_picks_each_chat_model(browser, smollm2, tmp_path):
+    """Two chat models (the same weights in two files): the picker lists both, and a
+    conversation with each asks that model."""
+    import shutil
+
+    other = tmp_path / "other.edgellm"
+    shutil.copyfile(smollm2, other)
+    with edgellm.load(smollm2, context=512) as a, edgellm.load(other, context=512) as b:
+        server = ThreadServer(a, chats={"other": b}, parallel=1, max_tokens=8)
+        try:
+            _open(browser, server.url + "/")
+            browser.eval("localStorage.clear(); location.reload()")
+            _open(browser, server.url + "/")
+            models = browser.eval("[...document.getElementById('model').options]"
+                                  ".map(o => o.value)")
+            assert models == ["smollm2", "other"]
+            browser.eval("""window.asked = [];
+                const f = window.fetch;
+                window.fetch = (url, o) => {
+                  if (o && o.body) window.asked.push(JSON.parse(o.body).model);
+                  return f(url, o);
+                };""")
+            for name in models:
+                browser.eval(f"document.getElementById('new').click();"
+                             f"document.getElementById('model').value = '{name}'")
+                _send(browser, "Say hi.")
+                browser.wait_for("document.querySelectorAll('.assistant[data-done]').length"
+                                 " === 1 || !!document.querySelector('.error')")
+                assert browser.eval("document.querySelectorAll('.error').length") == 0
+                assert browser.eval("document.querySelector('.assistant .content')"
+                                    ".textContent").strip()
+            assert browser.eval("window.asked") == models
+            assert len(browser.eval("Object.keys(JSON.parse(localStorage.getItem("
+                                    "'edgellm-chat')).conversations)")) == 2
+        finally:
+            server.stop()
+
+
 def test_chat_page_stops_keeps_conversations_and_shows_markup_as_text(browser, smollm2):
     with edgellm.load(smollm2, context=512) as llm:
         server = ThreadServer(llm, parallel=1, max_tokens=400)

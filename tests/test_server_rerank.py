@@ -49,12 +49,15 @@ def _rerank(server, body, path="/v1/rerank"):
 
 def test_scores_are_llm_reranks_on_every_set(server, reranker):
     ref = _ref()
-    for s in ref["sets"][:6]:
+    assert len(ref["sets"]) == 20
+    for s in ref["sets"]:
         status, r = _rerank(server, {"model": "tiny-reranker", "query": s["query"],
                                      "documents": s["documents"]})
         assert status == 200, r
         want = reranker.rerank(s["query"], s["documents"])
         assert [x["index"] for x in r["results"]] == [x["index"] for x in want]
+        by_cross_encoder = sorted(range(len(s["scores"])), key=lambda i: -s["scores"][i])
+        assert [x["index"] for x in r["results"]] == by_cross_encoder
         for got, w in zip(r["results"], want):
             assert set(got) == {"index", "relevance_score"}
             assert abs(got["relevance_score"] - w["relevance_score"]) < 1e-6

@@ -27,10 +27,15 @@ path, fused = sys.argv[1], sys.argv[2] == "1"
 with edgellm.load(path, threads=1, fused=fused and fused_default()) as llm:
     m = llm.model
     visited = []
-    block = m.block
-    m.block = lambda i, *a: (visited.append(i), block(i, *a))
+    rows = m.forward_rows
+
+    def spy(parts, caches, layers=None):  # the layers a chunk runs through
+        visited.extend(range(len(m.layers)) if layers is None else layers)
+        return rows(parts, caches, layers)
+
+    m.forward_rows = spy
     m.warmup()
-    m.block = block
+    m.forward_rows = rows
     loads = []
     compile_ = Dispatcher.compile
     Dispatcher.compile = lambda self, sig: (loads.append(self.py_func.__name__),

@@ -22,16 +22,17 @@ def free_socket() -> socket.socket:
 
 
 class ThreadServer:
-    """create_app(llm, settings, embedder, reranker) served by uvicorn in a thread."""
+    """create_app(llm, settings, embedder, reranker, audio=...) served by uvicorn in a
+    thread."""
 
-    def __init__(self, llm, embedder=None, reranker=None, **settings):
+    def __init__(self, llm, embedder=None, reranker=None, audio=None, **settings):
         import uvicorn
 
         from edgellm.server.app import Settings, create_app, uvicorn_server
 
         settings.setdefault("model_id", "smollm2")
         self.settings = Settings(**settings)
-        self.app = create_app(llm, self.settings, embedder, reranker)
+        self.app = create_app(llm, self.settings, embedder, reranker, audio=audio)
         self.sock = free_socket()
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"

@@ -127,6 +127,18 @@ def test_options_are_passed_as_transcribe_takes_them(server, tiny):
     _verbose(r, segments, info, task="translate")
 
 
+def test_a_compressed_upload_is_decoded_as_the_api_decodes_it(server, tiny, tmp_path):
+    """An mp3 (the audio extra: PyAV) gives what LLM.transcribe gives on its bytes."""
+    from test_audio_formats import encode
+
+    mp3 = encode(tmp_path, "mp3", "libmp3lame", 16000).read_bytes()
+    segments, info = tiny.transcribe(mp3)
+    segments = list(segments)
+    r = server.client().audio.transcriptions.create(
+        model="whisper-tiny", file=("speech.mp3", mp3), response_format="verbose_json")
+    _verbose(r, segments, info)
+
+
 def _refused(call, status: int, *words: str):
     with pytest.raises(openai.APIStatusError) as e:
         call()
@@ -247,6 +259,12 @@ def test_serve_refuses_a_whisper_chat_model_and_a_text_audio_model(tiny_path, sm
                      "--port", "0"]) == 1
     err = capsys.readouterr().err
     assert "not a speech model" in err and "Traceback" not in err
+    # several models, loaded on first use: the file's header is checked before serving
+    assert cli.main(["serve", "-m", str(smollm2), "--max-memory", "8GB", "--audio-model",
+                     str(smollm2), "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "--audio-model" in err and "not a Whisper model" in err
+    assert "Traceback" not in err
 
 
 def test_edgellm_serve_audio_model(tiny_path, smollm2):

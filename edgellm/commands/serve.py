@@ -291,5 +291,16 @@ def _router(args, settings, llm, first_id: str, more: list):
         served.add(settings.rerank_id, path=path, kind="rerank")
     if args.audio_model is not None:
         path = resolve(args.audio_model, say=say)
+        _check_whisper(path, args.audio_model)
         served.add(settings.audio_id, path=path, kind="audio")
     return served
+
+
+def _check_whisper(path, name: str) -> None:
+    """Refuse now a --audio-model file that is not Whisper (loaded later, on first use)."""
+    from ..modelfile.format import PackedModel
+
+    with PackedModel(path) as packed:
+        if not isinstance(packed.header.get("whisper"), dict):
+            raise EdgeLLMError(f"--audio-model {name} is not a Whisper model "
+                               f"({packed.architecture}): speech to text needs one")

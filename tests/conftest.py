@@ -64,6 +64,21 @@ def smollm2(tmp_path_factory):
     return out
 
 
+def name_whisper_segments(monkeypatch) -> None:
+    """The tiny random Whisper checkpoint has no tokenizer (every text empty): give each
+    segment a text, " segment ID"."""
+    from edgellm.transcribe import Transcriber
+
+    segments = Transcriber.segments
+
+    def named(self, *a, **k):
+        for s in segments(self, *a, **k):
+            s.text = f" segment {s.id}"
+            yield s
+
+    monkeypatch.setattr(Transcriber, "segments", named)
+
+
 def attention_inputs(seed: int, T: int, cap: int, Hq: int, Hkv: int, Dh: int):
     """Random attention arguments: q [T, Hq, Dh], the chunk's k/v [T, Hkv, Dh] at positions
     cap.., a cache's k/v [cap, Hkv, Dh] at positions 0.. with slot 2 empty (cap > 3).

@@ -22,10 +22,11 @@ def free_socket() -> socket.socket:
 
 
 class ThreadServer:
-    """create_app(llm, settings, embedder, reranker) served by uvicorn in a thread; `chats`
-    ({name: llm}) adds more chat models, each on its own slots."""
+    """create_app(llm, settings, embedder, reranker, audio=...) served by uvicorn in a
+    thread; `chats` ({name: llm}) adds more chat models, each on its own slots."""
 
-    def __init__(self, llm, embedder=None, reranker=None, chats=None, **settings):
+    def __init__(self, llm, embedder=None, reranker=None, audio=None, chats=None,
+                 **settings):
         import uvicorn
 
         from edgellm.server.app import Settings, create_app, uvicorn_server
@@ -39,7 +40,8 @@ class ThreadServer:
             served = Served(self.settings)
             for name, model in {self.settings.model_id: llm, **chats}.items():
                 served.add(name, llm=model)
-        self.app = create_app(llm, self.settings, embedder, reranker, served=served)
+        self.app = create_app(llm, self.settings, embedder, reranker, audio=audio,
+                              served=served)
         self.sock = free_socket()
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, name_whisper_segments
 
 from edgellm import cli
 
@@ -26,17 +26,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def texts(monkeypatch):
-    """The tiny model has no tokenizer (every text empty): give each segment a text."""
-    from edgellm.transcribe import Transcriber
-
-    segments = Transcriber.segments
-
-    def named(self, *a, **k):
-        for s in segments(self, *a, **k):
-            s.text = f" segment {s.id}"
-            yield s
-
-    monkeypatch.setattr(Transcriber, "segments", named)
+    name_whisper_segments(monkeypatch)  # the tiny model has no tokenizer
 
 
 def run(capsys, *argv):

@@ -1,7 +1,8 @@
 """Serve a model over an OpenAI-compatible HTTP API (needs pip install "edgellm[server]").
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, POST
-/v1/embeddings (with --embedding-model), POST /v1/rerank (with --rerank-model), Anthropic's
+/v1/embeddings (with --embedding-model), POST /v1/rerank (with --rerank-model), POST
+/v1/audio/transcriptions and /v1/audio/translations (with --audio-model), Anthropic's
 POST /v1/messages and /v1/messages/count_tokens, POST /v1/responses, GET /health, GET
 /metrics (Prometheus), and a chat page at /. Several -m (or a directory) serve several
 models, loaded on first use under --max-memory. --parallel N
@@ -50,6 +51,13 @@ def add_arguments(p) -> None:
                    type=text_argument("rerank model", empty=False),
                    help="a cross-encoder (a converted *ForSequenceClassification with one "
                         "label) for /v1/rerank")
+    p.add_argument("--audio-model", default=None,
+                   type=text_argument("audio model", empty=False),
+                   help="a Whisper model (file or catalog name, e.g. whisper-base) for "
+                        "/v1/audio/transcriptions and /v1/audio/translations")
+    p.add_argument("--max-audio-bytes", type=int_at_least(1), default=25 << 20,
+                   help="largest audio upload in bytes; beyond: 413 (default: 25 MiB, "
+                        "OpenAI's)")
     p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
                    help="allow cross-origin requests from ORIGIN (repeatable; default: none)")
     p.add_argument("--max-tokens", type=int_at_least(1), default=4096,
@@ -104,11 +112,16 @@ def run(args) -> int:
     names = _expand(args.model or [None])
     routing = len(names) > 1 or args.max_memory is not None
     llm = open_model(_with(args, names[0], args.lora), warm=False)  # warmed on the engine
-    embedder = reranker = None                                        # thread (warm_on)
+    embedder = reranker = audio = None                                # thread (warm_on)
     served = None
     try:
+        if isinstance(llm.packed.header.get("whisper"), dict):
+            raise EdgeLLMError(f"-m {names[0]} is a speech-to-text model: serve it with "
+                               "--audio-model (beside a chat model, -m)")
         first_id = args.alias or _model_id(names[0], llm.packed.path)
-        embedding_id = rerank_id = None
+        embedding_id = rerank_id = audio_id = None
+        if args.audio_model is not None:
+            audio_id = _model_id(args.audio_model, args.audio_model)
         if args.embedding_model is not None:
             embedding_id = _model_id(args.embedding_model, args.embedding_model)
         if args.rerank_model is not None:
@@ -122,19 +135,27 @@ def run(args) -> int:
                 raise EdgeLLMError(f"--rerank-model {args.rerank_model} is "
                                    f"{_KINDS[reranker.heads.kind]}, not a reranker (a "
                                    "cross-encoder: a sequence classifier with one label)")
+            if args.audio_model is not None:
+                from ..transcribe import Transcriber
+
+                audio = open_model(_with(args, args.audio_model, ctx=None), warm=False)
+                Transcriber(audio)  # refuses a model that is not Whisper, now
         settings = Settings(
             model_id=first_id, parallel=args.parallel, queue=args.queue,
             api_key=args.api_key, cors=tuple(args.cors), max_body=args.max_body,
             max_tokens=min(args.max_tokens, llm.context),
             max_prompt_tokens=args.max_prompt_tokens,
             interleave=False if args.no_interleave else None, embedding_id=embedding_id,
-            rerank_id=rerank_id)
+            rerank_id=rerank_id, audio_id=audio_id, max_audio_bytes=args.max_audio_bytes)
         if routing:
             served = _router(args, settings, llm, first_id, names[1:])
             app = create_app(None, settings, served=served)
         else:
-            app = create_app(llm, settings, embedder, reranker)
+            app = create_app(llm, settings, embedder, reranker, audio=audio)
         warm_on(app.state.batch.call, llm, *[m for m in (embedder, reranker) if m is not None])
+        if audio is not None:  # on the thread that runs it (its own: models.Served)
+            worker = app.state.served.models[audio_id].worker
+            warm_on(lambda fn, *a: worker.submit(fn, *a).result(), audio)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
                                 timeout_graceful_shutdown=GRACE_S - 0.5, access_log=False)
         server = uvicorn_server(app, config)
@@ -150,7 +171,7 @@ def run(args) -> int:
         sock.close()
         if served is None:
             llm.close()
-        for m in (embedder, reranker):
+        for m in (embedder, reranker, audio):
             if m is not None:
                 m.close()
     say("edgellm: stopped")
@@ -249,8 +270,8 @@ def _router(args, settings, llm, first_id: str, more: list):
 
     def opener(path, kind):
         # --ctx is the chat models': an encoder keeps its own
-        return open_model(_with(args, str(path), **({"ctx": None} if kind == "embedding"
-                                                    else {})), warm=False)
+        return open_model(_with(args, str(path), **({"ctx": None} if kind in (
+            "embedding", "audio") else {})), warm=False)
 
     def warm(call, model):
         call(model.model.warmup, release_compiler_pages)
@@ -268,4 +289,18 @@ def _router(args, settings, llm, first_id: str, more: list):
     if args.rerank_model is not None:
         path = resolve(args.rerank_model, say=say)
         served.add(settings.rerank_id, path=path, kind="rerank")
+    if args.audio_model is not None:
+        path = resolve(args.audio_model, say=say)
+        _check_whisper(path, args.audio_model)
+        served.add(settings.audio_id, path=path, kind="audio")
     return served
+
+
+def _check_whisper(path, name: str) -> None:
+    """Refuse now a --audio-model file that is not Whisper (loaded later, on first use)."""
+    from ..modelfile.format import PackedModel
+
+    with PackedModel(path) as packed:
+        if not isinstance(packed.header.get("whisper"), dict):
+            raise EdgeLLMError(f"--audio-model {name} is not a Whisper model "
+                               f"({packed.architecture}): speech to text needs one")

@@ -5,7 +5,8 @@ API key and the body size first).
 
 Routes: GET /health, GET /v1/models, GET / (the chat page), and each API surface's
 (openai_api.py: /v1/chat/completions, /v1/completions, /v1/embeddings; anthropic_api.py:
-/v1/messages, /v1/messages/count_tokens). A request is
+/v1/messages, /v1/messages/count_tokens; audio_api.py: /v1/audio/transcriptions and
+/v1/audio/translations). A request is
 checked and planned (its prompt rendered and tokenized, its constraint compiled) before
 it waits for a slot, so a bad one is answered 400 at once (engine.py); then it runs on a
 slot of the Batch (edgellm/batch.py), streaming as server-sent events when asked. A request
@@ -25,7 +26,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..llm import LLM
-from . import anthropic_api, metrics, openai_api, rerank_api, responses_api
+from . import anthropic_api, audio_api, metrics, openai_api, rerank_api, responses_api
 from .engine import Settings
 from .errors import APIError, from_validation, shaped
 from .limits import BodyTooLarge, Limits
@@ -36,11 +37,12 @@ __all__ = ["Settings", "create_app", "uvicorn_server"]
 
 
 def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
-               reranker: LLM | None = None, served: Served | None = None) -> FastAPI:
-    """The app serving `llm` (and `embedder` at /v1/embeddings, `reranker` at /v1/rerank);
-    it owns none: the caller closes them after the app has shut down (its lifespan closes
-    the engines). Or the models of `served` (several, loaded on first use:
-    commands/serve.py)."""
+               reranker: LLM | None = None, served: Served | None = None,
+               audio: LLM | None = None) -> FastAPI:
+    """The app serving `llm` (and `embedder` at /v1/embeddings, `reranker` at /v1/rerank,
+    a Whisper model `audio` at /v1/audio/...); it owns none: the caller closes them after
+    the app has shut down (its lifespan closes the engines). Or the models of `served`
+    (several, loaded on first use: commands/serve.py)."""
     if served is None:
         served = Served(settings)
         served.add(settings.model_id, llm=llm)
@@ -48,6 +50,8 @@ def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
             served.add(settings.embedding_id, llm=embedder, kind="embedding")
         if reranker is not None:
             served.add(settings.rerank_id, llm=reranker, kind="rerank")
+        if audio is not None:
+            served.add(settings.audio_id, llm=audio, kind="audio")
 
     def wind_down(grace: float) -> None:
         """The server stops (on the event loop): requests in flight get `grace` seconds,
@@ -69,7 +73,8 @@ def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
     app.state.pool = None if first is None else first.pool
     app.state.wind_down, app.state.served = wind_down, served
     app.add_middleware(Leases, served=served)  # inside Limits: the body bounded first
-    app.add_middleware(Limits, max_body=settings.max_body, api_key=settings.api_key)
+    app.add_middleware(Limits, max_body=settings.max_body, api_key=settings.api_key,
+                       larger=audio_api.body_bounds(settings))
     if settings.cors:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -121,6 +126,7 @@ def create_app(llm: LLM | None, settings: Settings, embedder: LLM | None = None,
     responses_api.add_routes(app, served)
     anthropic_api.add_routes(app, served)
     rerank_api.add_routes(app, served)
+    audio_api.add_routes(app, served)
     metrics.add_routes(app, served)  # last: its middleware counts what the others answer
     return app
 

@@ -55,6 +55,8 @@ class Settings:
     max_inputs: int = 2048  # texts in one embeddings request
     embedding_id: str | None = None
     rerank_id: str | None = None
+    audio_id: str | None = None  # the speech-to-text model's (/v1/audio/...)
+    max_audio_bytes: int = 25 << 20  # an audio upload's (OpenAI's 25 MB; 413 beyond)
     interleave: bool | None = None  # the batched step's interleaved weights (Batch's default)
 
 

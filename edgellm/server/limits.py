@@ -15,12 +15,15 @@ from .errors import APIError, shaped
 
 
 class Limits:
-    """ASGI middleware: request bodies of at most max_body bytes (413), and the API key
-    on /v1/ routes (401: `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`),
-    before a route reads anything."""
+    """ASGI middleware: request bodies of at most max_body bytes (413; `larger` maps a path
+    to its own bound: an audio upload's), and the API key on /v1/ routes (401:
+    `Authorization: Bearer KEY` or Anthropic's `x-api-key: KEY`), before a route reads
+    anything."""
 
-    def __init__(self, app, max_body: int, api_key: str | None = None):
+    def __init__(self, app, max_body: int, api_key: str | None = None,
+                 larger: dict[str, int] | None = None):
         self.app, self.max_body, self.api_key = app, max_body, api_key
+        self.larger = larger or {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -38,9 +41,10 @@ class Limits:
                     401, "missing or wrong API key (send Authorization: Bearer KEY, or "
                     "x-api-key: KEY)", "authentication_error", code="invalid_api_key"), path)
         length = headers.get("content-length")
-        too_big = APIError(413, f"request body is larger than {self.max_body} bytes",
+        limit = self.larger.get(path, self.max_body)
+        too_big = APIError(413, f"request body is larger than {limit} bytes",
                            param=None, code="request_too_large")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+        if length is not None and (not length.isdigit() or int(length) > limit):
             # a client waiting for 100 Continue sends no body: nothing to read
             return await _refuse(receive, send, too_big,
                                  headers.get("expect", "").lower() != "100-continue", path)
@@ -51,7 +55,7 @@ class Limits:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_body:
+                if seen > limit:
                     if message.get("more_body", False):
                         await _drain(receive, DRAIN_LIMIT)
                     raise BodyTooLarge(too_big)

@@ -42,8 +42,8 @@ SERVER_BASELINE = BASELINE + 32 * 2**20
 
 @dataclass
 class Model:
-    """A model the server can serve: its name, file, kind ("chat" or "embedding") and the
-    bytes it takes loaded; `llm` and `engine` while loaded."""
+    """A model the server can serve: its name, file, kind ("chat", "embedding", "rerank" or
+    "audio") and the bytes it takes loaded; `llm` and `engine` while loaded."""
 
     name: str
     path: Path | None = None
@@ -51,7 +51,7 @@ class Model:
     planned: int = 0
     llm: LLM | None = None
     engine: Engine | None = None
-    worker: ThreadPoolExecutor | None = None  # an embedding model's own thread
+    worker: ThreadPoolExecutor | None = None  # a side model's own thread
     owned: bool = True  # closed by the server (a model handed in by the caller is not)
     leases: int = 0
     used: float = field(default_factory=time.monotonic)
@@ -90,6 +90,8 @@ class Served:
                       llm=llm, owned=False)
             if m.kind == "chat" and engine:
                 m.engine = self._made(Engine(llm, self.settings, name))
+            elif m.kind == "audio":  # its own thread: a transcription would stall the slots
+                m.worker = _worker(name, llm)
         else:
             m = Model(name, Path(path), kind or "chat", 0)
         self.models[name] = m
@@ -147,6 +149,10 @@ class Served:
     def reranker(self, name: str) -> tuple[LLM, str]:
         """The cross-encoder `name` and the name it answers with."""
         return self._side(name, "rerank", "--rerank-model")
+
+    def audio(self, name: str) -> tuple[LLM, str]:
+        """The speech-to-text model `name` and the name it answers with."""
+        return self._side(name, "audio", "--audio-model")
 
     def loaded(self) -> list[tuple[str, str, LLM]]:
         """(name, kind, model) of each model loaded."""
@@ -251,7 +257,7 @@ class Served:
                 m.engine = self._made(Engine(llm, self.settings, m.name))
                 call = m.engine.batch.call
             else:
-                m.worker = ThreadPoolExecutor(1, thread_name_prefix=f"edgellm-{m.name}")
+                m.worker = _worker(m.name, llm)
                 call = lambda fn, *a: m.worker.submit(fn, *a).result()  # noqa: E731
             if self.warm is not None:
                 self.warm(call, llm)
@@ -295,7 +301,19 @@ class Served:
                 m.llm = m.engine = None
 
 
+def _worker(name: str, llm: LLM) -> ThreadPoolExecutor:
+    """A model's own thread, running parallel kernels on the model's threads (numba's count
+    is per thread: a new thread's is every core's, and on a busy machine a transcription
+    on the tiny test model took 10x longer so)."""
+    from ..runtime.numba_setup import set_threads
+
+    return ThreadPoolExecutor(1, thread_name_prefix=f"edgellm-{name}",
+                              initializer=set_threads, initargs=(llm.threads,))
+
+
 def _kind(llm: LLM) -> str:
+    if isinstance(llm.packed.header.get("whisper"), dict):
+        return "audio"
     if getattr(llm.model, "generates", True):
         return "chat"
     return "rerank" if llm.heads.kind == "reranker" else "embedding"

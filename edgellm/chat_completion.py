@@ -210,18 +210,33 @@ def _usage(plan: _Plan, counts: tuple[int, int]) -> dict:
     return usage
 
 
+class _Ending:
+    """How a generation ended, from _events' last items: its finish reason, the stop string
+    that ended it (or None) and its counts (tokens generated, those of them thinking)."""
+
+    def __init__(self):
+        self.finish, self.stopped_by, self.counts = "length", None, (0, 0)
+
+    def take(self, kind: str, value) -> bool:
+        """Keep (kind, value) if it is one of the ending's items: True, else False."""
+        if kind == "finish":
+            self.finish = value
+        elif kind == "stop":
+            self.stopped_by = value
+        elif kind == "usage":
+            self.counts = value
+        else:
+            return False
+        return True
+
+
 def _completion(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> dict:
     parts: dict[str, list[str]] = {"reasoning": [], "content": []}
-    finish, completion, stopped_by = "length", (0, 0), None
+    end = _Ending()
     for kind, value in _events(llm, plan, cancelled):
-        if kind == "finish":
-            finish = value
-        elif kind == "stop":
-            stopped_by = value
-        elif kind == "usage":
-            completion = value
-        else:
+        if not end.take(kind, value):
             parts[kind].append(value)
+    finish = end.finish
     content, calls = _finish_tools(plan, "".join(parts["content"]))
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
@@ -231,8 +246,8 @@ def _completion(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -
         message["reasoning_content"] = "".join(parts["reasoning"]).strip()
     return {**_base(llm, "chat.completion"),
             "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": finish, **_stop_reason(finish, stopped_by)}],
-            "usage": _usage(plan, completion)}
+                         "finish_reason": finish, **_stop_reason(finish, end.stopped_by)}],
+            "usage": _usage(plan, end.counts)}
 
 
 def _chunks(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> Iterator[dict]:
@@ -245,20 +260,17 @@ def _chunks(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> It
 
     yield chunk({"role": "assistant", "content": ""})
     held: list[str] = []
-    finish, stopped_by = "length", None
+    end = _Ending()
     for kind, value in _events(llm, plan, cancelled):
-        if kind == "finish":
-            finish = value
-        elif kind == "stop":
-            stopped_by = value
-        elif kind == "usage":
-            completion = value
-        elif kind == "reasoning":
+        if end.take(kind, value):
+            continue
+        if kind == "reasoning":
             yield chunk({"reasoning_content": value})
         elif plan.tool_mode != "none":
             held.append(value)
         else:
             yield chunk({"content": value})
+    finish = end.finish
     if plan.tool_mode != "none":
         content, calls = _finish_tools(plan, "".join(held))
         if calls:
@@ -266,7 +278,8 @@ def _chunks(llm, plan: _Plan, cancelled: Callable[[], bool] | None = None) -> It
             yield chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
         if content:
             yield chunk({"content": content})
-    yield chunk({}, finish, _stop_reason(finish, stopped_by), usage=_usage(plan, completion))
+    yield chunk({}, finish, _stop_reason(finish, end.stopped_by),
+                usage=_usage(plan, end.counts))
 
 
 def _stop_reason(finish: str, stopped_by: str | None) -> dict:

@@ -266,6 +266,27 @@ def test_kquant_paths_are_vectorized(kind):
     assert re.search(r"vcvtdq2ps\s[^\n]*%[yz]mm", asm), kind
 
 
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+@pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
+def test_vnni_int8_kquant_tiles_emit_vpdpbusd(kind):
+    """The K-quant tiles on int8 activations (decode's 1x1, prefill's 1x4): one vpdpbusd per
+    two blocks of 32 (q6_k: and one for its -32 offset), no widening to 16 bits."""
+    t = quant.TYPES[kind]
+    w = np.zeros((4, t.block_bytes(256)), np.uint8)
+    w.flags.writeable = False
+    xq, f = np.zeros((4, 256), np.int8), np.zeros((4, 8), np.float32)
+    out = np.zeros((4, 4), np.float32)
+    for rt in (1, 4):
+        tile = TILES[t.code][str(rt)]
+
+        def probe(w, xq, xd, xds, out):
+            tile(w, 256, 0, xq, xd, xds, 0, out)
+
+        asm = probe_asm(probe, w, xq, f, f, out)
+        assert asm.count("vpdpbusd") >= 4 * rt, (kind, rt)
+        assert "vpmaddwd" not in asm and "vpmovsxbw" not in asm, (kind, rt)
+
+
 @pytest.mark.skipif(not X86, reason="checks x86 vector registers")
 @pytest.mark.parametrize("kind", [n for n in quant.K_TYPES if quant.TYPES[n].int8_kernels
                                   and not quant.TYPES[n].packing])  # (iq4_nl: q8_0's tiles)

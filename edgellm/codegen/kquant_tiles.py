@@ -61,8 +61,9 @@ def _scales_k4(b, p):
     return _pick(b, f, range(8)), _pick(b, f, range(8, 16))
 
 
-def _codes(b, kind, p):
-    """The super-block at p: 8 <32 x i8> code vectors, one per activation block."""
+def _codes(b, kind, p, signed=True):
+    """The super-block at p: 8 <32 x i8> code vectors, one per activation block (q6_k's
+    q - 32, or q if not signed)."""
     low, four = _splat8(b, 15, 32), _splat8(b, 4, 32)
     if kind in _MINS:
         qs = 16 if kind == "q4_k" else 48
@@ -86,7 +87,8 @@ def _codes(b, kind, p):
         for k, ql in enumerate((ql0, ql1, ql0, ql1)):
             nib = b.and_(ql, low) if k < 2 else b.lshr(ql, four)
             hi = b.and_(b.lshr(qh, _splat8(b, 2 * k, 32)), three)
-            out.append(b.sub(b.or_(nib, b.shl(hi, four)), off))
+            q = b.or_(nib, b.shl(hi, four))
+            out.append(b.sub(q, off) if signed else q)
     return out
 
 
@@ -132,17 +134,34 @@ def _block_sums16(b, dots):
     return b.add(_pick(b, v, range(0, 16, 2)), _pick(b, v, range(1, 16, 2)))
 
 
+def _pair_dot_busd(b, dpb, w0, w1, x, scale=None):
+    """Two blocks' <32 x i8> unsigned codes w0, w1 . <64 x i8> activations x (the two
+    blocks side by side) on AVX-512 VNNI: one vpdpbusd -> <16 x i32>, lanes 0-7 block 0 and
+    8-15 block 1, each lane the sum of 4 products. With scale (q6_k: codes q = value + 32
+    and <16 x i32> per-lane scales, a scale per 16 values) the 32 x sum(x) of each lane's
+    4 values (a second vpdpbusd, 32 as the unsigned operand) is taken off, then the lane
+    times its scale: |4 x 63 x 128 x 128| < 2^31."""
+    v16i, zero = _v(I32, 16), _c(_v(I32, 16), [0] * 16)
+    xv = b.bitcast(x, v16i)
+    dot = b.call(dpb, [zero, b.bitcast(_pick(b, w0, range(64), w1), v16i), xv])
+    if scale is None:
+        return dot
+    off = b.call(dpb, [zero, b.bitcast(_splat8(b, 32, 64), v16i), xv])
+    return b.mul(b.sub(dot, off), scale)
+
+
 def _operands(ctx, b, sig, args, RT):
     """A one-row tile's (W, block, i, xq, xd, xds, t, out) for RT tokens: (xq, out, i, t,
     A the activations' int type, AB its bytes, wssd: vpdpwssd (int16 activations on VNNI;
-    the generic IR's dots lower to vpmaddwd), dpw: its function or None, W's row i, and
-    each token's xq, xd and xds rows)."""
+    the generic IR's dots lower to vpmaddwd), dpw: on VNNI vpdpwssd (int16) or vpdpbusd
+    (int8), else None, W's row i, and each token's xq, xd and xds rows)."""
     w, xq, xd, xds, out = (irh._Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
     i, t = args[1], args[5]
     A = I16 if sig.args[2].dtype == types.int16 else I8
     wssd = VNNI and A == I16
-    dpw = (irh._llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", _v(I32, 16), [_v(I32, 16)] * 3)
-           if wssd else None)
+    name = "vpdpwssd" if A == I16 else "vpdpbusd"
+    dpw = (irh._llvm_fn(b, f"llvm.x86.avx512.{name}.512", _v(I32, 16), [_v(I32, 16)] * 3)
+           if VNNI else None)
     wrow = w.row(i)
     xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
     drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
@@ -160,16 +179,21 @@ def _kq_codegen(kind, RT):
                                                                            RT)
         zero = _c(v8, [0.0] * 8)
         init = [zero] * (RT * (2 if mins else 1))
+        busd = dpw is not None and A == I8
 
         def body(sb, st):
             p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
-            codes = _codes(b, kind, p)
+            codes = _codes(b, kind, p, signed=not busd)
             if mins:
                 d, dmin = irh._f16(b, p, 0), irh._f16(b, p, 2)
                 sc8, m8 = _scales_k4(b, p)
                 ws = b.fmul(sc8, _splat(b, d, 8), flags=FAST)  # lane g: d sc_g
                 mw = b.fmul(m8, _splat(b, dmin, 8), flags=FAST)
                 scales = [None] * 8
+            elif busd:  # int8 scales per 16 values, on each vpdpbusd lane (4 values)
+                ws = _splat(b, irh._f16(b, p, 208), 8)
+                sc = b.sext(_load(b, p, 192, _v(I8, 16)), _v(I32, 16))
+                scales = [_pick(b, sc, [4 * k + j // 4 for j in range(16)]) for k in range(4)]
             else:  # int8 scales per 16 values, applied to the codes (|q sc| <= 4096)
                 ws = _splat(b, irh._f16(b, p, 208), 8)
                 sc = b.sext(_load(b, p, 192, _v(I8, 16)), _v(I16, 16))
@@ -178,12 +202,21 @@ def _kq_codegen(kind, RT):
             foff = b.mul(sb, _i64(32))  # 8 float scales per super-block
             x0 = b.mul(sb, _i64(256 * AB))
             for s in range(RT):
-                xs = [_load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
-                      for g in range(8)]
-                if wssd:
+                if busd:  # blocks 2k and 2k + 1 in one vpdpbusd
+                    xp = [_load(b, xrow[s], b.add(x0, _i64(64 * k)), _v(I8, 64))
+                          for k in range(4)]
+                    sums = _block_sums16(b, [_pair_dot_busd(b, dpw, codes[2 * k],
+                                                            codes[2 * k + 1], xp[k],
+                                                            None if mins else scales[k])
+                                             for k in range(4)])
+                    xs = []
+                else:
+                    xs = [_load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
+                          for g in range(8)]
+                if xs and wssd:
                     sums = _block_sums16(b, [_block_dot_wssd(b, dpw, codes[g], xs[g], scales[g])
                                              for g in range(8)])
-                else:
+                elif xs:
                     sums = _block_sums(b, [_block_dot(b, codes[g], xs[g], scales[g])
                                            for g in range(8)])
                 f = b.fmul(ws, _load(b, drow[s], foff, v8), flags=FAST)

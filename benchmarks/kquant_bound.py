@@ -9,7 +9,7 @@ Weights are random bytes with a fixed f16 scale (the kernels' time does not depe
 values), several copies of the N x K matrix cycled so that --mb MB are read from memory
 between two reads of a copy (a 1.7B decode step streams ~1 GB: nothing stays in L3). One
 thread (the decode step's threads each stream their own rows). Prints, per type and
-activation, us per matvec (the best round's mean), GB/s and the share of the streaming read's
+activation, us of CPU time per matvec (the best round's mean), GB/s and the share of the streaming read's
 GB/s over the same bytes. The machine's load moves these figures: quote `uptime` with them,
 and compare builds by running this script alternately under each (PYTHONPATH decides which
 edgellm it imports).
@@ -58,15 +58,16 @@ def weights(kind: str, N: int, K: int, copies: int, rng) -> list[np.ndarray]:
 
 
 def timed(fn, ws, reps: int) -> float:
-    """Best round's mean seconds per call, each round one call per copy."""
+    """Best round's mean CPU seconds per call (this thread's: a shared machine's other
+    processes take wall time, not this), each round one call per copy."""
     for w in ws:
         fn(w)
     best = np.inf
     for _ in range(reps):
-        t = time.perf_counter()
+        t = time.thread_time()
         for w in ws:
             fn(w)
-        best = min(best, (time.perf_counter() - t) / len(ws))
+        best = min(best, (time.thread_time() - t) / len(ws))
     return best
 
 

@@ -17,7 +17,10 @@ Per super-block (8 activation blocks g = 0..7 of 32 values, 16 half-blocks of 16
   minima   q4_k/q5_k: sum_j (dmin m_j) xds_j, with xds = dx * (the block's sum of x),
            as one <8 x f32> multiply-add per super-block (value = d sc q - dmin m)
 On AVX-512 VNNI with int16 activations each block's dot is one vpdpwssd (<16 x i32>) and
-the reduce four levels of pair sums (_block_dot_wssd, _block_sums16): the same integers.
+the reduce four levels of pair sums (_block_dot_wssd, _block_sums16): the same integers
+(q4_k's codes widened 64 at a time, _codes16); with int8 activations two blocks' dot is one
+vpdpbusd on the unsigned codes (_pair_dot_busd; q6_k's -32 a second one, its scales on the
+i32 lanes), reduced the same way.
 This is llama.cpp's q4_K x q8_K scheme (ggml-cpu's x86 quants.c) with ActQ8's blocks of 32
 instead of q8_K's 256: one float scale per 32 activations, so the sc multiply is done in
 float per lane instead of on the integer sums.
@@ -92,6 +95,21 @@ def _codes(b, kind, p, signed=True):
     return out
 
 
+def _codes16(b, p):
+    """q4_k's super-block at p as 8 <32 x i16> code vectors (int16 activations on VNNI):
+    each 32 nibble bytes zero-extended once, then & 15 (block 2c) and >> 4 (block 2c + 1) on
+    16-bit lanes: half the widening shuffles of widening each block's codes (the vector
+    pipes, not memory, bound this tile). q5_k's fifth bits in 16-bit lanes cost what this
+    saves: it widens each block's bytes."""
+    v = _v(I16, 32)
+    low, four = _c(v, [15] * 32), _c(v, [4] * 32)
+    out = []
+    for c in range(4):
+        raw = b.zext(_load(b, p, 16 + 32 * c, _v(I8, 32)), v)
+        out += [b.and_(raw, low), b.lshr(raw, four)]
+    return out
+
+
 def _block_dot(b, w, x, scale=None):
     """<32 x i8> codes w (signed if scale is given, then multiplied by the <32 x i16> scale
     first) . <32 x i8|i16> x -> <8 x i32>: the sign-extended product's pair sums (vpmaddwd
@@ -119,7 +137,10 @@ def _block_dot_wssd(b, dpw, w, x, scale=None):
     (times the scale first, as there), one vpdpwssd -> <16 x i32> (lane j: products 2j,
     2j + 1)."""
     v16i = _v(I32, 16)
-    w16 = b.zext(w, _v(I16, 32)) if scale is None else b.mul(b.sext(w, _v(I16, 32)), scale)
+    if w.type.element == I16:  # _codes16's, already widened
+        w16 = w
+    else:
+        w16 = b.zext(w, _v(I16, 32)) if scale is None else b.mul(b.sext(w, _v(I16, 32)), scale)
     return b.call(dpw, [_c(v16i, [0] * 16), b.bitcast(w16, v16i), b.bitcast(x, v16i)])
 
 
@@ -183,7 +204,8 @@ def _kq_codegen(kind, RT):
 
         def body(sb, st):
             p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
-            codes = _codes(b, kind, p, signed=not busd)
+            codes = (_codes16(b, p) if wssd and kind == "q4_k"
+                     else _codes(b, kind, p, signed=not busd))
             if mins:
                 d, dmin = irh._f16(b, p, 0), irh._f16(b, p, 2)
                 sc8, m8 = _scales_k4(b, p)

@@ -267,6 +267,26 @@ def test_kquant_paths_are_vectorized(kind):
 
 
 @pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+def test_vnni_int16_q4_k_decode_tile_widens_64_codes_at_a_time():
+    """q4_k's decode tile on int16 activations (the default path): the tile is bound by the
+    vector pipes, so each 32 nibble bytes are widened once (vpmovzxbw) for two blocks: four
+    widenings and eight vpdpwssd a super-block (codegen/kquant_tiles._codes16)."""
+    t = quant.TYPES["q4_k"]
+    w = np.zeros((4, t.block_bytes(256)), np.uint8)
+    w.flags.writeable = False
+    xq, f = np.zeros((4, 256), np.int16), np.zeros((4, 8), np.float32)
+    out = np.zeros((4, 4), np.float32)
+    tile = TILES[t.code]["1"]
+
+    def probe(w, xq, xd, xds, out):
+        tile(w, 256, 0, xq, xd, xds, 0, out)
+
+    asm = probe_asm(probe, w, xq, f, f, out)
+    assert int16_dots(asm) >= 8
+    assert asm.count("vpmovzxbw") <= 4
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
 @pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
 def test_vnni_int8_kquant_tiles_emit_vpdpbusd(kind):
     """The K-quant tiles on int8 activations (decode's 1x1, prefill's 1x4): one vpdpbusd per

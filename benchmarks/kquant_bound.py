@@ -28,8 +28,8 @@ from numba import njit
 from edgellm.kernels import act_quant, registry
 from edgellm.modelfile import quant
 
-SCALES = {"q4_0": (0,), "q4_1": (0, 2), "q8_0": (0,), "q4_k": (0, 2), "q5_k": (0, 2),
-          "q6_k": (208,)}  # byte offsets of each block's f16 scales
+SCALES = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
+          "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}  # byte offsets of a block's f16 scales
 
 
 @njit(cache=True, fastmath=True)
@@ -79,6 +79,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--acts", nargs="+", default=["int16", "int8"])
     args = ap.parse_args()
+    if set(args.types) - set(SCALES):
+        ap.error(f"--types: one of {' '.join(SCALES)}")
     numba.set_num_threads(1)
     N, K = args.shape
     rng = np.random.default_rng(0)

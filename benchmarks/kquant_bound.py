@@ -89,6 +89,9 @@ def main() -> None:
     for kind in args.types:
         t = quant.TYPES[kind]
         B = t.blocks[0] if t.superblock else 32
+        if K % B:
+            print(f"{kind}: skipped ({K} columns are not whole blocks of {B})")
+            continue
         nbytes = N * (K // B) * t.block_bytes(B)
         ws = weights(kind, N, K, max(2, int(np.ceil(args.mb * 1e6 / nbytes))), rng)
         s = timed(stream, ws, args.reps)

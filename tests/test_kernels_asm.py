@@ -266,22 +266,36 @@ def test_kquant_paths_are_vectorized(kind):
     assert re.search(r"vcvtdq2ps\s[^\n]*%[yz]mm", asm), kind
 
 
-@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
-def test_vnni_int16_q4_k_decode_tile_widens_64_codes_at_a_time():
-    """q4_k's decode tile on int16 activations (the default path): the tile is bound by the
-    vector pipes, so each 32 nibble bytes are widened once (vpmovzxbw) for two blocks: four
-    widenings and eight vpdpwssd a super-block (codegen/kquant_tiles._codes16)."""
-    t = quant.TYPES["q4_k"]
+def _kq_tile_asm(kind: str, dtype) -> str:
+    """Assembly of kind's decode tile (1x1) on dtype activations, one super-block a row."""
+    t = quant.TYPES[kind]
     w = np.zeros((4, t.block_bytes(256)), np.uint8)
     w.flags.writeable = False
-    xq, f = np.zeros((4, 256), np.int16), np.zeros((4, 8), np.float32)
+    xq, f = np.zeros((4, 256), dtype), np.zeros((4, 8), np.float32)
     out = np.zeros((4, 4), np.float32)
     tile = TILES[t.code]["1"]
 
     def probe(w, xq, xd, xds, out):
         tile(w, 256, 0, xq, xd, xds, 0, out)
 
-    asm = probe_asm(probe, w, xq, f, f, out)
+    return probe_asm(probe, w, xq, f, f, out)
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+def test_vnni_int16_q6_k_decode_tile_scales_the_pair_sums():
+    """q6_k's decode tile on int16 activations: its per-16 scales multiply the first level of
+    pair sums (4 vpmulld a super-block), not each block's widened codes (8 vpmullw)."""
+    asm = _kq_tile_asm("q6_k", np.int16)
+    assert int16_dots(asm) >= 8
+    assert "vpmullw" not in asm and asm.count("vpmulld") <= 4
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+def test_vnni_int16_q4_k_decode_tile_widens_64_codes_at_a_time():
+    """q4_k's decode tile on int16 activations (the default path): the tile is bound by the
+    vector pipes, so each 32 nibble bytes are widened once (vpmovzxbw) for two blocks: four
+    widenings and eight vpdpwssd a super-block (codegen/kquant_tiles._codes16)."""
+    asm = _kq_tile_asm("q4_k", np.int16)
     assert int16_dots(asm) >= 8
     assert asm.count("vpmovzxbw") <= 4
 

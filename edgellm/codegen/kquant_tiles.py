@@ -132,25 +132,29 @@ def _block_sums(b, dots):
                  _pick(b, q0, (4, 5, 6, 7, 12, 13, 14, 15), q1))
 
 
-def _block_dot_wssd(b, dpw, w, x, scale=None):
+def _block_dot_wssd(b, dpw, w, x, signed=False):
     """_block_dot on AVX-512 VNNI with int16 activations: the codes widened to 32 x i16
-    (times the scale first, as there), one vpdpwssd -> <16 x i32> (lane j: products 2j,
-    2j + 1)."""
+    (sign-extended if signed), one vpdpwssd -> <16 x i32> (lane j: products 2j, 2j + 1)."""
     v16i = _v(I32, 16)
     if w.type.element == I16:  # _codes16's, already widened
         w16 = w
     else:
-        w16 = b.zext(w, _v(I16, 32)) if scale is None else b.mul(b.sext(w, _v(I16, 32)), scale)
+        w16 = (b.sext if signed else b.zext)(w, _v(I16, 32))
     return b.call(dpw, [_c(v16i, [0] * 16), b.bitcast(w16, v16i), b.bitcast(x, v16i)])
+
+
+def _pairs(b, u, v):
+    """<16 x i32> u, v -> their lanes' pair sums, u's in lanes 0-7 and v's in 8-15."""
+    even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
+    return b.add(_pick(b, u, even, v), _pick(b, u, odd, v))
 
 
 def _block_sums16(b, dots):
     """8 <16 x i32> block dots -> one <8 x i32>, lane g = block g's sum: four levels of pair
-    sums (even | odd lanes of two vectors), each halving the lanes per block."""
-    even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
+    sums (even | odd lanes of two vectors), each halving the lanes per block (or 4 vectors
+    of two blocks, 8 lanes each, after the first level)."""
     while len(dots) > 1:
-        dots = [b.add(_pick(b, dots[k], even, dots[k + 1]), _pick(b, dots[k], odd, dots[k + 1]))
-                for k in range(0, len(dots), 2)]
+        dots = [_pairs(b, dots[k], dots[k + 1]) for k in range(0, len(dots), 2)]
     v = dots[0]  # lanes 2g, 2g + 1: block g
     return b.add(_pick(b, v, range(0, 16, 2)), _pick(b, v, range(1, 16, 2)))
 
@@ -212,7 +216,7 @@ def _kq_codegen(kind, RT):
                 ws = b.fmul(sc8, _splat(b, d, 8), flags=FAST)  # lane g: d sc_g
                 mw = b.fmul(m8, _splat(b, dmin, 8), flags=FAST)
                 scales = [None] * 8
-            elif busd:  # int8 scales per 16 values, on each vpdpbusd lane (4 values)
+            elif busd or wssd:  # int8 scales per 16 values, on i32 lanes of 4 values
                 ws = _splat(b, irh._f16(b, p, 208), 8)
                 sc = b.sext(_load(b, p, 192, _v(I8, 16)), _v(I32, 16))
                 scales = [_pick(b, sc, [4 * k + j // 4 for j in range(16)]) for k in range(4)]
@@ -231,14 +235,16 @@ def _kq_codegen(kind, RT):
                                                             codes[2 * k + 1], xp[k],
                                                             None if mins else scales[k])
                                              for k in range(4)])
-                    xs = []
                 else:
                     xs = [_load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
                           for g in range(8)]
-                if xs and wssd:
-                    sums = _block_sums16(b, [_block_dot_wssd(b, dpw, codes[g], xs[g], scales[g])
-                                             for g in range(8)])
-                elif xs:
+                if wssd:  # q6_k's scales on the first level of pair sums (4 lanes a scale)
+                    dots = [_block_dot_wssd(b, dpw, codes[g], xs[g], signed=not mins)
+                            for g in range(8)]
+                    pairs = [_pairs(b, dots[2 * k], dots[2 * k + 1]) for k in range(4)]
+                    sums = _block_sums16(b, pairs if mins else
+                                         [b.mul(pairs[k], scales[k]) for k in range(4)])
+                elif not busd:
                     sums = _block_sums(b, [_block_dot(b, codes[g], xs[g], scales[g])
                                            for g in range(8)])
                 f = b.fmul(ws, _load(b, drow[s], foff, v8), flags=FAST)

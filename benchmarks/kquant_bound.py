@@ -9,10 +9,10 @@ Weights are random bytes with a fixed f16 scale (the kernels' time does not depe
 values), several copies of the N x K matrix cycled so that --mb MB are read from memory
 between two reads of a copy (a 1.7B decode step streams ~1 GB: nothing stays in L3). One
 thread (the decode step's threads each stream their own rows). Prints, per type and
-activation, us of CPU time per matvec (the best round's mean), GB/s and the share of the streaming read's
-GB/s over the same bytes. The machine's load moves these figures: quote `uptime` with them,
-and compare builds by running this script alternately under each (PYTHONPATH decides which
-edgellm it imports).
+activation, us of CPU time per matvec (the best round's mean), GB/s and the share of the
+streaming read's GB/s over the same bytes. The machine's load moves these figures: quote
+`uptime` with them, and compare builds by running this script alternately under each
+(PYTHONPATH decides which edgellm it imports).
 """
 
 from __future__ import annotations
@@ -55,6 +55,11 @@ def weights(kind: str, N: int, K: int, copies: int, rng) -> list[np.ndarray]:
         w.flags.writeable = False
         out.append(w)
     return out
+
+
+def matvec(rows, B: int, xq, xd, xds, out):
+    """w -> out[0] = w @ x[0] by the decode rows kernel `rows`."""
+    return lambda w: rows(w, B, xq, xd, xds, out, 0, out.shape[1])
 
 
 def timed(fn, ws, reps: int) -> float:
@@ -101,8 +106,7 @@ def main() -> None:
             xd, xs, xds = (np.zeros((1, K // 32), d) for d in (np.float32, np.int32, np.float32))
             act_quant.quantize_rows(x, xq, xd, xs, xds, 0, 1)
             out = np.zeros((1, N), np.float32)
-            rows = registry.INT8[kind].rows
-            m = timed(lambda w: rows(w, B, xq, xd, xds, out, 0, N), ws, args.reps)
+            m = timed(matvec(registry.INT8[kind].rows, B, xq, xd, xds, out), ws, args.reps)
             line += (f"; {act} {m * 1e6:.0f} us {nbytes / m / 1e9:.1f} GB/s "
                      f"({s / m:.0%} of stream)")
         print(line, flush=True)

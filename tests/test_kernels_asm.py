@@ -266,14 +266,15 @@ def test_kquant_paths_are_vectorized(kind):
     assert re.search(r"vcvtdq2ps\s[^\n]*%[yz]mm", asm), kind
 
 
-def _kq_tile_asm(kind: str, dtype) -> str:
-    """Assembly of kind's decode tile (1x1) on dtype activations, one super-block a row."""
+def _kq_tile_asm(kind: str, dtype, rt: int = 1) -> str:
+    """Assembly of kind's 1 x rt tile (decode's 1x1, prefill's 1x4) on dtype activations,
+    one super-block a row."""
     t = quant.TYPES[kind]
     w = np.zeros((4, t.block_bytes(256)), np.uint8)
     w.flags.writeable = False
     xq, f = np.zeros((4, 256), dtype), np.zeros((4, 8), np.float32)
     out = np.zeros((4, 4), np.float32)
-    tile = TILES[t.code]["1"]
+    tile = TILES[t.code][str(rt)]
 
     def probe(w, xq, xd, xds, out):
         tile(w, 256, 0, xq, xd, xds, 0, out)
@@ -305,18 +306,8 @@ def test_vnni_int16_q4_k_decode_tile_widens_64_codes_at_a_time():
 def test_vnni_int8_kquant_tiles_emit_vpdpbusd(kind):
     """The K-quant tiles on int8 activations (decode's 1x1, prefill's 1x4): one vpdpbusd per
     two blocks of 32 (q6_k: and one for its -32 offset), no widening to 16 bits."""
-    t = quant.TYPES[kind]
-    w = np.zeros((4, t.block_bytes(256)), np.uint8)
-    w.flags.writeable = False
-    xq, f = np.zeros((4, 256), np.int8), np.zeros((4, 8), np.float32)
-    out = np.zeros((4, 4), np.float32)
     for rt in (1, 4):
-        tile = TILES[t.code][str(rt)]
-
-        def probe(w, xq, xd, xds, out):
-            tile(w, 256, 0, xq, xd, xds, 0, out)
-
-        asm = probe_asm(probe, w, xq, f, f, out)
+        asm = _kq_tile_asm(kind, np.int8, rt)
         assert asm.count("vpdpbusd") >= 4 * rt, (kind, rt)
         assert "vpmaddwd" not in asm and "vpmovsxbw" not in asm, (kind, rt)
 

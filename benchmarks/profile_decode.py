@@ -30,14 +30,14 @@ from edgellm.step import decode_step as ds  # noqa: E402
 
 
 @njit(cache=False, fastmath=True)
-def _mv_list(blob, mats, idx, h, xq, xd, xds, out, on):
-    """Matrices mats[idx[i]] in order, each times h (weights stream as in a step); on: any
-    array (every matrix type's kernel compiled in)."""
+def _mv_list(blob, mats, idx, h, xq, xd, xds, out, kinds):
+    """Matrices mats[idx[i]] in order, each times h (weights stream as in a step); kinds:
+    the step's matrix types (its feats' first entries)."""
     for i in range(idx.shape[0]):
         m = mats[idx[i]]
         rows = m[1]
         ds._mv(blob, m, 0, rows, h[i:i + 1], xq[i:i + 1], xd[i:i + 1], xds[i:i + 1], out,
-               0, rows, False, on, on, on, on, on)
+               0, rows, False, kinds)
 
 
 def group_name(tensor: str) -> str:
@@ -87,7 +87,7 @@ def main() -> None:
     groups: dict[str, list[int]] = {}
     for i in order:
         groups.setdefault(group_name(names[i]), []).append(i)
-    on = np.zeros(1, np.int8)
+    on = f.feats[:ds.N_KINDS]
     big = np.zeros((1, int(f.mats[:, ds.MAT_ROWS].max())), np.float32)
 
     def run(idx: list[int]):

@@ -266,6 +266,52 @@ def test_kquant_paths_are_vectorized(kind):
     assert re.search(r"vcvtdq2ps\s[^\n]*%[yz]mm", asm), kind
 
 
+def _kq_tile_asm(kind: str, dtype, rt: int = 1) -> str:
+    """Assembly of kind's 1 x rt tile (decode's 1x1, prefill's 1x4) on dtype activations,
+    one super-block a row."""
+    t = quant.TYPES[kind]
+    w = np.zeros((4, t.block_bytes(256)), np.uint8)
+    w.flags.writeable = False
+    xq, f = np.zeros((4, 256), dtype), np.zeros((4, 8), np.float32)
+    out = np.zeros((4, 4), np.float32)
+    tile = TILES[t.code][str(rt)]
+
+    def probe(w, xq, xd, xds, out):
+        tile(w, 256, 0, xq, xd, xds, 0, out)
+
+    return probe_asm(probe, w, xq, f, f, out)
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+def test_vnni_int16_q6_k_decode_tile_scales_the_pair_sums():
+    """q6_k's decode tile on int16 activations: its per-16 scales multiply the first level of
+    pair sums (4 vpmulld a super-block), not each block's widened codes (8 vpmullw)."""
+    asm = _kq_tile_asm("q6_k", np.int16)
+    assert int16_dots(asm) >= 8
+    assert "vpmullw" not in asm and asm.count("vpmulld") <= 4
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+def test_vnni_int16_q4_k_decode_tile_widens_64_codes_at_a_time():
+    """q4_k's decode tile on int16 activations (the default path): the tile is bound by the
+    vector pipes, so each 32 nibble bytes are widened once (vpmovzxbw) for two blocks: four
+    widenings and eight vpdpwssd a super-block (codegen/kquant_tiles._codes16)."""
+    asm = _kq_tile_asm("q4_k", np.int16)
+    assert int16_dots(asm) >= 8
+    assert asm.count("vpmovzxbw") <= 4
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+@pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
+def test_vnni_int8_kquant_tiles_emit_vpdpbusd(kind):
+    """The K-quant tiles on int8 activations (decode's 1x1, prefill's 1x4): one vpdpbusd per
+    two blocks of 32 (q6_k: and one for its -32 offset), no widening to 16 bits."""
+    for rt in (1, 4):
+        asm = _kq_tile_asm(kind, np.int8, rt)
+        assert asm.count("vpdpbusd") >= 4 * rt, (kind, rt)
+        assert "vpmaddwd" not in asm and "vpmovsxbw" not in asm, (kind, rt)
+
+
 @pytest.mark.skipif(not X86, reason="checks x86 vector registers")
 @pytest.mark.parametrize("kind", [n for n in quant.K_TYPES if quant.TYPES[n].int8_kernels
                                   and not quant.TYPES[n].packing])  # (iq4_nl: q8_0's tiles)

@@ -17,7 +17,10 @@ Per super-block (8 activation blocks g = 0..7 of 32 values, 16 half-blocks of 16
   minima   q4_k/q5_k: sum_j (dmin m_j) xds_j, with xds = dx * (the block's sum of x),
            as one <8 x f32> multiply-add per super-block (value = d sc q - dmin m)
 On AVX-512 VNNI with int16 activations each block's dot is one vpdpwssd (<16 x i32>) and
-the reduce four levels of pair sums (_block_dot_wssd, _block_sums16): the same integers.
+the reduce four levels of pair sums (_block_dot_wssd, _block_sums16): the same integers
+(q4_k's codes widened 64 at a time, _codes16); with int8 activations two blocks' dot is one
+vpdpbusd on the unsigned codes (_pair_dot_busd; q6_k's -32 a second one, its scales on the
+i32 lanes), reduced the same way.
 This is llama.cpp's q4_K x q8_K scheme (ggml-cpu's x86 quants.c) with ActQ8's blocks of 32
 instead of q8_K's 256: one float scale per 32 activations, so the sc multiply is done in
 float per lane instead of on the integer sums.
@@ -61,8 +64,9 @@ def _scales_k4(b, p):
     return _pick(b, f, range(8)), _pick(b, f, range(8, 16))
 
 
-def _codes(b, kind, p):
-    """The super-block at p: 8 <32 x i8> code vectors, one per activation block."""
+def _codes(b, kind, p, signed=True):
+    """The super-block at p: 8 <32 x i8> code vectors, one per activation block (q6_k's
+    q - 32, or q if not signed)."""
     low, four = _splat8(b, 15, 32), _splat8(b, 4, 32)
     if kind in _MINS:
         qs = 16 if kind == "q4_k" else 48
@@ -86,7 +90,23 @@ def _codes(b, kind, p):
         for k, ql in enumerate((ql0, ql1, ql0, ql1)):
             nib = b.and_(ql, low) if k < 2 else b.lshr(ql, four)
             hi = b.and_(b.lshr(qh, _splat8(b, 2 * k, 32)), three)
-            out.append(b.sub(b.or_(nib, b.shl(hi, four)), off))
+            q = b.or_(nib, b.shl(hi, four))
+            out.append(b.sub(q, off) if signed else q)
+    return out
+
+
+def _codes16(b, p):
+    """q4_k's super-block at p as 8 <32 x i16> code vectors (int16 activations on VNNI):
+    each 32 nibble bytes zero-extended once, then & 15 (block 2c) and >> 4 (block 2c + 1) on
+    16-bit lanes: half the widening shuffles of widening each block's codes (the vector
+    pipes, not memory, bound this tile). q5_k's fifth bits in 16-bit lanes cost what this
+    saves: it widens each block's bytes."""
+    v = _v(I16, 32)
+    low, four = _c(v, [15] * 32), _c(v, [4] * 32)
+    out = []
+    for c in range(4):
+        raw = b.zext(_load(b, p, 16 + 32 * c, _v(I8, 32)), v)
+        out += [b.and_(raw, low), b.lshr(raw, four)]
     return out
 
 
@@ -112,37 +132,61 @@ def _block_sums(b, dots):
                  _pick(b, q0, (4, 5, 6, 7, 12, 13, 14, 15), q1))
 
 
-def _block_dot_wssd(b, dpw, w, x, scale=None):
+def _block_dot_wssd(b, dpw, w, x, signed=False):
     """_block_dot on AVX-512 VNNI with int16 activations: the codes widened to 32 x i16
-    (times the scale first, as there), one vpdpwssd -> <16 x i32> (lane j: products 2j,
-    2j + 1)."""
+    (sign-extended if signed), one vpdpwssd -> <16 x i32> (lane j: products 2j, 2j + 1)."""
     v16i = _v(I32, 16)
-    w16 = b.zext(w, _v(I16, 32)) if scale is None else b.mul(b.sext(w, _v(I16, 32)), scale)
+    if w.type.element == I16:  # _codes16's, already widened
+        w16 = w
+    else:
+        w16 = (b.sext if signed else b.zext)(w, _v(I16, 32))
     return b.call(dpw, [_c(v16i, [0] * 16), b.bitcast(w16, v16i), b.bitcast(x, v16i)])
+
+
+def _pairs(b, u, v):
+    """<16 x i32> u, v -> their lanes' pair sums, u's in lanes 0-7 and v's in 8-15."""
+    even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
+    return b.add(_pick(b, u, even, v), _pick(b, u, odd, v))
 
 
 def _block_sums16(b, dots):
     """8 <16 x i32> block dots -> one <8 x i32>, lane g = block g's sum: four levels of pair
-    sums (even | odd lanes of two vectors), each halving the lanes per block."""
-    even, odd = list(range(0, 32, 2)), list(range(1, 32, 2))
+    sums (even | odd lanes of two vectors), each halving the lanes per block (or 4 vectors
+    of two blocks, 8 lanes each, after the first level)."""
     while len(dots) > 1:
-        dots = [b.add(_pick(b, dots[k], even, dots[k + 1]), _pick(b, dots[k], odd, dots[k + 1]))
-                for k in range(0, len(dots), 2)]
+        dots = [_pairs(b, dots[k], dots[k + 1]) for k in range(0, len(dots), 2)]
     v = dots[0]  # lanes 2g, 2g + 1: block g
     return b.add(_pick(b, v, range(0, 16, 2)), _pick(b, v, range(1, 16, 2)))
+
+
+def _pair_dot_busd(b, dpb, w0, w1, x, scale=None):
+    """Two blocks' <32 x i8> unsigned codes w0, w1 . <64 x i8> activations x (the two
+    blocks side by side) on AVX-512 VNNI: one vpdpbusd -> <16 x i32>, lanes 0-7 block 0 and
+    8-15 block 1, each lane the sum of 4 products. With scale (q6_k: codes q = value + 32
+    and <16 x i32> per-lane scales, a scale per 16 values) the 32 x sum(x) of each lane's
+    4 values (a second vpdpbusd, 32 as the unsigned operand) is taken off, then the lane
+    times its scale: |4 x 63 x 128 x 128| < 2^31."""
+    v16i, zero = _v(I32, 16), _c(_v(I32, 16), [0] * 16)
+    xv = b.bitcast(x, v16i)
+    dot = b.call(dpb, [zero, b.bitcast(_pick(b, w0, range(64), w1), v16i), xv])
+    if scale is None:
+        return dot
+    off = b.call(dpb, [zero, b.bitcast(_splat8(b, 32, 64), v16i), xv])
+    return b.mul(b.sub(dot, off), scale)
 
 
 def _operands(ctx, b, sig, args, RT):
     """A one-row tile's (W, block, i, xq, xd, xds, t, out) for RT tokens: (xq, out, i, t,
     A the activations' int type, AB its bytes, wssd: vpdpwssd (int16 activations on VNNI;
-    the generic IR's dots lower to vpmaddwd), dpw: its function or None, W's row i, and
-    each token's xq, xd and xds rows)."""
+    the generic IR's dots lower to vpmaddwd), dpw: on VNNI vpdpwssd (int16) or vpdpbusd
+    (int8), else None, W's row i, and each token's xq, xd and xds rows)."""
     w, xq, xd, xds, out = (irh._Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
     i, t = args[1], args[5]
     A = I16 if sig.args[2].dtype == types.int16 else I8
     wssd = VNNI and A == I16
-    dpw = (irh._llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", _v(I32, 16), [_v(I32, 16)] * 3)
-           if wssd else None)
+    name = "vpdpwssd" if A == I16 else "vpdpbusd"
+    dpw = (irh._llvm_fn(b, f"llvm.x86.avx512.{name}.512", _v(I32, 16), [_v(I32, 16)] * 3)
+           if VNNI else None)
     wrow = w.row(i)
     xrow = [xq.row(b.add(t, _i64(s))) for s in range(RT)]
     drow = [xd.row(b.add(t, _i64(s))) for s in range(RT)]
@@ -160,16 +204,22 @@ def _kq_codegen(kind, RT):
                                                                            RT)
         zero = _c(v8, [0.0] * 8)
         init = [zero] * (RT * (2 if mins else 1))
+        busd = dpw is not None and A == I8
 
         def body(sb, st):
             p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
-            codes = _codes(b, kind, p)
+            codes = (_codes16(b, p) if wssd and kind == "q4_k"
+                     else _codes(b, kind, p, signed=not busd))
             if mins:
                 d, dmin = irh._f16(b, p, 0), irh._f16(b, p, 2)
                 sc8, m8 = _scales_k4(b, p)
                 ws = b.fmul(sc8, _splat(b, d, 8), flags=FAST)  # lane g: d sc_g
                 mw = b.fmul(m8, _splat(b, dmin, 8), flags=FAST)
                 scales = [None] * 8
+            elif busd or wssd:  # int8 scales per 16 values, on i32 lanes of 4 values
+                ws = _splat(b, irh._f16(b, p, 208), 8)
+                sc = b.sext(_load(b, p, 192, _v(I8, 16)), _v(I32, 16))
+                scales = [_pick(b, sc, [4 * k + j // 4 for j in range(16)]) for k in range(4)]
             else:  # int8 scales per 16 values, applied to the codes (|q sc| <= 4096)
                 ws = _splat(b, irh._f16(b, p, 208), 8)
                 sc = b.sext(_load(b, p, 192, _v(I8, 16)), _v(I16, 16))
@@ -178,12 +228,23 @@ def _kq_codegen(kind, RT):
             foff = b.mul(sb, _i64(32))  # 8 float scales per super-block
             x0 = b.mul(sb, _i64(256 * AB))
             for s in range(RT):
-                xs = [_load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
-                      for g in range(8)]
-                if wssd:
-                    sums = _block_sums16(b, [_block_dot_wssd(b, dpw, codes[g], xs[g], scales[g])
-                                             for g in range(8)])
+                if busd:  # blocks 2k and 2k + 1 in one vpdpbusd
+                    xp = [_load(b, xrow[s], b.add(x0, _i64(64 * k)), _v(I8, 64))
+                          for k in range(4)]
+                    sums = _block_sums16(b, [_pair_dot_busd(b, dpw, codes[2 * k],
+                                                            codes[2 * k + 1], xp[k],
+                                                            None if mins else scales[k])
+                                             for k in range(4)])
                 else:
+                    xs = [_load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
+                          for g in range(8)]
+                if wssd:  # q6_k's scales on the first level of pair sums (4 lanes a scale)
+                    dots = [_block_dot_wssd(b, dpw, codes[g], xs[g], signed=not mins)
+                            for g in range(8)]
+                    pairs = [_pairs(b, dots[2 * k], dots[2 * k + 1]) for k in range(4)]
+                    sums = _block_sums16(b, pairs if mins else
+                                         [b.mul(pairs[k], scales[k]) for k in range(4)])
+                elif not busd:
                     sums = _block_sums(b, [_block_dot(b, codes[g], xs[g], scales[g])
                                            for g in range(8)])
                 f = b.fmul(ws, _load(b, drow[s], foff, v8), flags=FAST)

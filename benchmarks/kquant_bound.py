@@ -1,0 +1,116 @@
+"""One decode-sized matrix-vector product per weight type against the memory bound: GB/s of
+weight bytes read by the decode rows (registry.INT8[type].rows: q4_0 and the K-quants, int16
+and int8 activations) and by a numba sum streaming the same bytes.
+
+    python benchmarks/kquant_bound.py [--shape 2048 8192] [--types q4_0 q4_k q6_k]
+        [--mb 160] [--reps 5]
+
+Weights are random bytes with a fixed f16 scale (the kernels' time does not depend on the
+values), several copies of the N x K matrix cycled so that --mb MB are read from memory
+between two reads of a copy (a 1.7B decode step streams ~1 GB: nothing stays in L3). One
+thread (the decode step's threads each stream their own rows). Prints, per type and
+activation, us of CPU time per matvec (the best round's mean), GB/s and the share of the
+streaming read's GB/s over the same bytes. The machine's load moves these figures: quote
+`uptime` with them, and compare builds by running this script alternately under each
+(PYTHONPATH decides which edgellm it imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numba
+import numpy as np
+from numba import njit
+
+from edgellm.kernels import act_quant, registry
+from edgellm.modelfile import quant
+
+SCALES = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
+          "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,)}  # byte offsets of a block's f16 scales
+
+
+@njit(cache=True, fastmath=True)
+def stream(w):
+    """Sum of w's bytes as uint64 words: one read of the memory, vectorized."""
+    v = w.reshape(-1).view(np.uint64)
+    s = np.uint64(0)
+    for j in range(v.size):
+        s += v[j]
+    return s
+
+
+def weights(kind: str, N: int, K: int, copies: int, rng) -> list[np.ndarray]:
+    t = quant.TYPES[kind]
+    B = t.blocks[0] if t.superblock else 32
+    nb, bb = K // B, t.block_bytes(B)
+    out = []
+    for _ in range(copies):
+        w = rng.integers(0, 256, (N, nb, bb), np.uint8)
+        for off in SCALES[kind]:
+            w[:, :, off:off + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+        w = w.reshape(N, nb * bb)
+        w.flags.writeable = False
+        out.append(w)
+    return out
+
+
+def matvec(rows, B: int, xq, xd, xds, out):
+    """w -> out[0] = w @ x[0] by the decode rows kernel `rows`."""
+    return lambda w: rows(w, B, xq, xd, xds, out, 0, out.shape[1])
+
+
+def timed(fn, ws, reps: int) -> float:
+    """Best round's mean CPU seconds per call (this thread's: a shared machine's other
+    processes take wall time, not this), each round one call per copy."""
+    for w in ws:
+        fn(w)
+    best = np.inf
+    for _ in range(reps):
+        t = time.thread_time()
+        for w in ws:
+            fn(w)
+        best = min(best, (time.thread_time() - t) / len(ws))
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", type=int, nargs=2, default=[2048, 8192], metavar=("N", "K"))
+    ap.add_argument("--types", nargs="+", default=["q4_0", "q4_k", "q6_k"])
+    ap.add_argument("--mb", type=float, default=160.0, help="bytes cycled between reads")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--acts", nargs="+", default=["int16", "int8"])
+    args = ap.parse_args()
+    if set(args.types) - set(SCALES):
+        ap.error(f"--types: one of {' '.join(SCALES)}")
+    numba.set_num_threads(1)
+    N, K = args.shape
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {N}x{K}, 1 thread")
+    for kind in args.types:
+        t = quant.TYPES[kind]
+        B = t.blocks[0] if t.superblock else 32
+        if K % B:
+            print(f"{kind}: skipped ({K} columns are not whole blocks of {B})")
+            continue
+        nbytes = N * (K // B) * t.block_bytes(B)
+        ws = weights(kind, N, K, max(2, int(np.ceil(args.mb * 1e6 / nbytes))), rng)
+        s = timed(stream, ws, args.reps)
+        line = f"{kind}: {nbytes / 1e6:.1f} MB, stream {nbytes / s / 1e9:.1f} GB/s"
+        for act in args.acts:
+            xq = np.zeros((1, K), np.int16 if act == "int16" else np.int8)
+            xd, xs, xds = (np.zeros((1, K // 32), d) for d in (np.float32, np.int32, np.float32))
+            act_quant.quantize_rows(x, xq, xd, xs, xds, 0, 1)
+            out = np.zeros((1, N), np.float32)
+            m = timed(matvec(registry.INT8[kind].rows, B, xq, xd, xds, out), ws, args.reps)
+            line += (f"; {act} {m * 1e6:.0f} us {nbytes / m / 1e9:.1f} GB/s "
+                     f"({s / m:.0%} of stream)")
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,7 @@
 prompt with different questions, with the server's prompt cache (--prompt-cache-bytes, its
 default) and without it (0).
 
-    python benchmarks/server_prompt_cache.py [--model smollm2-135m-instruct] [--parallel 4]
+    python benchmarks/server_prompt_cache.py [--model smollm2-135m-instruct] [--parallel 2]
         [--ctx 4096] [--tokens 8] [--json OUT]
 
 Each server is warmed with a short unrelated prompt (its first touches are not counted),
@@ -12,8 +12,8 @@ before has its answer, and "burst", the first client alone, then the other seven
 chunk (streamed, temperature 0), queueing included. The acceptance (issue 53) is the 8th
 client's TTFT at most 0.2x the first's. Without the cache, a sequential client lands on
 the slot that served the one before and reuses that slot's own sequence: the shared cache
-makes the difference when the clients come together (burst: three of the first four slots
-never saw the prompt). The load average is printed at the start and the end: on a busy
+makes the difference when the clients come together (burst: the other slots never saw
+the prompt). The load average is printed at the start and the end: on a busy
 machine every time is longer, the ratios less so.
 """
 
@@ -33,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM = " ".join(f"Rule {i}: answer politely and cite the handbook section {i}."
                   for i in range(92))
+MODEL_ID: dict[str, str] = {}  # a server's url -> the id it serves
 QUESTIONS = ["What is 2+2?", "Name a color.", "Where is Paris?", "Who wrote Hamlet?",
              "Name a fruit.", "What is the sun?", "Say hello.", "Count to three."]
 
@@ -54,7 +55,8 @@ def start(model: str, parallel: int, ctx: int, cache: str | None):
         if proc.poll() is not None:
             raise SystemExit(f"edgellm serve exited: {proc.stderr.read()[-2000:]}")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
+            with urllib.request.urlopen(url + "/v1/models", timeout=2) as r:
+                MODEL_ID[url] = json.load(r)["data"][0]["id"]
                 return proc, url
         except OSError:
             time.sleep(0.5)
@@ -64,7 +66,7 @@ def start(model: str, parallel: int, ctx: int, cache: str | None):
 
 def ttft(url: str, system: str, question: str, tokens: int) -> tuple[float, int]:
     """(seconds to the first content chunk, cached prompt tokens) of one streamed chat."""
-    body = {"model": "x", "stream": True, "max_tokens": tokens, "temperature": 0,
+    body = {"model": MODEL_ID[url], "stream": True, "max_tokens": tokens, "temperature": 0,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "system", "content": system},
                          {"role": "user", "content": question}]}
@@ -109,7 +111,7 @@ def run(url: str, pattern: str, tokens: int) -> list[tuple[float, int]]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--parallel", type=int, default=4)
+    p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--json", default=None)

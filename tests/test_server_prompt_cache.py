@@ -34,6 +34,7 @@ def chat(system: str, question: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def llm(smollm2):
+    """SmolLM2 with room for SYSTEM and an answer (test_server's holds 1,024 tokens)."""
     with edgellm.load(smollm2, context=2048) as model:
         model.model.warmup()
         yield model
@@ -52,13 +53,13 @@ def alone(llm):
 
 @pytest.fixture()
 def server(llm):
-    s = ThreadServer(llm, parallel=4)
+    s = ThreadServer(llm, parallel=2)
     yield s
     s.stop()
 
 
 def ask(server, system: str, question: str):
-    return server.client().chat.completions.create(
+    return server.client().with_options(timeout=900).chat.completions.create(
         model="smollm2", messages=chat(system, question), max_tokens=MAX_TOKENS,
         temperature=0)
 
@@ -72,8 +73,8 @@ def metric(server, name: str) -> float:
 
 
 def test_eight_clients_prefill_the_shared_system_prompt_once(alone, server):
-    """The first client's sequence is offered to the cache; the next seven, four slots at
-    once, each restore it (three of them on slots that never saw it) and prefill < 10%."""
+    """The first client's sequence is offered to the cache; the next seven, two slots at
+    once, each restore it (on the slot that never saw it too) and prefill < 10%."""
     first = ask(server, SYSTEM, QUESTIONS[0])
     assert first.usage.prompt_tokens > 1400
     assert first.usage.prompt_tokens_details.cached_tokens == 0
@@ -89,7 +90,7 @@ def test_eight_clients_prefill_the_shared_system_prompt_once(alone, server):
     for usage in later:
         assert usage.prompt_tokens_details.cached_tokens >= 0.9 * usage.prompt_tokens, usage
     batch = server.app.state.batch
-    assert sum(s.prompt_cache.reused > 0 for s in batch.slots) == 4  # every slot hit
+    assert sum(s.prompt_cache.reused > 0 for s in batch.slots) == 2  # every slot hit
     assert metric(server, "edgellm_prompt_cache_hits_total") == 7
     assert metric(server, "edgellm_prompt_cache_tokens_total") == sum(
         u.prompt_tokens_details.cached_tokens for u in later)
@@ -102,7 +103,7 @@ def test_anthropic_and_responses_report_the_cached_tokens(server, llm):
     head = {"x-api-key": "none"}
     status, _, body = request(server.url + "/v1/messages", {
         "model": "smollm2", "max_tokens": 4, "system": SYSTEM, "temperature": 0,
-        "messages": [{"role": "user", "content": QUESTIONS[1]}]}, head)
+        "messages": [{"role": "user", "content": QUESTIONS[1]}]}, head, timeout=900)
     assert status == 200
     usage = json.loads(body)["usage"]
     prompt = len(llm.encode_prompt(chat(SYSTEM, QUESTIONS[1])))
@@ -110,7 +111,7 @@ def test_anthropic_and_responses_report_the_cached_tokens(server, llm):
     assert usage["input_tokens"] + usage["cache_read_input_tokens"] == prompt
     status, _, body = request(server.url + "/v1/responses", {
         "model": "smollm2", "max_output_tokens": 4, "instructions": SYSTEM,
-        "temperature": 0, "input": QUESTIONS[2]}, head)
+        "temperature": 0, "input": QUESTIONS[2]}, head, timeout=900)
     assert status == 200
     usage = json.loads(body)["usage"]
     assert usage["input_tokens_details"]["cached_tokens"] >= 0.9 * usage["input_tokens"]

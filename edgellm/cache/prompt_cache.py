@@ -17,6 +17,10 @@ sequence computed on one slot is then restored into another's cache. A snapshot 
 cache's own stored rows (f32, f16 or q8_0, the sliding layers' rings as they are), so a
 restore gives back exactly the KV the prefill wrote, whichever cache of the same model
 takes it. The shared LRU is not locked: its users run on one thread (the server's engine).
+What follows is a prefill split where the reused prefix ends: with an f32 cache its logits
+are mostly those of the whole prompt's prefill bit for bit (the prefill tiles' grouping of
+the rows can change the rounding), with f16 or q8_0 within their rounding (a chunk attends
+to its own K/V unrounded, to earlier chunks' as stored), as any chunk boundary does.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ chunk (streamed, temperature 0), queueing included. The acceptance (issue 53) is
 client's TTFT at most 0.2x the first's. Without the cache, a sequential client lands on
 the slot that served the one before and reuses that slot's own sequence: the shared cache
 makes the difference when the clients come together (burst: the other slots never saw
-the prompt). The load average is printed at the start and the end: on a busy
+the prompt; the later clients' TTFT counts their wait for a slot, behind the others'
+answers). The load average is printed at the start and the end: on a busy
 machine every time is longer, the ratios less so.
 """
 

@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
+from conftest import warm_smollm2  # noqa: E402
 from server_helpers import ThreadServer, request  # noqa: E402
 
-import edgellm  # noqa: E402
 from edgellm.cache.prompt_cache import common_prefix  # noqa: E402
 
 # ~1,500 tokens of SmolLM2's tokenizer
@@ -34,10 +34,7 @@ def chat(system: str, question: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def llm(smollm2):
-    """SmolLM2 with room for SYSTEM and an answer (test_server's holds 1,024 tokens)."""
-    with edgellm.load(smollm2, context=2048) as model:
-        model.model.warmup()
-        yield model
+    yield from warm_smollm2(smollm2, 2048)  # room for SYSTEM (test_server's llm: 1,024)
 
 
 @pytest.fixture(scope="module")

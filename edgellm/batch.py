@@ -46,6 +46,7 @@ fraction of a step.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -55,7 +56,7 @@ from typing import Any
 import numpy as np
 
 from .arch.base import CachedTokens
-from .cache.prompt_cache import PromptCache
+from .cache.prompt_cache import PromptCache, SharedPromptCache, Snapshots
 from .errors import ArgumentError, ClosedError, ContextError, EdgeLLMError
 from .lifetime import Lifetime
 from .llm import LLM
@@ -214,14 +215,17 @@ class SlotModel(CachedTokens):
 
 class SlotLLM(LLM):
     """An LLM whose model is a slot (SlotModel): the parent's file, tokenizer, template and
-    constraint engine; its own cache, prompt cache and generation lock."""
+    constraint engine; its own cache and generation lock; a prompt cache of its own, or
+    one whose LRU every slot of the batch shares (`shared`: run on the engine thread)."""
 
-    def __init__(self, parent: LLM, model: SlotModel):  # not LLM's: nothing to load
+    def __init__(self, parent: LLM, model: SlotModel,
+                 shared: Snapshots | None = None):  # not LLM's: nothing to load
         self.parent = parent
         self.threads, self.precise, self.packed = parent.threads, parent.precise, parent.packed
         self.model = model
         self.lifetime = Lifetime(f"{parent.packed.path} (slot {model.index})")
-        self.prompt_cache = PromptCache(model, 0)
+        self.prompt_cache = PromptCache(model, 0) if shared is None else \
+            SharedPromptCache(model, shared, model.batch.call)
         self._tokenizer = self._template = self._engine = self._embedder = None
 
     @property
@@ -241,8 +245,19 @@ class SlotLLM(LLM):
     meter = asked = None  # a server's: meter(slot, ids, chunks) sees each stream (metrics.py)
 
     def _chunks(self, model, tokenizer, ids, *args):
-        chunks = super()._chunks(model, tokenizer, ids, *args)
+        chunks = self._offered(super()._chunks(model, tokenizer, ids, *args))
         return chunks if self.meter is None else self.meter(self, ids, chunks)
+
+    def _offered(self, chunks):
+        """`chunks`, then the sequence offered to the shared prompt cache (queued for the
+        engine, not waited for): a request that arrives once this one has answered finds
+        it, on any slot, whatever this slot runs next (its work is queued after)."""
+        try:
+            yield from chunks
+        finally:  # (closed: `chunks` closed first, a run-ahead row taken back)
+            if isinstance(self.prompt_cache, SharedPromptCache) and self.prompt_cache.budget:
+                with contextlib.suppress(ClosedError):
+                    self.model.batch.enqueue(_Job(fn=self.prompt_cache.offer))
 
     def begin_generation(self) -> None:
         """The slot has a new request, whose prompt is coming: the engine waits for it (up to
@@ -275,9 +290,12 @@ class Batch:
     """`slots` SlotLLMs over one LLM's model, served by one engine thread. `interleave`:
     whether the batched step keeps interleaved copies of its q4_0/q4_1/q8_0 matrices
     (step/batched.py: faster, for their size in memory once more); default: with 2 or
-    more slots (one slot is never batched: it decodes as fast from the file)."""
+    more slots (one slot is never batched: it decodes as fast from the file).
+    `prompt_cache_bytes`: an LRU of earlier sequences' KV that every slot reuses
+    prefixes from (prompt_cache.py; 0: each slot reuses only its own last sequence)."""
 
-    def __init__(self, llm: LLM, slots: int, interleave: bool | None = None):
+    def __init__(self, llm: LLM, slots: int, interleave: bool | None = None,
+                 prompt_cache_bytes: int = 0):
         self.llm = llm
         self.model = llm._model()
         if not hasattr(self.model, "new_cache"):
@@ -287,7 +305,9 @@ class Batch:
                 or not 1 <= slots <= self.model.chunk:
             raise ArgumentError(f"slots must be an int in 1..{self.model.chunk} (the rows "
                                 f"one step holds), got {slots!r}")
-        self.slots = [SlotLLM(llm, SlotModel(self, i)) for i in range(slots)]
+        self.prompt_cache = Snapshots(prompt_cache_bytes) if prompt_cache_bytes else None
+        self.slots = [SlotLLM(llm, SlotModel(self, i), self.prompt_cache)
+                      for i in range(slots)]
         self.stepper = BatchDecoder.build(self.model, [s.model.cache for s in self.slots],
                                           slots > 1 if interleave is None else interleave)
         self._cond = threading.Condition()
@@ -361,6 +381,8 @@ class Batch:
         self._thread.join(timeout=10)
         for slot in self.slots:
             slot.close()
+        if self.prompt_cache is not None:
+            self.prompt_cache.entries.clear()
 
     # the engine ----------------------------------------------------------------------
     def _take(self):

@@ -117,7 +117,8 @@ def _events(llm, plan: _Plan,
             cancelled: Callable[[], bool] | None = None) -> Iterator[tuple[str, Any]]:
     """("reasoning" | "content", text) pieces, then ("finish", reason), ("stop", the stop
     string that ended it, or None) and ("usage", (tokens generated, those of them
-    thinking)). Once `cancelled()` (checked after each token) the generation ends there."""
+    thinking, prompt ids taken from a cache)). Once `cancelled()` (checked after each
+    token) the generation ends there."""
     splitter = reasoning.ReasoningSplitter(inside=plan.inside)
     ids = list(plan.ids)
     # With a constraint, a thinking model thinks freely first: open the block for it (a
@@ -127,7 +128,7 @@ def _events(llm, plan: _Plan,
         ids += llm.tokenizer.encode(reasoning.OPEN + "\n")
         splitter.inside = True
     constraint = None if free_first else plan.constraint
-    generated = reasoning_tokens = phase = 0
+    generated = reasoning_tokens = phase = cached = 0
     finish, stopped_by = "length", None
     keep = False
     repeats = tool_calls.Repeats(plan.fmt) if plan.tool_mode != "none" else None
@@ -173,6 +174,8 @@ def _events(llm, plan: _Plan,
                 last = chunk.token
                 break
         chunks.close()
+        if not phase:  # the prompt's ids a cache gave (its first stream has set it up)
+            cached = min(getattr(llm.prompt_cache, "reused", 0), len(plan.ids))
         if switch is None:
             break
         # the last sampled token is not in the cache yet: run it, then what we write
@@ -186,7 +189,7 @@ def _events(llm, plan: _Plan,
         yield piece
     yield "finish", finish
     yield "stop", stopped_by
-    yield "usage", (generated, reasoning_tokens)
+    yield "usage", (generated, reasoning_tokens, cached)
 
 
 def _base(llm, kind: str) -> dict:
@@ -201,10 +204,11 @@ def _finish_tools(plan: _Plan, content: str) -> tuple[str | None, list[dict]]:
     return (text or None) if calls else content, [c.to_openai() for c in calls]
 
 
-def _usage(plan: _Plan, counts: tuple[int, int]) -> dict:
-    completion, thought = counts
+def _usage(plan: _Plan, counts: tuple[int, int, int]) -> dict:
+    completion, thought, cached = counts
     usage = {"prompt_tokens": len(plan.ids), "completion_tokens": completion,
-             "total_tokens": len(plan.ids) + completion}
+             "total_tokens": len(plan.ids) + completion,
+             "prompt_tokens_details": {"cached_tokens": cached}}  # OpenAI's: not prefilled
     if plan.thinking:  # OpenAI's count of the thinking tokens among the completion's
         usage["completion_tokens_details"] = {"reasoning_tokens": thought}
     return usage
@@ -212,10 +216,11 @@ def _usage(plan: _Plan, counts: tuple[int, int]) -> dict:
 
 class _Ending:
     """How a generation ended, from _events' last items: its finish reason, the stop string
-    that ended it (or None) and its counts (tokens generated, those of them thinking)."""
+    that ended it (or None) and its counts (tokens generated, those of them thinking, prompt
+    tokens taken from a cache)."""
 
     def __init__(self):
-        self.finish, self.stopped_by, self.counts = "length", None, (0, 0)
+        self.finish, self.stopped_by, self.counts = "length", None, (0, 0, 0)
 
     def take(self, kind: str, value) -> bool:
         """Keep (kind, value) if it is one of the ending's items: True, else False."""

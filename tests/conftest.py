@@ -79,6 +79,16 @@ def name_whisper_segments(monkeypatch) -> None:
     monkeypatch.setattr(Transcriber, "segments", named)
 
 
+def warm_smollm2(path, context: int):
+    """SmolLM2 (the `smollm2` fixture's file) loaded with `context` tokens and warmed up, as
+    a module's fixture yields it: `yield from warm_smollm2(smollm2, 2048)`."""
+    import edgellm
+
+    with edgellm.load(path, context=context) as model:
+        model.model.warmup()
+        yield model
+
+
 def attention_inputs(seed: int, T: int, cap: int, Hq: int, Hkv: int, Dh: int):
     """Random attention arguments: q [T, Hq, Dh], the chunk's k/v [T, Hkv, Dh] at positions
     cap.., a cache's k/v [cap, Hkv, Dh] at positions 0.. with slot 2 empty (cap > 3).

@@ -11,6 +11,16 @@ are what the call samples first. When the live sequence is about to be cut back 
 replaced, a snapshot of it goes into the LRU first, so an app alternating between two
 long system prompts finds both; where a model has sliding windows, whose rings the
 generated ids overwrite, a snapshot is also taken as soon as the prompt is prefilled.
+
+Several caches of one model (the server's slots) may share one LRU (`Snapshots`): a
+sequence computed on one slot is then restored into another's cache. A snapshot holds the
+cache's own stored rows (f32, f16 or q8_0, the sliding layers' rings as they are), so a
+restore gives back exactly the KV the prefill wrote, whichever cache of the same model
+takes it. The shared LRU is not locked: its users run on one thread (the server's engine).
+What follows is a prefill split where the reused prefix ends: with an f32 cache its logits
+are mostly those of the whole prompt's prefill bit for bit (the prefill tiles' grouping of
+the rows can change the rounding), with f16 or q8_0 within their rounding (a chunk attends
+to its own K/V unrounded, to earlier chunks' as stored), as any chunk boundary does.
 """
 
 from __future__ import annotations
@@ -53,18 +63,38 @@ def longest_reusable(ok, common: int) -> int:
     return common if common > 0 and ok(common) else 0
 
 
-class PromptCache:
-    """The live cache's sequence plus an LRU of snapshots (at most `budget` bytes)."""
+class Snapshots:
+    """An LRU of snapshots (ids -> Snapshot) of at most `budget` bytes, oldest first."""
 
-    def __init__(self, model, budget: int = 0):
-        self.model = model
+    def __init__(self, budget: int = 0):
         self.budget = max(0, int(budget))
         self.entries: OrderedDict[tuple[int, ...], Snapshot] = OrderedDict()
-        self.reused = 0  # ids the last prepare() took from a cache
 
     @property
     def nbytes(self) -> int:
         return sum(s.state.nbytes for s in self.entries.values())
+
+
+class PromptCache:
+    """The live cache's sequence plus an LRU of snapshots (at most `budget` bytes; or
+    `shared`, one several caches of the model use)."""
+
+    def __init__(self, model, budget: int = 0, shared: Snapshots | None = None):
+        self.model = model
+        self.lru = Snapshots(budget) if shared is None else shared
+        self.reused = 0  # ids the last prepare() took from a cache
+
+    @property
+    def budget(self) -> int:
+        return self.lru.budget
+
+    @property
+    def entries(self) -> OrderedDict[tuple[int, ...], Snapshot]:
+        return self.lru.entries
+
+    @property
+    def nbytes(self) -> int:
+        return self.lru.nbytes
 
     def prepare(self, ids: Sequence[int]) -> list[int]:
         """Make the model's cache hold the longest reusable prefix of `ids`; returns the ids
@@ -81,7 +111,7 @@ class PromptCache:
                 if n > best_n:
                     best, best_n = key, n
         if best is not None or live < len(model.tokens):
-            self.remember()  # the live sequence is about to be cut back or replaced
+            self._remember()  # the live sequence is about to be cut back or replaced
         if best is not None:
             self.entries.move_to_end(best)
             snap = self.entries[best]
@@ -103,6 +133,9 @@ class PromptCache:
 
     def remember(self) -> None:
         """Put a snapshot of the live sequence into the LRU (if it fits the budget)."""
+        self._remember()
+
+    def _remember(self) -> None:
         model = self.model
         tokens = tuple(model.tokens)
         cache = model.cache
@@ -123,3 +156,22 @@ class PromptCache:
 
     def clear(self) -> None:
         self.entries.clear()
+
+
+class SharedPromptCache(PromptCache):
+    """A PromptCache whose LRU others share, used from any thread: prepare and remember
+    run through `call` (fn, *args run on the one thread that touches the LRU)."""
+
+    def __init__(self, model, shared: Snapshots, call):
+        super().__init__(model, shared=shared)
+        self.call = call
+
+    def prepare(self, ids: Sequence[int]) -> list[int]:
+        return self.call(super().prepare, ids)
+
+    def remember(self) -> None:
+        self.call(super().remember)
+
+    def offer(self) -> None:
+        """remember() on the calling thread (which must be `call`'s)."""
+        self._remember()

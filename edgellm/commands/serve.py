@@ -77,6 +77,11 @@ def add_arguments(p) -> None:
                    help="with several models: the most memory their plans may take together "
                         "(e.g. 2GB); a model loads on first use and the least recently used "
                         "idle one is closed to make room (default: no bound)")
+    p.add_argument("--prompt-cache-bytes", default=None, type=_size_argument,
+                   help="memory for the KV of earlier sequences that every slot of a chat "
+                        "model reuses prefixes from (a shared system prompt or document is "
+                        "prefilled once), e.g. 1GB; 0 turns it off (default: 256MB per chat "
+                        "model)")
 
 
 def _size_argument(text: str) -> int:
@@ -147,6 +152,8 @@ def run(args) -> int:
             max_prompt_tokens=args.max_prompt_tokens,
             interleave=False if args.no_interleave else None, embedding_id=embedding_id,
             rerank_id=rerank_id, audio_id=audio_id, max_audio_bytes=args.max_audio_bytes)
+        if args.prompt_cache_bytes is not None:
+            settings.prompt_cache_bytes = args.prompt_cache_bytes
         if routing:
             served = _router(args, settings, llm, first_id, names[1:])
             app = create_app(None, settings, served=served)

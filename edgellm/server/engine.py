@@ -38,6 +38,9 @@ from .slots import PoolClosed, QueueFull, SlotPool
 from .streaming import in_thread
 
 DISCONNECT_POLL_S = 0.25  # how often a whole answer's request checks its client is there
+# the shared prompt cache's default: five 1,200-token sequences of SmolLM2-135M's f32 KV
+# (45 KB a token), twenty at q8_0; memory taken only as sequences are kept
+PROMPT_CACHE_BYTES = 256 << 20
 _TOKEN_ID = re.compile(r"\s*-?[0-9]+\s*")  # a logit_bias key (int() also takes "1_0", "٣")
 
 
@@ -58,6 +61,8 @@ class Settings:
     audio_id: str | None = None  # the speech-to-text model's (/v1/audio/...)
     max_audio_bytes: int = 25 << 20  # an audio upload's (OpenAI's 25 MB; 413 beyond)
     interleave: bool | None = None  # the batched step's interleaved weights (Batch's default)
+    # earlier sequences' KV that every slot of a chat model reuses prefixes from (0: none)
+    prompt_cache_bytes: int = PROMPT_CACHE_BYTES
 
 
 class Engine:
@@ -67,7 +72,8 @@ class Engine:
     def __init__(self, llm: LLM, settings: Settings, model_id: str | None = None):
         self.llm, self.settings = llm, settings
         self.model_id = model_id or settings.model_id
-        self.batch = Batch(llm, settings.parallel, settings.interleave)
+        self.batch = Batch(llm, settings.parallel, settings.interleave,
+                           settings.prompt_cache_bytes)
         self.pool = SlotPool(self.batch.slots, settings.queue)
         self.prompt_limit = min(settings.max_prompt_tokens or llm.context, llm.context - 1)
         self.per_token = token_bytes(llm.tokenizer)

@@ -103,3 +103,17 @@ def attention_inputs(seed: int, T: int, cap: int, Hq: int, Hkv: int, Dh: int):
         cache_pos[2] = -1  # an empty slot
     q_pos = np.arange(cap, cap + T, dtype=np.int64)
     return q, k_new, v_new, q_pos, k_cache, v_cache, cache_pos
+
+
+def load_converted(tmp_path_factory, source: Path, **load):
+    """The checkpoint folder `source` converted at f32 into a temporary file and loaded with
+    `load`'s arguments, as a module's fixture yields it: `yield from load_converted(...)`."""
+    import edgellm
+    from converter.hf_source import open_hf
+    from converter.pack import convert
+
+    path = tmp_path_factory.mktemp(source.name) / f"{source.name}.edgellm"
+    convert(open_hf(source), path, "f32", progress=False)
+    with edgellm.load(path, **load) as model:
+        yield model
+

@@ -160,6 +160,14 @@ def _open(browser, url: str) -> None:
                      "document.getElementById('model').options.length > 0")
 
 
+def _fresh(browser, url: str) -> list[str]:
+    """The page opened with nothing kept in the browser: the models it offers."""
+    _open(browser, url)
+    browser.eval("localStorage.clear(); location.reload()")
+    _open(browser, url)
+    return browser.eval("[...document.getElementById('model').options].map(o => o.value)")
+
+
 def _send(browser, text: str) -> None:
     browser.eval("document.getElementById('input').focus()")
     browser.call("Input.insertText", text=text)
@@ -207,11 +215,7 @@ def test_chat_page_picks_each_chat_model(browser, smollm2, tmp_path):
     with edgellm.load(smollm2, context=512) as a, edgellm.load(other, context=512) as b:
         server = ThreadServer(a, chats={"other": b}, parallel=1, max_tokens=8)
         try:
-            _open(browser, server.url + "/")
-            browser.eval("localStorage.clear(); location.reload()")
-            _open(browser, server.url + "/")
-            models = browser.eval("[...document.getElementById('model').options]"
-                                  ".map(o => o.value)")
+            models = _fresh(browser, server.url + "/")
             assert models == ["smollm2", "other"]
             browser.eval("""window.asked = [];
                 const f = window.fetch;
@@ -239,11 +243,7 @@ def test_chat_page_stops_keeps_conversations_and_shows_markup_as_text(browser, s
     with edgellm.load(smollm2, context=512) as llm:
         server = ThreadServer(llm, parallel=1, max_tokens=400)
         try:
-            _open(browser, server.url + "/")
-            browser.eval("localStorage.clear(); location.reload()")
-            _open(browser, server.url + "/")
-            models = browser.eval("[...document.getElementById('model').options]"
-                                  ".map(o => o.value)")
+            models = _fresh(browser, server.url + "/")
             assert models == ["smollm2"]
             browser.eval("document.getElementById('max-tokens').value = '400'")
             browser.eval("document.getElementById('system').value = 'Answer at length.'")

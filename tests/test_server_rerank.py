@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from conftest import FIXTURES  # noqa: E402
+from conftest import FIXTURES, load_converted  # noqa: E402
 from server_helpers import ThreadServer, request  # noqa: E402
 
 import edgellm  # noqa: E402
@@ -25,13 +25,7 @@ def _ref():
 
 @pytest.fixture(scope="module")
 def reranker(tmp_path_factory):
-    from converter.hf_source import open_hf
-    from converter.pack import convert
-
-    out = tmp_path_factory.mktemp("rerank") / "cross-encoder.edgellm"
-    convert(open_hf(HEADS / "cross-encoder"), out, "f32", progress=False)
-    with edgellm.load(out, threads=1) as model:
-        yield model
+    yield from load_converted(tmp_path_factory, HEADS / "cross-encoder", threads=1)
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,8 @@ checkpoint, its decoding scripted where times are checked)."""
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, load_converted
 
-import edgellm
 from edgellm.audio import load_audio
 from edgellm.audio.vad import PAD, SpeechAudio, speech_chunks
 
@@ -55,13 +54,7 @@ def test_times_in_the_speech_map_back_to_the_recording():
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory):
-    from converter.hf_source import open_hf
-    from converter.pack import convert
-
-    path = tmp_path_factory.mktemp("whisper") / "tiny.edgellm"
-    convert(open_hf(FIXTURES / "whisper-tiny-random"), path, "f32", progress=False)
-    with edgellm.load(path, threads=1) as m:
-        yield m
+    yield from load_converted(tmp_path_factory, FIXTURES / "whisper-tiny-random", threads=1)
 
 
 def scripted(monkeypatch, tokens):

@@ -29,7 +29,6 @@ it was.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -163,8 +162,7 @@ def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path
     except (TypeError, ValueError) as e:
         raise SessionError(f"{path}: cannot save the chat: {e}") from None
     data_start = _align(PREAMBLE.size + len(raw))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with output_file.replacing(path, SessionError) as tmp:
         with open(tmp, "wb") as f:
             f.write(PREAMBLE.pack(MAGIC, VERSION, 0, len(raw), hashlib.sha256(raw).digest(),
                                   b"\0" * 8))
@@ -178,13 +176,6 @@ def save_session(llm, path: str | os.PathLike, chat: dict | None = None) -> Path
             f.truncate(data_start + lay["end"])
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise SessionError(f"{path}: cannot write: {e.strerror or e}") from None
-        raise
     return path
 
 

@@ -9,7 +9,6 @@ The file is written atomically (a temporary file, then a rename).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import zlib
 from pathlib import Path
@@ -38,8 +37,7 @@ def write_adapter(adapter: Adapter, out: str | os.PathLike) -> int:
                         "modules": {n: {"scale": m.scale}
                                     for n, m in sorted(adapter.modules.items())}}}
     header = fmt.encode_header(meta, infos)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
+    with output_file.replacing(out, AdapterError) as tmp:
         with open(tmp, "wb") as f:
             f.write(fmt.encode_preamble(header))
             f.write(header)
@@ -48,13 +46,6 @@ def write_adapter(adapter: Adapter, out: str | os.PathLike) -> int:
                 f.seek(start + info.offset)
                 f.write(np.ascontiguousarray(a, np.float32).tobytes())
             f.truncate(start + infos[-1].offset + infos[-1].nbytes)
-        os.replace(tmp, out)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError):
-            raise AdapterError(f"{out}: cannot write: {e.strerror or e}") from None
-        raise
     return out.stat().st_size
 
 

@@ -8,10 +8,15 @@ half-written file), and a rename replaces whatever is at the path.
         `error(message)` is raised for an existing path that is not a regular file (a
         device such as /dev/null, a FIFO, a socket, a directory), which the rename would
         replace: as root, `-o /dev/null` would have made the device a regular file.
+
+    with replacing(path, error) as tmp: ...write tmp...
+        the temporary file beside `path`, renamed over it when the block ends; on any
+        failure it is removed, and an OSError becomes error("PATH: cannot write: ...").
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -34,3 +39,18 @@ def target(path: str | os.PathLike, error: type[Exception]) -> Path:
         raise error(f"{path}: is {kind}, not a regular file: writing it would replace it "
                     "(give a file's path)")
     return out
+
+
+@contextlib.contextmanager
+def replacing(path: Path, error: type[Exception]):
+    """See the module docstring."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise error(f"{path}: cannot write: {e.strerror or e}") from None
+        raise

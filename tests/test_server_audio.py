@@ -74,8 +74,15 @@ def _subtitles(fmt: str, segments) -> str:
 
 
 def _verbose(r, segments, info, task="transcribe"):
-    assert r.task == task and r.language == info.language
+    """r (TranscriptionVerbose) against LLM.transcribe's segments and info: the language by
+    its name, as OpenAI gives it (a translation's: english), and the usage by duration."""
+    from edgellm.server.audio_languages import NAMES
+
+    assert r.task == task
+    assert r.language == ("english" if task == "translate" else NAMES[info.language])
     assert r.duration == pytest.approx(info.duration)
+    if task == "transcribe":
+        assert (r.usage.type, r.usage.seconds) == ("duration", pytest.approx(info.duration))
     assert r.text == "".join(s.text for s in segments).strip()
     assert [s.model_dump() for s in r.segments] == [
         {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text,
@@ -96,6 +103,7 @@ def test_each_response_format_is_what_transcribe_gives(server, tiny):
                                                    response_format=fmt)
         if fmt == "json":
             assert r.text == text
+            assert (r.usage.type, r.usage.seconds) == ("duration", pytest.approx(info.duration))
         elif fmt == "text":
             assert r == text + "\n"
         elif fmt in ("srt", "vtt"):
@@ -322,6 +330,6 @@ def test_real_whisper_base_words_and_prompt(smollm2, base, monkeypatch):
         finally:
             s.stop()
     _verbose(r, segments, info)
-    assert "lazy dog" in r.text
+    assert r.language == "english" and "lazy dog" in r.text
     assert [(w.word, w.start, w.end) for w in r.words] == [
         (w.word.strip(), w.start, w.end) for seg in segments for w in seg.words]

@@ -7,19 +7,21 @@ English) by the server's Whisper model (LLM.transcribe), on the model's own thre
         audio extra), model, language?, prompt? (the initial prompt), response_format?
         (json | text | srt | verbose_json | vtt; default json), temperature? (0..1),
         timestamp_granularities[]? (segment, word: with verbose_json)
-    response: json {"text"}; text: the text and a newline; srt, vtt: the subtitles as
-        `edgellm transcribe` writes them; verbose_json {"task", "language", "duration",
-        "text", "segments": [{"id", "seek", "start", "end", "text", "tokens",
-        "temperature", "avg_logprob", "compression_ratio", "no_speech_prob"}], "words"?:
-        [{"word", "start", "end"}]}
+    response: json {"text", "usage"}; text: the text and a newline; srt, vtt: the subtitles
+        as `edgellm transcribe` writes them; verbose_json {"task", "language" (its name:
+        "english"), "duration", "text", "segments": [{"id", "seek", "start", "end", "text",
+        "tokens", "temperature", "avg_logprob", "compression_ratio", "no_speech_prob"}],
+        "words"?: [{"word", "start", "end"}], "usage"}; usage {"type": "duration", "seconds"}
+        (transcriptions: OpenAI's Transcription and TranscriptionVerbose types)
 
 temperature follows OpenAI's meaning: 0 (the default) decodes at 0 (beam search, 5 beams)
 and falls back through 0.2 ... 1.0 while a window looks wrong (openai/whisper's schedule,
 LLM.transcribe's default); above 0, that one temperature is sampled, without fallback.
-"language" in verbose_json is the code the model detected or was given ("en"), not
-OpenAI's English name of it. The upload is bounded by Settings.max_audio_bytes (413
-beyond; the body limit of these paths is raised to match: body_bounds); a file that is
-empty, not audio, or a WAV whose header claims more data than it holds is answered 400.
+verbose_json's "language" is the name OpenAI gives the language the model detected or was
+given (audio_languages.py); a translation's is "english" (OpenAI's TranslationVerbose).
+The upload is bounded by Settings.max_audio_bytes (413 beyond; the body limit of these
+paths is raised to match: body_bounds); a file that is empty, not audio, or a WAV whose
+header claims more data than it holds is answered 400.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.datastructures import UploadFile
 
 from ..errors import AudioError, EdgeLLMError
+from .audio_languages import name as language_name
 from .engine import Settings
 from .errors import APIError, from_edgellm
 from .models import Served
@@ -180,8 +183,11 @@ def _response(ask: _Ask, task: str, segments: list, info):
     from ..transcript_formats import Writer
 
     text = "".join(s.text for s in segments).strip()
+    # billed by duration, as whisper-1 is (OpenAI's translation types have no usage)
+    usage = {"usage": {"type": "duration", "seconds": float(info.duration)}} \
+        if task == "transcribe" else {}
     if ask.format == "json":
-        return JSONResponse({"text": text})
+        return JSONResponse({"text": text, **usage})
     if ask.format == "text":
         return PlainTextResponse(text + "\n")
     if ask.format in ("srt", "vtt"):
@@ -190,7 +196,8 @@ def _response(ask: _Ask, task: str, segments: list, info):
         for s in segments:
             w.segment(s)
         return PlainTextResponse(w.out.getvalue())
-    body = {"task": task, "language": info.language, "duration": float(info.duration),
+    language = "english" if task == "translate" else language_name(info.language)
+    body = {"task": task, "language": language, "duration": float(info.duration),
             "text": text}
     if ask.segments:
         body["segments"] = [
@@ -203,4 +210,4 @@ def _response(ask: _Ask, task: str, segments: list, info):
     if ask.words:
         body["words"] = [{"word": w.word.strip(), "start": float(w.start), "end": float(w.end)}
                          for s in segments for w in s.words or ()]
-    return JSONResponse(body)
+    return JSONResponse({**body, **usage})

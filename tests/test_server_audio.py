@@ -27,7 +27,7 @@ from edgellm.transcript_formats import Writer  # noqa: E402
 
 CLIPS = FIXTURES / "whisper"
 FOX = CLIPS / "fox.wav"
-MAX_AUDIO = 200_000  # fox.wav is 98,962 bytes
+MAX_AUDIO = 3 << 20  # fox.wav is 98,962 bytes, long_clip 2,967,584
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +215,53 @@ def test_a_transcription_runs_on_the_models_thread_not_the_event_loop(server, mo
     t.join(30)
     assert out["r"].text.startswith("segment 0")
     assert threads == ["edgellm-whisper-tiny_0"]
+
+
+@pytest.fixture(scope="module")
+def long_clip(tmp_path_factory) -> bytes:
+    """fox.wav 30 times over: 93 s, 28 windows of the tiny model (whose random timestamps
+    end each window early)."""
+    import wave
+
+    with wave.open(str(FOX), "rb") as w:
+        params, frames = w.getparams(), w.readframes(w.getnframes())
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setparams(params)
+        w.writeframes(frames * 30)
+    return out.getvalue()
+
+
+@pytest.fixture
+def windows(monkeypatch):
+    """The windows each transcription encodes, by its audio's length in frames, each one
+    slowed down: a long clip's transcription takes a while (as whisper-base's would)."""
+    from edgellm.transcribe import Transcriber
+
+    window, seen = Transcriber.window, {}
+
+    def slow(self, mel, seek):
+        seen[mel.shape[1]] = seen.get(mel.shape[1], 0) + 1
+        time.sleep(0.3)
+        return window(self, mel, seek)
+
+    monkeypatch.setattr(Transcriber, "window", slow)
+    return seen
+
+
+def test_a_client_that_leaves_a_whole_answer_ends_its_transcription(server, long_clip,
+                                                                    windows):
+    """Not streamed: the client gives up (its timeout) while the long clip is decoded; the
+    decoding stops at the next window and the next request is answered."""
+    client = server.client()
+    with pytest.raises(openai.APITimeoutError):
+        client.with_options(timeout=1.5).audio.transcriptions.create(
+            model="whisper-tiny", file=("long.wav", long_clip))
+    (frames,) = windows
+    at_close = windows[frames]
+    r = client.audio.transcriptions.create(model="whisper-tiny", file=FOX.open("rb"))
+    assert r.text.startswith("segment 0")
+    assert windows[frames] <= at_close + 2, (at_close, windows)
 
 
 def test_side_models_run_their_kernels_on_their_own_thread_count(tiny_path, tiny):

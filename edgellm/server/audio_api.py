@@ -19,6 +19,7 @@ and falls back through 0.2 ... 1.0 while a window looks wrong (openai/whisper's 
 LLM.transcribe's default); above 0, that one temperature is sampled, without fallback.
 verbose_json's "language" is the name OpenAI gives the language the model detected or was
 given (audio_languages.py); a translation's is "english" (OpenAI's TranslationVerbose).
+A client that leaves ends its transcription at the next segment or window (audio_run.py).
 The upload is bounded by Settings.max_audio_bytes (413 beyond; the body limit of these
 paths is raised to match: body_bounds); a file that is empty, not audio, or a WAV whose
 header claims more data than it holds is answered 400.
@@ -26,21 +27,24 @@ header claims more data than it holds is answered 400.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.datastructures import UploadFile
 
 from ..errors import AudioError, EdgeLLMError
 from .audio_languages import name as language_name
+from .audio_run import Run
 from .engine import Settings
 from .errors import APIError, from_edgellm
 from .models import Served
 
 PATHS = {"/v1/audio/transcriptions": "transcribe", "/v1/audio/translations": "translate"}
 FORMATS = ("json", "text", "srt", "verbose_json", "vtt")
+CLIENT_LEFT = 499  # the status logged for a request whose client left (nginx's)
 GRANULARITIES = ("segment", "word")
 FORM_SLACK = 64 << 10  # bytes of a body beside the upload: the other fields, the framing
 MAX_FIELDS = 32
@@ -70,15 +74,21 @@ def add_routes(app: FastAPI, served: Served) -> None:
         finally:
             await form.close()
         name = _model(served, ask.model)
-        async with served.lease(name):  # the Leases middleware reads JSON bodies only
-            llm, name = served.audio(name)
-            try:
-                segments, info = await served.call(name, _transcribe, llm, data, task, ask)
-            except AudioError as e:
-                msg = " ".join(str(e).split()).removeprefix("audio: ")
-                raise APIError(400, f"file ({ask.filename}): {msg}", param="file") from None
-            except EdgeLLMError as e:
-                raise from_edgellm(e, FIELDS) from None
+        # the run takes its own lease (the Leases middleware reads JSON bodies only), held
+        # until the model's thread is done with it
+        run = Run(served, name, functools.partial(_decode, data=data, task=task, ask=ask))
+        try:
+            info = await _next(run, request, ask)
+            if info is None:
+                return Response(status_code=CLIENT_LEFT)
+            segments = []
+            while (segment := await _next(run, request, ask)) is not None:
+                segments.append(segment)
+            if run.left:
+                return Response(status_code=CLIENT_LEFT)
+        except BaseException:
+            run.stop()
+            raise
         return _response(ask, task, segments, info)
 
 
@@ -168,15 +178,26 @@ def _model(served: Served, name: str | None) -> str:
     return m.name
 
 
-def _transcribe(llm, data: bytes, task: str, ask: _Ask):
-    """(segments, info) of the whole upload (on the model's thread)."""
+def _decode(llm, progress, data: bytes, task: str, ask: _Ask):
+    """(segments, info) of the upload (on the model's thread: audio_run.Run)."""
     more = {} if ask.temperature is None else {"temperature": ask.temperature}
-    segments, info = llm.transcribe(data, ask.language, task, initial_prompt=ask.prompt,
-                                    word_timestamps=ask.words, **more)
+    return llm.transcribe(data, ask.language, task, initial_prompt=ask.prompt,
+                          word_timestamps=ask.words, progress=progress, **more)
+
+
+def _api_error(e: EdgeLLMError, ask: _Ask) -> APIError:
+    if isinstance(e, AudioError):
+        msg = " ".join(str(e).split()).removeprefix("audio: ")
+        return APIError(400, f"file ({ask.filename}): {msg}", param="file")
+    return from_edgellm(e, FIELDS)
+
+
+async def _next(run: Run, request: Request, ask: _Ask):
+    """The run's next item (None: the end, or the client left), its errors as API errors."""
     try:
-        return list(segments), info
-    finally:
-        segments.close()
+        return await run.next(request)
+    except EdgeLLMError as e:
+        raise _api_error(e, ask) from None
 
 
 def _response(ask: _Ask, task: str, segments: list, info):

@@ -249,6 +249,57 @@ def windows(monkeypatch):
     return seen
 
 
+def test_a_stream_is_openais_transcript_events(server, tiny):
+    """stream=true (json or text): a transcript.text.delta per segment, the deltas adding up
+    to the text, then transcript.text.done with the text: what the openai client reads."""
+    from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
+
+    segments, _ = tiny.transcribe(str(FOX))
+    texts = [s.text for s in segments]
+    assert len(texts) > 1
+    client = server.client()
+    for fmt in ("json", "text"):
+        with open(FOX, "rb") as f:
+            events = list(client.audio.transcriptions.create(
+                model="whisper-tiny", file=f, response_format=fmt, stream=True))
+        *deltas, done = events
+        assert all(isinstance(e, TranscriptionTextDeltaEvent) for e in deltas)
+        assert isinstance(done, TranscriptionTextDoneEvent)
+        assert [e.delta for e in deltas] == [texts[0].lstrip(), *texts[1:]]
+        assert done.text == "".join(texts).strip() == "".join(e.delta for e in deltas)
+
+
+def test_a_stream_in_a_format_openai_does_not_stream_is_refused(server):
+    client = server.client()
+    for fmt in ("srt", "vtt", "verbose_json"):
+        err = _refused(lambda fmt=fmt: client.audio.transcriptions.create(
+            model="whisper-tiny", file=FOX.open("rb"), response_format=fmt, stream=True),
+            400, f"response_format {fmt} cannot be streamed", "json or text")
+        assert err["param"] == "response_format"
+    err = _refused(lambda: client.audio.transcriptions.create(
+        model="whisper-tiny", file=FOX.open("rb"), extra_body={"stream": "maybe"}), 400,
+        "stream must be true or false", "'maybe'")
+    assert err["param"] == "stream"
+
+
+def test_a_client_that_leaves_a_stream_ends_its_transcription(server, long_clip, windows):
+    """The client closes the stream after the first delta (sent as the first window was
+    decoded, not at the end): the decoding stops at the next window, not the clip's 28th,
+    and the next request is answered (the model's one thread is free)."""
+    client = server.client()
+    stream = client.audio.transcriptions.create(model="whisper-tiny",
+                                                file=("long.wav", long_clip), stream=True)
+    first = next(iter(stream))
+    assert first.type == "transcript.text.delta" and first.delta == "segment 0"
+    stream.close()
+    (frames,) = windows  # the long clip's
+    at_close = windows[frames]
+    assert at_close < 10
+    r = client.audio.transcriptions.create(model="whisper-tiny", file=FOX.open("rb"))
+    assert r.text.startswith("segment 0")
+    assert windows[frames] <= at_close + 2, (at_close, windows)
+
+
 def test_a_client_that_leaves_a_whole_answer_ends_its_transcription(server, long_clip,
                                                                     windows):
     """Not streamed: the client gives up (its timeout) while the long clip is decoded; the

@@ -27,7 +27,7 @@ from edgellm.transcript_formats import Writer  # noqa: E402
 
 CLIPS = FIXTURES / "whisper"
 FOX = CLIPS / "fox.wav"
-MAX_AUDIO = 200_000  # fox.wav is 98,962 bytes
+MAX_AUDIO = 3 << 20  # fox.wav is 98,962 bytes, long_clip 2,967,584
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,15 @@ def _subtitles(fmt: str, segments) -> str:
 
 
 def _verbose(r, segments, info, task="transcribe"):
-    assert r.task == task and r.language == info.language
+    """r (TranscriptionVerbose) against LLM.transcribe's segments and info: the language by
+    its name, as OpenAI gives it (a translation's: english), and the usage by duration."""
+    from edgellm.server.audio_languages import NAMES
+
+    assert r.task == task
+    assert r.language == ("english" if task == "translate" else NAMES[info.language])
     assert r.duration == pytest.approx(info.duration)
+    if task == "transcribe":
+        assert (r.usage.type, r.usage.seconds) == ("duration", pytest.approx(info.duration))
     assert r.text == "".join(s.text for s in segments).strip()
     assert [s.model_dump() for s in r.segments] == [
         {"id": s.id, "seek": s.seek, "start": s.start, "end": s.end, "text": s.text,
@@ -96,6 +103,7 @@ def test_each_response_format_is_what_transcribe_gives(server, tiny):
                                                    response_format=fmt)
         if fmt == "json":
             assert r.text == text
+            assert (r.usage.type, r.usage.seconds) == ("duration", pytest.approx(info.duration))
         elif fmt == "text":
             assert r == text + "\n"
         elif fmt in ("srt", "vtt"):
@@ -207,6 +215,104 @@ def test_a_transcription_runs_on_the_models_thread_not_the_event_loop(server, mo
     t.join(30)
     assert out["r"].text.startswith("segment 0")
     assert threads == ["edgellm-whisper-tiny_0"]
+
+
+@pytest.fixture(scope="module")
+def long_clip(tmp_path_factory) -> bytes:
+    """fox.wav 30 times over: 93 s, 28 windows of the tiny model (whose random timestamps
+    end each window early)."""
+    import wave
+
+    with wave.open(str(FOX), "rb") as w:
+        params, frames = w.getparams(), w.readframes(w.getnframes())
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setparams(params)
+        w.writeframes(frames * 30)
+    return out.getvalue()
+
+
+@pytest.fixture
+def windows(monkeypatch):
+    """The windows each transcription encodes, by its audio's length in frames, each one
+    slowed down: a long clip's transcription takes a while (as whisper-base's would)."""
+    from edgellm.transcribe import Transcriber
+
+    window, seen = Transcriber.window, {}
+
+    def slow(self, mel, seek):
+        seen[mel.shape[1]] = seen.get(mel.shape[1], 0) + 1
+        time.sleep(0.3)
+        return window(self, mel, seek)
+
+    monkeypatch.setattr(Transcriber, "window", slow)
+    return seen
+
+
+def test_a_stream_is_openais_transcript_events(server, tiny):
+    """stream=true (json or text): a transcript.text.delta per segment, the deltas adding up
+    to the text, then transcript.text.done with the text: what the openai client reads."""
+    from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
+
+    segments, _ = tiny.transcribe(str(FOX))
+    texts = [s.text for s in segments]
+    assert len(texts) > 1
+    client = server.client()
+    for fmt in ("json", "text"):
+        with open(FOX, "rb") as f:
+            events = list(client.audio.transcriptions.create(
+                model="whisper-tiny", file=f, response_format=fmt, stream=True))
+        *deltas, done = events
+        assert all(isinstance(e, TranscriptionTextDeltaEvent) for e in deltas)
+        assert isinstance(done, TranscriptionTextDoneEvent)
+        assert [e.delta for e in deltas] == [texts[0].lstrip(), *texts[1:]]
+        assert done.text == "".join(texts).strip() == "".join(e.delta for e in deltas)
+
+
+def test_a_stream_in_a_format_openai_does_not_stream_is_refused(server):
+    client = server.client()
+    for fmt in ("srt", "vtt", "verbose_json"):
+        err = _refused(lambda fmt=fmt: client.audio.transcriptions.create(
+            model="whisper-tiny", file=FOX.open("rb"), response_format=fmt, stream=True),
+            400, f"response_format {fmt} cannot be streamed", "json or text")
+        assert err["param"] == "response_format"
+    err = _refused(lambda: client.audio.transcriptions.create(
+        model="whisper-tiny", file=FOX.open("rb"), extra_body={"stream": "maybe"}), 400,
+        "stream must be true or false", "'maybe'")
+    assert err["param"] == "stream"
+
+
+def test_a_client_that_leaves_a_stream_ends_its_transcription(server, long_clip, windows):
+    """The client closes the stream after the first delta (sent as the first window was
+    decoded, not at the end): the decoding stops at the next window, not the clip's 28th,
+    and the next request is answered (the model's one thread is free)."""
+    client = server.client()
+    stream = client.audio.transcriptions.create(model="whisper-tiny",
+                                                file=("long.wav", long_clip), stream=True)
+    first = next(iter(stream))
+    assert first.type == "transcript.text.delta" and first.delta == "segment 0"
+    stream.close()
+    (frames,) = windows  # the long clip's
+    at_close = windows[frames]
+    assert at_close < 10
+    r = client.audio.transcriptions.create(model="whisper-tiny", file=FOX.open("rb"))
+    assert r.text.startswith("segment 0")
+    assert windows[frames] <= at_close + 2, (at_close, windows)
+
+
+def test_a_client_that_leaves_a_whole_answer_ends_its_transcription(server, long_clip,
+                                                                    windows):
+    """Not streamed: the client gives up (its timeout) while the long clip is decoded; the
+    decoding stops at the next window and the next request is answered."""
+    client = server.client()
+    with pytest.raises(openai.APITimeoutError):
+        client.with_options(timeout=1.5).audio.transcriptions.create(
+            model="whisper-tiny", file=("long.wav", long_clip))
+    (frames,) = windows
+    at_close = windows[frames]
+    r = client.audio.transcriptions.create(model="whisper-tiny", file=FOX.open("rb"))
+    assert r.text.startswith("segment 0")
+    assert windows[frames] <= at_close + 2, (at_close, windows)
 
 
 def test_side_models_run_their_kernels_on_their_own_thread_count(tiny_path, tiny):
@@ -322,6 +428,6 @@ def test_real_whisper_base_words_and_prompt(smollm2, base, monkeypatch):
         finally:
             s.stop()
     _verbose(r, segments, info)
-    assert "lazy dog" in r.text
+    assert r.language == "english" and "lazy dog" in r.text
     assert [(w.word, w.start, w.end) for w in r.words] == [
         (w.word.strip(), w.start, w.end) for seg in segments for w in seg.words]

@@ -9,9 +9,10 @@
         new rows at S - T .. S - 1 already in it), out [B, T, H, Dh]: row t attends to
         positions 0 .. S - T + t (causal)
 
-Each (sequence, row, head) is one work item: a beam search's 5 sequences and 8 heads give
-the threads 40 at every step, where numpy's batched matmul ran them one small product at a
-time, with a copy of the cache's strided keys per call. The softmax is exact (fastexp's
+Self-attention: each (sequence, row, head) is one work item (numpy's batched matmul ran
+them one small product at a time, with a copy of the cache's strided keys per call).
+Cross-attention: each (row, head), the sequences in turn, so a head's encoder keys and
+values come from memory once for all the beams. The softmax is exact (fastexp's
 exp_shift: libm's expf), summed in float32 as numpy's was.
 """
 
@@ -44,12 +45,13 @@ def _normalize(row, n):
 def _cross(q, kt, v, out):
     B, T, H, Dh = q.shape
     P = kt.shape[2]
-    for item in prange(B * T * H):
-        b, t, h = item // (T * H), (item // H) % T, item % H
+    for item in prange(T * H):  # the sequences inside: a head's keys and values read
+        t, h = item // H, item % H  # from memory once for all of them, then from cache
         row = np.empty(P, dtype=np.float32)
-        combine(q[b, t, h], Dh, kt[h], row)  # row[p] = q . k_p: long loops over P
-        _normalize(row, P)
-        combine(row, P, v[h], out[b, t, h])
+        for b in range(B):
+            combine(q[b, t, h], Dh, kt[h], row)  # row[p] = q . k_p: long loops over P
+            _normalize(row, P)
+            combine(row, P, v[h], out[b, t, h])
 
 
 @kernel(parallel=True)

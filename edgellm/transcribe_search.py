@@ -34,6 +34,16 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
     return row - (top + np.log(np.exp(row - top).sum()))
 
 
+def top(logp: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the k largest entries, largest first, ties by index: the first k of a
+    stable argsort of -logp, without sorting the whole vocabulary at every step."""
+    if k >= logp.size:
+        return np.argsort(-logp, kind="stable")
+    kth = np.partition(logp, logp.size - k)[logp.size - k]  # the k-th largest value
+    idx = np.flatnonzero(logp >= kth)  # ascending: ties keep their order
+    return idx[np.argsort(-logp[idx], kind="stable")[:k]]
+
+
 def rank(candidates: list[tuple[tuple[int, ...], float]], length_penalty: float | None
          ) -> tuple[list[int], float]:
     """The best (tokens, sum of log-probabilities) by length-normalized sum."""
@@ -60,7 +70,7 @@ def beam_search(first: np.ndarray, step, reorder, filters, eot: int, beam_size: 
             row = rows[j].astype(np.float64)
             filters(row, list(beams[j]))
             logp = log_softmax(row)
-            for tok in np.argsort(-logp, kind="stable")[:beam_size + 1]:
+            for tok in top(logp, beam_size + 1):
                 seq = beams[j] + (int(tok),)
                 scores[seq], sources[seq] = float(sums[j] + logp[tok]), j
         kept, source, kept_sums, ended = [], [], [], {}

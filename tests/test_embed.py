@@ -195,6 +195,21 @@ def test_packed_attention_matches_numpy(Dh, lengths):
         packed_attention(q, k, v[:, :2].copy(), offsets, 0.3, out)
 
 
+@pytest.mark.parametrize("T", [1, 47, 48, 49, 150])
+def test_one_sequence_attention_equals_the_packed_kernel(T):
+    """A single sequence (Whisper's 1,500 frames) runs its heads and blocks of 48 queries in
+    parallel: the same tiles and softmax per row as the packed kernel, so the same bits."""
+    from edgellm.kernels.encoder import _packed_attention_tiles, packed_attention
+
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((T, 3, 32), dtype=np.float32) for _ in range(3))
+    offsets = np.array([0, T], np.int64)
+    out, ref = np.zeros_like(q), np.zeros_like(q)
+    packed_attention(q, k, v, offsets, 0.3, out)
+    _packed_attention_tiles(q, k, v, offsets, 0.3, ref)
+    assert np.array_equal(out, ref)
+
+
 # the sentence-transformers reader ----------------------------------------------------------
 
 def _st_dir(tmp_path, modules, pooling):

@@ -316,3 +316,33 @@ def test_a_window_that_would_not_advance_is_left_behind(llm, monkeypatch):
     segments = list(llm.transcribe(audio, language="en", no_speech_threshold=None,
                                    **GREEDY)[0])
     assert [s.seek for s in segments] == []  # zero-length segments are none
+
+
+@pytest.mark.parametrize("B, T, S", [(1, 1, 1), (1, 1, 37), (5, 1, 20), (2, 4, 9)])
+def test_decoder_attention_kernels_match_numpy(B, T, S):
+    """seq2seq_attention: causal self-attention over the cache and cross-attention over
+    one window's frames shared by every sequence, against numpy."""
+    from edgellm.kernels.seq2seq_attention import cross_attention, self_attention
+
+    rng = np.random.default_rng(2)
+    H, Dh, P, n_ctx = 3, 16, 70, 40
+    q = rng.standard_normal((B, T, H, Dh), dtype=np.float32)
+    k, v = (rng.standard_normal((B, n_ctx, H, Dh), dtype=np.float32) for _ in range(2))
+    kt = rng.standard_normal((H, Dh, P), dtype=np.float32)
+    cv = rng.standard_normal((H, P, Dh), dtype=np.float32)
+
+    def softmax(s):
+        p = np.exp(s - s.max(-1, keepdims=True))
+        return p / p.sum(-1, keepdims=True)
+
+    out = np.empty_like(q)
+    cross_attention(q, kt, cv, out)
+    want = np.einsum("bhtp,hpd->bthd", softmax(np.einsum("bthd,hdp->bhtp", q, kt)), cv)
+    assert np.abs(out - want).max() < 1e-5
+    self_attention(q, k, v, S, out)
+    s = np.einsum("bthd,bjhd->bhtj", q, k[:, :S])
+    s[..., np.triu(np.ones((T, S), bool), S - T + 1)] = -np.inf
+    want = np.einsum("bhtj,bjhd->bthd", softmax(s), v[:, :S])
+    assert np.abs(out - want).max() < 1e-5
+    with pytest.raises(ValueError, match="positions"):
+        self_attention(q, k, v, n_ctx + 1, out)

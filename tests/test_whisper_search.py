@@ -71,6 +71,18 @@ def test_sampling_is_seeded_and_cold_sampling_is_greedy(t, windows):
     assert cold[0] == greedy[0] and cold[1] == pytest.approx(greedy[1], abs=1e-4)
 
 
+def test_top_is_a_stable_argsorts_first_k():
+    """Beam search's candidates without sorting the vocabulary: ties by index, -inf too."""
+    from edgellm.transcribe_search import top
+
+    rng = np.random.default_rng(3)
+    for _ in range(500):
+        x = rng.integers(-3, 3, size=int(rng.integers(1, 40))).astype(np.float64)
+        x[rng.random(x.size) < 0.3] = -np.inf
+        k = int(rng.integers(1, 8))
+        assert top(x, k).tolist() == np.argsort(-x, kind="stable")[:k].tolist()
+
+
 def test_sampling_draws_from_the_tempered_distribution():
     """One sequence, a fixed row: the first token's frequencies are softmax(row / t), and
     the summed log-probability is the untempered one."""

@@ -20,10 +20,13 @@ a decoder over text tokens that attends to it.
 A convolution runs as one matrix product over unfolded frames (im2col: row t holds frames
 s t - 1, s t, s t + 1 of every channel, column i * 3 + k, the layout converter/
 whisper_meta.py stores its weight in), so the stem and every linear layer of the encoder
-run on the float panel kernels (kernels/panel_gemm.py), its attention on the encoders'
-(kernels/encoder.py). The decoder's linear layers run the decode kernels (kernels/
-linear.py: int16 activations for quantized weights unless precise); its attention over at
-most 448 own positions and 1,500 encoder frames is numpy's batched matmul (BLAS).
+run as prefill does: quantized weights on the integer matrix kernels with the model's
+activations (kernels/linear.py: int16 unless precise), float weights on the float panel
+kernels (kernels/panel_gemm.py); its attention on the encoders' (kernels/encoder.py: one
+sequence, its heads and blocks of queries in parallel). The decoder's linear layers run
+the decode kernels; its attention over at most 448 own positions and the 1,500 encoder
+frames is kernels/seq2seq_attention.py's (every sequence, row and head a work item; the
+cross keys and values read in place by every beam).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import numpy as np
 from ..errors import ContextError, FormatError, ModelKindError
 from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
 from ..kernels.linear import embedding, gemm, linear
+from ..kernels.registry import INT8
+from ..kernels.seq2seq_attention import cross_attention, self_attention
 from ..modelfile.config import ModelArgs
 from ..modelfile.format import PackedModel, Tensor
 from .spec import MAT, VEC, ArchSpec
@@ -243,8 +248,8 @@ class Whisper(Uncached):
     def _linear(self, w: Tensor, x: np.ndarray, bias: np.ndarray | None = None,
                 encoder: bool = False) -> np.ndarray:
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
-        if encoder:  # float activations over many rows: the panel kernels
-            gemm(w, x, out)
+        if encoder and (self.precise or w.type not in INT8):
+            gemm(w, x, out)  # float activations over many rows: the panel kernels
         else:
             linear(w, x, out, precise=self.precise, act_dtype=self.act_dtype)
         if bias is not None:
@@ -312,15 +317,11 @@ class Whisper(Uncached):
         return DecoderCache(len(self.decoder), self.context, self.H, self.Dh, cross, batch)
 
     @staticmethod
-    def _attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
-                keep: list | None = None) -> np.ndarray:
-        """softmax(q kt + mask) v: q [B, H, T, Dh] (scaled), kt [B or 1, H, Dh, S], v [B or 1,
-        H, S, Dh] -> [B T, H Dh]; `keep` takes a copy of the scores q kt [B, H, T, S]."""
+    def _attend(q: np.ndarray, kt: np.ndarray, v: np.ndarray, keep: list) -> np.ndarray:
+        """softmax(q kt) v: q [B, H, T, Dh] (scaled), kt [1, H, Dh, P], v [1, H, P, Dh] ->
+        [B T, H Dh], keeping a copy of the scores q kt [B, H, T, P] (word timing)."""
         s = q @ kt
-        if mask is not None:
-            s += mask
-        if keep is not None:
-            keep.append(s.copy())
+        keep.append(s.copy())
         s -= s.max(axis=-1, keepdims=True)
         np.exp(s, out=s)
         s /= s.sum(axis=-1, keepdims=True)
@@ -347,9 +348,6 @@ class Whisper(Uncached):
         embedding(self.embed, ids.reshape(-1), x)
         x.reshape(B, T, self.D)[:] += self.dec_pos[p0:p0 + T]
         S = p0 + T
-        mask = None
-        if T > 1:  # causal within the new rows
-            mask = np.triu(np.full((T, S), -np.inf, np.float32), p0 + 1)
 
         def heads(a: np.ndarray) -> np.ndarray:  # [B T, H Dh] -> [B, H, T, Dh]
             return a.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
@@ -360,15 +358,20 @@ class Whisper(Uncached):
             q = self._linear(a.q, h, a.q_bias) * np.float32(self.scale)
             cache.k[i, :, p0:S] = self._linear(a.k, h).reshape(B, T, H, Dh)
             cache.v[i, :, p0:S] = self._linear(a.v, h, a.v_bias).reshape(B, T, H, Dh)
-            att = self._attend(heads(q), cache.k[i, :, :S].transpose(0, 2, 3, 1),
-                               cache.v[i, :, :S].transpose(0, 2, 1, 3), mask)
+            att = np.empty_like(q)
+            self_attention(q.reshape(B, T, H, Dh), cache.k[i], cache.v[i], S,
+                           att.reshape(B, T, H, Dh))
             x += self._linear(a.o, att, a.o_bias)
             c = blk.cross
             h = self._norm(x, c.ln_w, c.ln_b)
             q = self._linear(c.q, h, c.q_bias) * np.float32(self.scale)
-            kt, v = cache.cross[i]  # one window's, broadcast over the B sequences
-            x += self._linear(c.o, self._attend(heads(q), kt[None], v[None], None, cross_scores),
-                              c.o_bias)
+            kt, v = cache.cross[i]  # one window's, shared by the B sequences
+            if cross_scores is None:
+                att = np.empty_like(q)
+                cross_attention(q.reshape(B, T, H, Dh), kt, v, att.reshape(B, T, H, Dh))
+            else:  # word timing keeps the scores
+                att = self._attend(heads(q), kt[None], v[None], cross_scores)
+            x += self._linear(c.o, att, c.o_bias)
             self._mlp(blk, x, False)
         cache.length = S
         h = x.reshape(B, T, self.D)

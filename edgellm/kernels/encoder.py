@@ -11,7 +11,9 @@ Attention with Dh % 16 == 0 (every BERT-family checkpoint) runs each (sequence, 
 two small GEMMs on panel_gemm.py's float register tiles (scores against the keys as
 [Dh, 16] panels, then the weights against the values as [L, 16] panels) with a softmax
 whose exp is a degree-6 polynomial (exp_fast, relative error < 3e-7 + 1e-7 |x|, vectorized),
-which more than halved attention's share of an embed call. Other Dh
+which more than halved attention's share of an embed call. A single sequence (Whisper's
+window) is split instead into (head, block of ROWS queries) items, so both threads work on
+it. Other Dh
 take the row-at-a-time kernel (attention.combine and fastexp's exact exp).
 
 The public functions validate shapes, dtypes and offsets, then call the compiled kernels,
@@ -228,6 +230,66 @@ def _packed_attention_tiles(q, k, v, offsets, scale, out):
             _head_tiles(qh[h], kp[h], vp[h], t0, L, h, scores, oh, out)
 
 
+ROWS = 48  # queries per work item of one long sequence: scores [48, L] stay in L2 at L 1,500
+
+
+@kernel(parallel=True)
+def _gather_one(q, k, v, scale, qh, kp, vp):
+    """_gather_heads of a single sequence, its rows in parallel blocks of W (a key panel's)."""
+    T, H, Dh = q.shape
+    nk = kp.shape[1]
+    for c in prange(nk):
+        for r in range(c * W, min(T, c * W + W)):
+            j = r % W
+            for h in range(H):
+                for i in range(Dh):
+                    qh[h, r, i] = q[r, h, i] * scale
+                for i in range(Dh):
+                    kp[h, c, i, j] = k[r, h, i]
+                for c2 in range(Dh // W):
+                    for j2 in range(W):
+                        vp[h, c2, r, j2] = v[r, h, c2 * W + j2]
+        if c == nk - 1:
+            for r in range(T, nk * W):  # the last panel's columns past T: zero keys
+                for h in range(H):
+                    for i in range(Dh):
+                        kp[h, c, i, r % W] = np.float32(0.0)
+
+
+@kernel(parallel=True)
+def _one_sequence_tiles(q, k, v, scale, out):
+    """_packed_attention_tiles of a single sequence (an audio window's 1,500 frames): its
+    (head, block of ROWS queries) pairs in parallel, each on the same tiles and softmax as
+    _head_tiles, so every row's result is the same; a block's scores stay in cache where a
+    head's [L, L] would not."""
+    T, H, Dh = q.shape
+    nk = (T + W - 1) // W
+    qh = np.empty((H, T, Dh), dtype=np.float32)
+    kp = np.empty((H, nk, Dh, W), dtype=np.float32)
+    vp = np.empty((H, Dh // W, T, W), dtype=np.float32)
+    _gather_one(q, k, v, np.float32(scale), qh, kp, vp)
+    nb = (T + ROWS - 1) // ROWS
+    for item in prange(H * nb):
+        h, r0 = item // nb, (item % nb) * ROWS
+        n = min(T, r0 + ROWS) - r0
+        qc = np.empty((n, Dh), dtype=np.float32)
+        for r in range(n):
+            for i in range(Dh):
+                qc[r, i] = qh[h, r0 + r, i]
+        scores = np.empty((n, nk * W), dtype=np.float32)
+        for c in range(nk):
+            tiles(kp[h, c], qc, 0, n, scores, c * W)
+        inv = np.empty(n, dtype=np.float32)
+        for r in range(n):
+            inv[r] = _softmax_fast(scores[r], T)
+        oh = np.empty((n, Dh), dtype=np.float32)
+        for c in range(Dh // W):
+            tiles(vp[h, c], scores, 0, n, oh, c * W)
+        for r in range(n):
+            for i in range(Dh):
+                out[r0 + r, h, i] = oh[r, i] * inv[r]
+
+
 @kernel(parallel=True)
 def _packed_attention(q, k, v, offsets, scale, out):
     T, H, Dh = q.shape
@@ -310,5 +372,9 @@ def packed_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, offsets: np.nd
     if np.may_share_memory(out, q) or np.may_share_memory(out, k) \
             or np.may_share_memory(out, v):
         raise ValueError("out overlaps q, k or v")
-    run = _packed_attention_tiles if q.shape[2] % W == 0 else _packed_attention
-    run(q, k, v, np.ascontiguousarray(offsets), float(scale), out)
+    if q.shape[2] % W:
+        _packed_attention(q, k, v, np.ascontiguousarray(offsets), float(scale), out)
+    elif offsets.size == 2:  # one sequence: its heads and blocks of queries in parallel
+        _one_sequence_tiles(q, k, v, float(scale), out)
+    else:
+        _packed_attention_tiles(q, k, v, np.ascontiguousarray(offsets), float(scale), out)

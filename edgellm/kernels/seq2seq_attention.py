@@ -1,0 +1,114 @@
+"""An encoder-decoder's decoder attention (Whisper), a few query rows per sequence.
+
+    cross_attention(q, kt, v, out)
+        q [B, T, H, Dh] (scaled), kt [H, Dh, P], v [H, P, Dh] (one window's encoder keys
+        and values, shared by the B sequences), out [B, T, H, Dh]:
+        out[b, t, h] = softmax(q[b, t, h] kt[h]) v[h]
+    self_attention(q, k, v, S, out)
+        q [B, T, H, Dh] (scaled), k, v [B, n_ctx, H, Dh] (the self-attention cache, the T
+        new rows at S - T .. S - 1 already in it), out [B, T, H, Dh]: row t attends to
+        positions 0 .. S - T + t (causal)
+
+Self-attention: each (sequence, row, head) is one work item (numpy's batched matmul ran
+them one small product at a time, with a copy of the cache's strided keys per call).
+Cross-attention: each (row, head), the sequences in turn, so a head's encoder keys and
+values come from memory once for all the beams. The softmax is exact (fastexp's
+exp_shift: libm's expf), summed in float32 as numpy's was.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from .attention import combine
+from .fastexp import exp_shift
+from .jit import kernel
+
+
+@kernel
+def _normalize(row, n):
+    """row[:n] = softmax(row[:n])."""
+    best = np.float32(-3.0e38)
+    for s in range(n):
+        best = max(best, row[s])
+    exp_shift(row, n, best)
+    total = np.float32(0.0)
+    for s in range(n):
+        total += row[s]
+    inv = np.float32(1.0) / total
+    for s in range(n):
+        row[s] *= inv
+
+
+@kernel(parallel=True)
+def _cross(q, kt, v, out):
+    B, T, H, Dh = q.shape
+    P = kt.shape[2]
+    for item in prange(T * H):  # the sequences inside: a head's keys and values read
+        t, h = item // H, item % H  # from memory once for all of them, then from cache
+        row = np.empty(P, dtype=np.float32)
+        for b in range(B):
+            combine(q[b, t, h], Dh, kt[h], row)  # row[p] = q . k_p: long loops over P
+            _normalize(row, P)
+            combine(row, P, v[h], out[b, t, h])
+
+
+@kernel(parallel=True)
+def _self(q, k, v, S, out):
+    B, T, H, Dh = q.shape
+    for item in prange(B * T * H):
+        b, t, h = item // (T * H), (item // H) % T, item % H
+        n = S - T + t + 1
+        row = np.empty(n, dtype=np.float32)
+        for j in range(n):
+            s = np.float32(0.0)
+            for i in range(Dh):
+                s += q[b, t, h, i] * k[b, j, h, i]
+            row[j] = s
+        _normalize(row, n)
+        o = out[b, t, h]
+        for i in range(Dh):
+            o[i] = np.float32(0.0)
+        for j in range(n):
+            w = row[j]
+            for i in range(Dh):
+                o[i] += w * v[b, j, h, i]
+
+
+def _check(q, out) -> None:
+    for name, a in (("q", q), ("out", out)):
+        if a.dtype != np.float32 or a.ndim != 4 or not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be a C-contiguous 4-D float32 array")
+    if out.shape != q.shape:
+        raise ValueError(f"out {list(out.shape)} must match q {list(q.shape)}")
+
+
+def cross_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, out: np.ndarray) -> None:
+    """out[b, t, h] = softmax(q[b, t, h] kt[h]) v[h] (module docstring)."""
+    _check(q, out)
+    B, T, H, Dh = q.shape
+    if kt.ndim != 3 or kt.shape[:2] != (H, Dh) or v.shape != (H, kt.shape[2], Dh) or \
+            not (kt.flags.c_contiguous and v.flags.c_contiguous) or \
+            kt.dtype != np.float32 or v.dtype != np.float32:
+        raise ValueError(f"kt {list(kt.shape)} and v {list(v.shape)} must be C-contiguous "
+                         f"float32 [{H}, {Dh}, P] and [{H}, P, {Dh}]")
+    if q.size:
+        _cross(q, kt, v, out)
+
+
+def self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, S: int,
+                   out: np.ndarray) -> None:
+    """out[b, t, h] = causal softmax(q[b, t, h] k[b, :S - T + t + 1, h]^T) v (module
+    docstring)."""
+    _check(q, out)
+    B, T, H, Dh = q.shape
+    if k.shape != v.shape or k.ndim != 4 or k.shape[0] != B or k.shape[2:] != (H, Dh) or \
+            not (k.flags.c_contiguous and v.flags.c_contiguous) or \
+            k.dtype != np.float32 or v.dtype != np.float32:
+        raise ValueError(f"k {list(k.shape)} and v {list(v.shape)} must be C-contiguous "
+                         f"float32 [{B}, n_ctx, {H}, {Dh}]")
+    if not T <= S <= k.shape[1]:
+        raise ValueError(f"{S} positions for {T} new rows and a cache of {k.shape[1]}")
+    if q.size:
+        _self(q, k, v, int(S), out)

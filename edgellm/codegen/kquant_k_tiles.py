@@ -23,7 +23,6 @@ float work; llama.cpp's q4_K x q8_K, ggml-cpu's x86 quants.c):
 
 from __future__ import annotations
 
-from llvmlite import ir
 from numba import types
 
 from ..runtime.simd import VNNI
@@ -39,36 +38,18 @@ NACC = 2  # integer accumulators a super-block (summed at its end)
 
 def _sc_mins_k4(b, p):
     """q4_k/q5_k: the 12 bytes at p + 4 -> <16 x i8>: lanes 0-7 the blocks' 6-bit scales,
-    8-15 their minima (ggml's get_scale_min_k4), in vector operations on the block's first
-    16 bytes (bytes j of the 12: s[j])."""
-    v16 = _v(I8, 16)
-    s = _pick(b, _load(b, p, 0, v16), list(range(4, 16)) + [0] * 4)
-
-    def k(x):
-        return _c(v16, [x] * 16)
-
-    s4 = b.lshr(s, k(4))
-    s6 = b.shl(b.lshr(s, k(6)), k(4))
-    # sc_j, j < 4: s[j] & 63; j >= 4: s[j + 4] & 15 | (s[j - 4] >> 6) << 4
-    # m_j,  j < 4: s[j + 4] & 63; j >= 4: s[j + 4] >> 4 | (s[j] >> 6) << 4
-    low = _pick(b, s, [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7] + [16 + j for j in (8, 9, 10, 11)],
-                s4)
-    low = b.and_(low, _c(v16, [63] * 4 + [15] * 4 + [63] * 4 + [15] * 4))
-    z = 16  # a lane of the zero vector
-    high = _pick(b, _c(v16, [0] * 16), [z - 16] * 4 + [z + j for j in range(4)] + [z - 16] * 4
-                 + [z + 4 + j for j in range(4)], s6)
-    return b.or_(low, high)
-
-
-def _lanes16(b, v, idx):
-    """<32 x i16> of v's (<32 x i16>) lanes idx: on AVX-512 one vpermw (inline assembly:
-    LLVM turns the intrinsic with constant indices back into a shuffle, which it lowers
-    to a shift and a vpbroadcastw for each splat)."""
-    if not VNNI:
-        return _pick(b, v, idx)
-    t = _v(I16, 32)
-    return b.asm(ir.FunctionType(t, [t, t]), "vpermw $2, $1, $0", "=v,v,v",
-                 [_c(t, list(idx)), v], False)
+    8-15 their minima (ggml's get_scale_min_k4 on 32-bit words, its utmp trick)."""
+    u0, u1, u2 = (_load(b, p, 4 + 4 * k, I32) for k in range(3))
+    m6, m4, m2 = _c(I32, 0x3F3F3F3F), _c(I32, 0x0F0F0F0F), _c(I32, 0x03030303)
+    sc_lo = b.and_(u0, m6)
+    sc_hi = b.or_(b.and_(u2, m4), b.shl(b.and_(b.lshr(u0, _c(I32, 6)), m2), _c(I32, 4)))
+    mn_lo = b.and_(u1, m6)
+    mn_hi = b.or_(b.and_(b.lshr(u2, _c(I32, 4)), m4),
+                  b.shl(b.and_(b.lshr(u1, _c(I32, 6)), m2), _c(I32, 4)))
+    v = _c(_v(I32, 4), [0] * 4)
+    for k, word in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
+        v = b.insert_element(v, word, _c(I32, k))
+    return b.bitcast(v, _v(I8, 16))
 
 
 def _dot16(b, acc, w16, x, wssd):
@@ -103,22 +84,19 @@ def _kk_codegen(kind, RT):
 
         def body(sb, st):
             p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
-            # a block's scale on its 32 values (int16 x: idx[g]), or on the 16 pair sums
-            # of each of two blocks (int8 x: idx[k], blocks 2k and 2k + 1)
             if mins:
                 d, dmin = irh._f16(b, p, 0), irh._f16(b, p, 2)
-                sm = _sc_mins_k4(b, p)  # lanes 0-7 sc, 8-15 m
-                sc32 = b.zext(_pick(b, sm, list(range(16)) * 2), _v(I16, 32))
-                idx = ([[2 * k] * 16 + [2 * k + 1] * 16 for k in range(4)] if busd
-                       else [[g] * 32 for g in range(8)])
+                sm = _sc_mins_k4(b, p)
+                sc16 = b.zext(sm, _v(I16, 16))  # lanes 0-7 sc, 8-15 m
+                # a block's scale on its 32 values (int16 path), or on 16 pair sums (int8)
+                scale = [_pick(b, sc16, [g] * (16 if busd else 32)) for g in range(8)]
                 mn = b.zext(_pick(b, sm, [8 + j // 2 for j in range(16)]), v16i)
             else:
                 d = irh._f16(b, p, 208)
                 sc8 = _load(b, p, 192, _v(I8, 16))
-                sc32 = b.sext(_pick(b, sc8, list(range(16)) * 2), _v(I16, 32))
-                idx = ([[4 * k + j // 8 for j in range(32)] for k in range(4)] if busd
-                       else [[2 * g + j // 16 for j in range(32)] for g in range(8)])
-            scale = [_lanes16(b, sc32, ix) for ix in idx]
+                sc16 = b.sext(sc8, _v(I16, 16))
+                scale = [_pick(b, sc16, [2 * g + j // (8 if busd else 16)
+                                         for j in range(16 if busd else 32)]) for g in range(8)]
             if busd:
                 codes = _codes(b, kind, p, signed=False)
                 w16 = None
@@ -138,8 +116,9 @@ def _kk_codegen(kind, RT):
                         xv = _load(b, xrow[s], b.add(x0, _i64(64 * k)), _v(I8, 64))
                         cv = _pick(b, codes[2 * k], range(64), codes[2 * k + 1])
                         p16 = b.call(mubs, [cv, xv])
+                        sc2 = _pick(b, scale[2 * k], range(32), scale[2 * k + 1])
                         accs[k % NACC] = irh.vpdpwssd(b, accs[k % NACC], b.bitcast(p16, v16i),
-                                                      b.bitcast(scale[k], v16i))
+                                                      b.bitcast(sc2, v16i))
                 else:
                     for g in range(8):
                         xv = _load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))

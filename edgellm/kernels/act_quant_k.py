@@ -22,7 +22,21 @@ from numba import prange, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from ..codegen.ir import F32, I8, I16, I32, _c, _for, _i64, _llvm_fn, _load, _pick, _Rows, _splat, _v
+from ..codegen.ir import (
+    F32,
+    I8,
+    I16,
+    I32,
+    _c,
+    _for,
+    _i64,
+    _llvm_fn,
+    _load,
+    _pick,
+    _Rows,
+    _splat,
+    _v,
+)
 from .jit import kernel
 
 __all__ = ["ActK", "QK", "quant_row_k", "quantize_k", "quantize_rows_k",

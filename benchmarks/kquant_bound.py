@@ -1,9 +1,10 @@
 """One decode-sized matrix-vector product per weight type against the memory bound: GB/s of
 weight bytes read by the decode rows (registry.INT8[type].rows: q4_0 and the K-quants, int16
-and int8 activations) and by a numba sum streaming the same bytes.
+and int8 activations in blocks of 32; the K-quants also on super-block activations,
+kquant_kact.mv_rows_kk: --acts int16-sb int8-sb) and by a numba sum streaming the same bytes.
 
     python benchmarks/kquant_bound.py [--shape 2048 8192] [--types q4_0 q4_k q6_k]
-        [--mb 160] [--reps 5]
+        [--mb 160] [--reps 5] [--acts int16 int8 int16-sb int8-sb]
 
 Weights are random bytes with a fixed f16 scale (the kernels' time does not depend on the
 values), several copies of the N x K matrix cycled so that --mb MB are read from memory
@@ -25,7 +26,7 @@ import numba
 import numpy as np
 from numba import njit
 
-from edgellm.kernels import act_quant, registry
+from edgellm.kernels import act_quant, act_quant_k, kquant_kact, registry
 from edgellm.modelfile import quant
 
 SCALES = {"q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q8_0": (0,),
@@ -62,6 +63,11 @@ def matvec(rows, B: int, xq, xd, xds, out):
     return lambda w: rows(w, B, xq, xd, xds, out, 0, out.shape[1])
 
 
+def matvec_sb(code: int, a, out):
+    """w -> out[0] = w @ x[0] by the K-quant rows on super-block activations a (ActK)."""
+    return lambda w: kquant_kact.mv_rows_kk(code, w, a.xq, a.xd, a.xb, out, 0, out.shape[1])
+
+
 def timed(fn, ws, reps: int) -> float:
     """Best round's mean CPU seconds per call (this thread's: a shared machine's other
     processes take wall time, not this), each round one call per copy."""
@@ -82,7 +88,8 @@ def main() -> None:
     ap.add_argument("--types", nargs="+", default=["q4_0", "q4_k", "q6_k"])
     ap.add_argument("--mb", type=float, default=160.0, help="bytes cycled between reads")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--acts", nargs="+", default=["int16", "int8"])
+    ap.add_argument("--acts", nargs="+", default=["int16", "int8", "int16-sb", "int8-sb"],
+                    choices=["int16", "int8", "int16-sb", "int8-sb"])
     args = ap.parse_args()
     if set(args.types) - set(SCALES):
         ap.error(f"--types: one of {' '.join(SCALES)}")
@@ -102,11 +109,19 @@ def main() -> None:
         s = timed(stream, ws, args.reps)
         line = f"{kind}: {nbytes / 1e6:.1f} MB, stream {nbytes / s / 1e9:.1f} GB/s"
         for act in args.acts:
-            xq = np.zeros((1, K), np.int16 if act == "int16" else np.int8)
-            xd, xs, xds = (np.zeros((1, K // 32), d) for d in (np.float32, np.int32, np.float32))
-            act_quant.quantize_rows(x, xq, xd, xs, xds, 0, 1)
+            dtype = np.int16 if act.startswith("int16") else np.int8
             out = np.zeros((1, N), np.float32)
-            m = timed(matvec(registry.INT8[kind].rows, B, xq, xd, xds, out), ws, args.reps)
+            if act.endswith("-sb"):  # super-block activations (K-quants only)
+                if t.code not in kquant_kact.KK_CODES:
+                    continue
+                a = act_quant_k.quantize_k(x, act_quant_k.ActK(1, K, dtype))
+                m = timed(matvec_sb(t.code, a, out), ws, args.reps)
+            else:
+                xq = np.zeros((1, K), dtype)
+                xd, xs, xds = (np.zeros((1, K // 32), d)
+                               for d in (np.float32, np.int32, np.float32))
+                act_quant.quantize_rows(x, xq, xd, xs, xds, 0, 1)
+                m = timed(matvec(registry.INT8[kind].rows, B, xq, xd, xds, out), ws, args.reps)
             line += (f"; {act} {m * 1e6:.0f} us {nbytes / m / 1e9:.1f} GB/s "
                      f"({s / m:.0%} of stream)")
         print(line, flush=True)

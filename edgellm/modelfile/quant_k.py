@@ -452,3 +452,21 @@ DEQUANTIZE_BLOCKS = {k: _dequantizer(k) for k in PARTS}
 # byte offsets of each block's f16 scales (d, and dmin where there is one)
 F16_AT = {"q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,),
           "q5_0": (0,), "q5_1": (0, 2)}
+
+
+def quantize_activations_k(x: np.ndarray, dtype=np.int16):
+    """Reference super-block activations (q8_K's layout, kernels/act_quant_k.py): x float32
+    [..., K] (K % 256 == 0) -> (xq int8 or int16 [..., K], xd float32 [..., K/256] = amax /
+    127 or 32767 per 256 values, xb int32 [..., K/16]: the sum of each 16 integers). The
+    rounding is q8_0's: sign(v) floor(|v| + 0.5), v = x / d (0 where d is 0)."""
+    x = np.asarray(x, dtype=np.float32)
+    qmax = np.float32(32767 if np.dtype(dtype) == np.int16 else 127)
+    xb = x.reshape(*x.shape[:-1], x.shape[-1] // QK_K, QK_K)
+    d = np.abs(xb).max(axis=-1) / qmax
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.float32(1) / d
+    inv = np.where(np.isfinite(inv) & (d != 0), inv, np.float32(0)).astype(np.float32)
+    v = xb * inv[..., None]
+    q = (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).astype(dtype)
+    sums = q.astype(np.int32).reshape(*x.shape[:-1], x.shape[-1] // 16, 16).sum(axis=-1)
+    return q.reshape(x.shape), d.astype(np.float32), sums.astype(np.int32)

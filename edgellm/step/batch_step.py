@@ -60,16 +60,15 @@ from .decode_step import (
     MAT_ROW_BYTES,
     N_KINDS,
     SLOTS,
-    _act,
     _act_op,
     _add_op,
     _attend_group,
     _attend_scratch,
     _attend_vectors,
     _heads,
-    _mv,
     _norm_op,
     _prep_heads,
+    _proj_row,
     _quant_op,
     _row,
     _split,
@@ -188,15 +187,15 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds):
         q0, b0, nb = slot * kmax, slot * (kmax // 32), K // 32
         dst = o.dst if o.dst >= 0 else shared + tid * private + (-1 - o.dst)
         c0 = group_rows(kinds, m[MAT_KIND], m, o.mat, o.row0, rows, K, xq[:n, q0:q0 + K],
-                        xd[:n, b0:b0 + nb], xs[:n, b0:b0 + nb], xds[:n, b0:b0 + nb],
+                        xd[:n, b0:b0 + nb], xs[:n, 2 * b0:2 * b0 + nb], xds[:n, b0:b0 + nb],
                         mem[:n, dst:dst + rows], blob, ilv, n, r0, r1)
     while c0 < r1:
         c1 = min(r1, c0 + tile_rows)
         for r in range(n):
-            aq, ad, asum, ads = _act(xq[r], xd[r], xs[r], xds[r], ints, slot, K)
             h = _row(mem[r], shared, private, tid, o.src, K)
             out = _row(mem[r], shared, private, tid, o.dst, rows)
-            _mv(blob, m, o.row0, rows, h, aq, ad, ads, out, c0, c1, float_acts, kinds)
+            _proj_row(blob, m, o, h, xq[r], xd[r], xs[r], xds[r], ints, slot, out, c0, c1,
+                      precise, kinds)
         c0 = c1
     if o.bias >= 0:
         b = params[o.bias:o.bias + rows]

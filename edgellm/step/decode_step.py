@@ -8,7 +8,9 @@ per prange iteration) run the whole program. Each operation is one of
 
   NORM    private dst = rmsnorm(src) * (w + offset)         every worker, whole vector
   QUANT   private int8 copy of src in act slot s             every worker, whole vector
+          (sb: super-blocks of 256, act_quant_k's ActK, for the K-quant matrices)
   PROJ    dst[r] = W[row0 + r] @ src (+ bias[r])             rows split between workers
+          (sb: the slot holds super-blocks, read by kquant_kact's rows)
   ADD     dst[r] += src[r] (* c)                             rows split
   ACT     dst[r] = act(gate[r]) * up[r]  (silu | gelu_tanh)  rows split
   SCALE   buf[r] *= c;  SOFTCAP  buf[r] = c tanh(buf[r] / c) rows split
@@ -61,6 +63,7 @@ from numba.extending import overload
 
 from ..kernels import registry  # noqa: F401  (fills KERNELS)
 from ..kernels.act_quant import quantize_rows
+from ..kernels.act_quant_k import quantize_rows_k
 from ..kernels.activations import geglu_tanh_row, swiglu_row
 from ..kernels.attn_tiles import row_max
 from ..kernels.dots import LANES, dots16, prefetch_rows, wsum_rows
@@ -69,6 +72,7 @@ from ..kernels.fastexp import MASKED, exp_shift
 from ..kernels.jit import GLUE, kernel
 from ..kernels.kquant import mvp_rows_k
 from ..kernels.kquant_int import has_kq, mv_rows_kq
+from ..kernels.kquant_kact import KK_CODES, mv_rows_kk
 from ..kernels.kv_store import kv_rows, store_kv_row
 from ..kernels.moe import route, scatter_add
 from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
@@ -160,12 +164,23 @@ def _row(mem, shared, private, tid, addr, n):
 @kernel
 def _act(xq, xd, xs, xds, ints, s, K):
     """Int8 activation slot s (of every worker's SLOTS) as [1, K] rows: xq, xd, xs, xds.
-    The slots are flat arrays of ints[I_KMAX] values each (the widest input): the kernels
-    take a row's width from its array, so each view is exactly K wide."""
+    The slots are flat arrays of ints[I_KMAX] values each (the widest input; xs: twice
+    its blocks of 32, for _act_k's sums per 16): the kernels take a row's width from its
+    array, so each view is exactly K wide."""
     kmax = ints[I_KMAX]
     q0, b0, nb = s * kmax, s * (kmax // 32), K // 32
     return (xq[q0:q0 + K].reshape((1, K)), xd[b0:b0 + nb].reshape((1, nb)),
-            xs[b0:b0 + nb].reshape((1, nb)), xds[b0:b0 + nb].reshape((1, nb)))
+            xs[2 * b0:2 * b0 + nb].reshape((1, nb)), xds[b0:b0 + nb].reshape((1, nb)))
+
+
+@kernel
+def _act_k(xq, xd, xs, ints, s, K):
+    """Slot s as super-block activations (act_quant_k's ActK, K % 256 == 0): xq [1, K],
+    xd [1, K/256] (in the slot's scales), xb [1, K/16] (its sums)."""
+    kmax = ints[I_KMAX]
+    q0, b0 = s * kmax, s * (kmax // 32)
+    return (xq[q0:q0 + K].reshape((1, K)), xd[b0:b0 + K // 256].reshape((1, K // 256)),
+            xs[2 * b0:2 * b0 + K // 16].reshape((1, K // 16)))
 
 
 @kernel
@@ -233,6 +248,43 @@ def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts, kinds):
         m[MAT_BLOCK]
     w = blob[off:off + rows * rb].reshape((rows, rb))
     matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1)
+
+
+def sb_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
+    """out[0, r0:r1] = W[r0:r1] @ x[0] on super-block activations (kquant_kact.py) for a
+    K-quant code `kind`; compiled only where kinds holds one (else nothing)."""
+    raise NotImplementedError("sb_rows runs in kernels only")
+
+
+@overload(sb_rows, jit_options=GLUE)
+def _sb_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
+    if not set(codes_of(kinds)) & set(KK_CODES):
+        return lambda kinds, kind, w, xq, xd, xb, out, r0, r1: None
+
+    def impl(kinds, kind, w, xq, xd, xb, out, r0, r1):
+        mv_rows_kk(kind, w, xq, xd, xb, out, r0, r1)
+    return impl
+
+
+@kernel
+def _mv_sb(blob, m, row0, rows, xq, xd, xb, out, r0, r1, kinds):
+    """_mv for a K-quant matrix on super-block activations (xq, xd, xb: _act_k's)."""
+    off, rb = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]
+    w = blob[off:off + rows * rb].reshape((rows, rb))
+    sb_rows(kinds, m[MAT_KIND], w, xq, xd, xb, out, r0, r1)
+
+
+@kernel
+def _proj_row(blob, m, o, h, xq, xd, xs, xds, ints, slot, out, r0, r1, precise, kinds):
+    """PROJ o's rows r0..r1-1 for one token: its slot as the op says (blocks of 32 or
+    super-blocks), or float h where precise / float_acts."""
+    if o.sb != 0 and not precise:
+        aq, ad, ab = _act_k(xq, xd, xs, ints, slot, o.cols)
+        _mv_sb(blob, m, o.row0, o.rows, aq, ad, ab, out, r0, r1, kinds)
+    else:
+        aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, slot, o.cols)
+        _mv(blob, m, o.row0, o.rows, h, aq, ad, ads, out, r0, r1,
+            precise or o.float_acts != 0, kinds)
 
 
 @kernel
@@ -500,8 +552,12 @@ def _norm_op(op, mem, shared, private, tid, params, eps, offset):
 def _quant_op(op, mem, shared, private, tid, xq, xd, xs, xds, ints):
     """QUANT: src [n] into worker tid's int8 (int16) activation slot, whole."""
     o = operands(op, QUANT)
-    aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + o.slot, o.n)
-    quantize_rows(_row(mem, shared, private, tid, o.src, o.n), aq, ad, asum, ads, 0, 1)
+    if o.sb != 0:
+        aq, ad, ab = _act_k(xq, xd, xs, ints, tid * SLOTS + o.slot, o.n)
+        quantize_rows_k(_row(mem, shared, private, tid, o.src, o.n), aq, ad, ab, 0, 1)
+    else:
+        aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + o.slot, o.n)
+        quantize_rows(_row(mem, shared, private, tid, o.src, o.n), aq, ad, asum, ads, 0, 1)
 
 
 @kernel
@@ -554,11 +610,10 @@ def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0
         elif code == PROJ:
             o = operands(op, PROJ)
             r0, r1 = _split(o.rows, tid, nt)
-            aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + o.slot, o.cols)
             h = _row(mem, shared, private, tid, o.src, o.cols)
             out = _row(mem, shared, private, tid, o.dst, o.rows)
-            _mv(blob, mats[o.mat], o.row0, o.rows, h, aq, ad, ads, out, r0, r1,
-                precise or o.float_acts != 0, kinds)
+            _proj_row(blob, mats[o.mat], o, h, xq, xd, xs, xds, ints, tid * SLOTS + o.slot,
+                      out, r0, r1, precise, kinds)
             if o.bias >= 0:
                 b = params[o.bias:o.bias + o.rows]
                 for r in range(r0, r1):

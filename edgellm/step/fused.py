@@ -33,6 +33,7 @@ from . import ops
 from .schedule import StepScheduler
 
 QUANTIZED = tuple(k for k in ds.KINDS if k != "f32")  # int8-activation matrix types
+SB_TYPES = ("q4_k", "q5_k", "q6_k")  # read super-block activations (act_quant_k's ActK)
 PAD = 16  # floats: regions start on 64-byte lines (workers write neighbouring rows)
 SLOTS = ds.SLOTS
 
@@ -49,6 +50,9 @@ class Program:
     """The program rows, tables and arena layout of one model's decode step."""
 
     lora_split = True  # LORA_A's rows split between workers (lora_down)
+    # the K-quant matrices (SB_TYPES) read activations quantized per 256 values
+    # (kernels/act_quant_k.py), the others ActQ8's blocks of 32; False: all blocks of 32
+    superblock = True
 
     def __init__(self, model):
         a = model.args
@@ -69,7 +73,8 @@ class Program:
         self.loc: dict[str, tuple] = {}  # buffer name -> region key of its current value
         self.dirty: dict[tuple, int] = {}  # shared region -> split written since a barrier
         self.readers: dict[tuple, set] = {}  # shared region -> splits read (0: whole)
-        self.slots: list[str | None] = [None] * SLOTS  # the buffer each int8 slot holds
+        # the (buffer, sb) each int8 slot holds: sb 1 super-blocks of 256, 0 blocks of 32
+        self.slots: list[tuple | None] = [None] * SLOTS
         self.recent = 0  # the slot used last
         self.kmax = 32
         self.routes: list[tuple[int, list[int]]] = []  # MoE: (ints offset, expert bytes)
@@ -125,6 +130,8 @@ class Program:
             raise Unsupported(f"{t.name}: table entry outside the file")
         if kind != "f32" and K % 32:
             raise Unsupported(f"{t.name}: {K} columns are not blocks of 32")
+        if kind in SB_TYPES and K % 256:  # the super-block kernels' bound (act_quant_k)
+            raise Unsupported(f"{t.name}: {K} columns are not super-blocks of 256")
         if kind == "f32" and offset % 4:
             raise Unsupported(f"{t.name}: unaligned f32 data")
         self.kmax = max(self.kmax, K)
@@ -173,7 +180,7 @@ class Program:
         return self._addr(key)
 
     def _clobber(self, name: str) -> None:
-        self.slots = [None if s == name else s for s in self.slots]
+        self.slots = [None if s is not None and s[0] == name else s for s in self.slots]
 
     def write(self, name: str, width: int, split: int, private: bool = False) -> int:
         """Address for a new value of `name`: shared rows written on the split of `split`
@@ -203,14 +210,15 @@ class Program:
         self._clobber(name)
         return addr
 
-    def quantized(self, name: str, K: int) -> int:
-        """The int8 slot holding `name` (quantized now if no slot does)."""
-        if name in self.slots:
-            slot = self.slots.index(name)
+    def quantized(self, name: str, K: int, sb: int = 0) -> int:
+        """The int8 slot holding `name` in blocks of 32 (sb 0) or super-blocks of 256 (sb 1),
+        quantized now if no slot does."""
+        if (name, sb) in self.slots:
+            slot = self.slots.index((name, sb))
         else:  # an empty slot, else the one used less recently
             slot = self.slots.index(None) if None in self.slots else 1 - self.recent
-            self.emit(ops.QUANT, src=self.read(name), n=K, slot=slot)
-            self.slots[slot] = name
+            self.emit(ops.QUANT, src=self.read(name), n=K, slot=slot, sb=sb)
+            self.slots[slot] = (name, sb)
         self.recent = slot
         return slot
 
@@ -235,7 +243,8 @@ class Program:
             if sum(widths) != N:
                 raise Unsupported(f"{s.w.name}: outputs {widths} of {N} rows")
             float_acts = s.float_acts or s.w.type == "f32"
-            slot = 0 if float_acts else self.quantized(s.src, K)
+            sb = int(self.superblock and not float_acts and s.w.type in SB_TYPES)
+            slot = 0 if float_acts else self.quantized(s.src, K, sb)
             delta = m.lora.get(s.w.name)
             if delta is not None:
                 t, b = self.lora_down(delta, s)
@@ -246,7 +255,7 @@ class Program:
                                                             if len(outs) > 1 else s.bias)
                 dst = self.write(name, rows, rows)
                 self.emit(ops.PROJ, mat=mat, row0=row0, rows=rows, cols=K, src=src, slot=slot,
-                          dst=dst, bias=bias, float_acts=float_acts)
+                          dst=dst, bias=bias, float_acts=float_acts, sb=sb)
                 if delta is not None:  # dst rows += B[rows] . t, before dst is next read
                     self.pending.setdefault(name, []).append((t, b, delta.rank, row0, rows,
                                                               dst))
@@ -325,7 +334,7 @@ class Program:
         src = self.read(s.src)
         logits = self.write("router", E, E)
         self.emit(ops.PROJ, mat=router, row0=0, rows=E, cols=D, src=src, slot=0, dst=logits,
-                  bias=-1, float_acts=1)
+                  bias=-1, float_acts=1, sb=0)
         logits = self.read("router")
         idx = self.int_block(np.zeros(k * 64, np.int64))  # k per worker (<= 64 workers)
         weights = self.write("route_weights", k, 0, private=True)
@@ -442,7 +451,7 @@ class FusedDecoder:
         K = prog.kmax
         self.xq = np.zeros(nt * SLOTS * K, act_dtype)
         self.xd = np.zeros(nt * SLOTS * K // 32, f32)
-        self.xs = np.zeros(nt * SLOTS * K // 32, np.int32)
+        self.xs = np.zeros(nt * SLOTS * K // 16, np.int32)  # ActK's sums per 16 (ActQ8: per 32)
         self.xds = np.zeros(nt * SLOTS * K // 32, f32)
         group = a.num_attention_heads // a.num_key_value_heads
         Dh = a.head_dim

@@ -29,8 +29,8 @@ OPS = ("BARRIER", "NORM", "QUANT", "PROJ", "ADD", "ACT", "SCALE", "SOFTCAP", "AT
 OPERANDS = {
     BARRIER: (),
     NORM: ("src", "dst", "n", "weight"),  # weight: offset in `params`
-    QUANT: ("src", "n", "slot"),
-    PROJ: ("mat", "row0", "rows", "cols", "src", "slot", "dst", "bias", "float_acts"),
+    QUANT: ("src", "n", "slot", "sb"),  # sb: super-blocks of 256 (ActK), else blocks of 32
+    PROJ: ("mat", "row0", "rows", "cols", "src", "slot", "dst", "bias", "float_acts", "sb"),
     ADD: ("dst", "src", "n", "scale"),  # scale: consts index, -1: none
     ACT: ("kind", "gate", "up", "dst", "n"),  # kind: SILU | GELU_TANH
     SCALE: ("buf", "n", "factor"),  # factor: consts index

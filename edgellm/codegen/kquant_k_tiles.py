@@ -1,0 +1,160 @@
+"""Code generator of the K-quant tiles on super-block activations: q4_k, q5_k, q6_k weights
+(ggml's 256-value super-blocks, as stored) x int16 or int8 activations quantized per 256
+values (kernels/act_quant_k.py: one float scale dx per super-block, int32 sums per 16).
+
+`make_kktile(kind, RT)` makes the intrinsic kktile_<kind>_1x<RT>(W, block, i, xq, xd, xb, t,
+out): out[t + s, i] = W[i] . x[t + s] for s < RT (block is ignored).
+
+With one activation scale per super-block, a super-block's sum is an integer times d dx,
+so the weights' per-block scales are multiplied in integers and the 8 blocks summed in one
+<16 x i32> vector, converted to float once per super-block (no per-block reduction or
+float work; llama.cpp's q4_K x q8_K, ggml-cpu's x86 quants.c):
+  int16 x   the codes widened to 16 bits times the block's scale (q4_k/q5_k: 6-bit sc,
+            q6_k: its int8 scale per 16 on the signed code q - 32; |code sc| <= 4096), then
+            a pair-sum dot with x (vpdpwssd on AVX-512 VNNI, vpmaddwd elsewhere). A lane
+            sums 16 products a super-block: |16 x 4096 x 32767| < 2^31
+  int8 x    on AVX-512 VNNI: two blocks' unsigned codes . x in one vpmaddubsw (16-bit
+            pair sums: |2 x 63 x 128| < 2^15), then one vpdpwssd with the scales (q6_k's
+            codes unsigned 0..63: 32 sum(sc_h xb_h) is taken off the lanes); elsewhere the
+            int16 form on sign-extended x
+  minima    q4_k/q5_k's value d sc q - dmin m: sum_j m_j xb_j (sums per 16, each minimum
+            twice) as one <16 x i32> product a super-block, times dmin dx
+"""
+
+from __future__ import annotations
+
+from numba import types
+
+from ..runtime.simd import VNNI
+from . import ir as irh
+from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
+from .kquant_tiles import SUPER_BYTES, _codes, _codes16
+
+__all__ = ["make_kktile"]
+
+_MINS = ("q4_k", "q5_k")
+NACC = 2  # integer accumulators a super-block (summed at its end)
+
+
+def _sc_mins_k4(b, p):
+    """q4_k/q5_k: the 12 bytes at p + 4 -> <16 x i8>: lanes 0-7 the blocks' 6-bit scales,
+    8-15 their minima (ggml's get_scale_min_k4 on 32-bit words, its utmp trick)."""
+    u0, u1, u2 = (_load(b, p, 4 + 4 * k, I32) for k in range(3))
+    m6, m4, m2 = _c(I32, 0x3F3F3F3F), _c(I32, 0x0F0F0F0F), _c(I32, 0x03030303)
+    sc_lo = b.and_(u0, m6)
+    sc_hi = b.or_(b.and_(u2, m4), b.shl(b.and_(b.lshr(u0, _c(I32, 6)), m2), _c(I32, 4)))
+    mn_lo = b.and_(u1, m6)
+    mn_hi = b.or_(b.and_(b.lshr(u2, _c(I32, 4)), m4),
+                  b.shl(b.and_(b.lshr(u1, _c(I32, 6)), m2), _c(I32, 4)))
+    v = _c(_v(I32, 4), [0] * 4)
+    for k, word in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
+        v = b.insert_element(v, word, _c(I32, k))
+    return b.bitcast(v, _v(I8, 16))
+
+
+def _dot16(b, acc, w16, x, wssd):
+    """acc <16 x i32> + the pair sums of <32 x i16> w16 . <32 x i8|i16> x: one vpdpwssd on
+    AVX-512 VNNI with int16 x, else the sign-extended products' pair sums (vpmaddwd)."""
+    if wssd:
+        v16i = _v(I32, 16)
+        return irh.vpdpwssd(b, acc, b.bitcast(w16, v16i), b.bitcast(x, v16i))
+    p = b.mul(b.sext(w16, _v(I32, 32)), b.sext(x, _v(I32, 32)))
+    return b.add(acc, b.add(_pick(b, p, range(0, 32, 2)), _pick(b, p, range(1, 32, 2))))
+
+
+def _kk_codegen(kind, RT):
+    SB = SUPER_BYTES[kind]
+    mins = kind in _MINS
+    v16f, v16i = _v(F32, 16), _v(I32, 16)
+
+    def codegen(ctx, b, sig, args):
+        w, xq, xd, xb, out = (irh._Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 6))
+        i, t = args[1], args[5]
+        A = I16 if sig.args[2].dtype == types.int16 else I8
+        AB = A.width // 8
+        busd = VNNI and A == I8  # vpmaddubsw + vpdpwssd
+        wssd = VNNI and A == I16
+        wrow = w.row(i)
+        toks = [b.add(t, _i64(s)) for s in range(RT)]
+        xrow, drow, brow = ([a.row(tk) for tk in toks] for a in (xq, xd, xb))
+        zero16 = _c(v16i, [0] * 16)
+        if busd:
+            mubs = irh._llvm_fn(b, "llvm.x86.avx512.pmaddubs.w.512", _v(I16, 32),
+                                [_v(I8, 64), _v(I8, 64)])
+
+        def body(sb, st):
+            p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
+            if mins:
+                d, dmin = irh._f16(b, p, 0), irh._f16(b, p, 2)
+                sm = _sc_mins_k4(b, p)
+                sc16 = b.zext(sm, _v(I16, 16))  # lanes 0-7 sc, 8-15 m
+                # a block's scale on its 32 values (int16 path), or on 16 pair sums (int8)
+                scale = [_pick(b, sc16, [g] * (16 if busd else 32)) for g in range(8)]
+                mn = b.zext(_pick(b, sm, [8 + j // 2 for j in range(16)]), v16i)
+            else:
+                d = irh._f16(b, p, 208)
+                sc8 = _load(b, p, 192, _v(I8, 16))
+                sc16 = b.sext(sc8, _v(I16, 16))
+                scale = [_pick(b, sc16, [2 * g + j // (8 if busd else 16)
+                                         for j in range(16 if busd else 32)]) for g in range(8)]
+            if busd:
+                codes = _codes(b, kind, p, signed=False)
+                w16 = None
+            else:
+                if wssd and kind == "q4_k":
+                    codes = _codes16(b, p)
+                else:
+                    codes = [(b.zext if mins else b.sext)(c, _v(I16, 32))
+                             for c in _codes(b, kind, p, signed=not mins)]
+                w16 = [b.mul(codes[g], scale[g]) for g in range(8)]
+            new = list(st)
+            x0 = b.mul(sb, _i64(256 * AB))
+            for s in range(RT):
+                accs = [zero16] * NACC  # independent chains: a dot's latency, not its rate
+                if busd:
+                    for k in range(4):
+                        xv = _load(b, xrow[s], b.add(x0, _i64(64 * k)), _v(I8, 64))
+                        cv = _pick(b, codes[2 * k], range(64), codes[2 * k + 1])
+                        p16 = b.call(mubs, [cv, xv])
+                        sc2 = _pick(b, scale[2 * k], range(32), scale[2 * k + 1])
+                        accs[k % NACC] = irh.vpdpwssd(b, accs[k % NACC], b.bitcast(p16, v16i),
+                                                      b.bitcast(sc2, v16i))
+                else:
+                    for g in range(8):
+                        xv = _load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
+                        accs[g % NACC] = _dot16(b, accs[g % NACC], w16[g], xv, wssd)
+                while len(accs) > 1:
+                    accs = [b.add(accs[k], accs[k + 1]) for k in range(0, len(accs), 2)]
+                acc = accs[0]
+                bs = _load(b, brow[s], b.mul(sb, _i64(64)), v16i) if (mins or busd) else None
+                if busd and not mins:  # q6_k's unsigned codes: 32 sum(sc_h xb_h) off
+                    off = b.mul(b.sext(sc8, v16i), bs)
+                    acc = b.sub(acc, b.shl(off, _c(v16i, [5] * 16)))
+                dx = _load(b, drow[s], b.mul(sb, _i64(4)), F32)
+                f = _splat(b, b.fmul(d, dx, flags=FAST), 16)
+                new[s] = b.fadd(new[s], b.fmul(b.sitofp(acc, v16f), f, flags=FAST), flags=FAST)
+                if mins:
+                    fm = _splat(b, b.fmul(dmin, dx, flags=FAST), 16)
+                    mv = b.sitofp(b.mul(mn, bs), v16f)
+                    new[RT + s] = b.fadd(new[RT + s], b.fmul(mv, fm, flags=FAST), flags=FAST)
+            return new
+
+        init = [_c(v16f, [0.0] * 16)] * (RT * (2 if mins else 1))
+        final = irh._loop(b, b.sdiv(xq.cols, _i64(256)), init, body)[0]
+        for s in range(RT):
+            v = irh._hsum(b, final[s])
+            if mins:
+                v = b.fsub(v, irh._hsum(b, final[RT + s]), flags=FAST)
+            irh._store(b, out, toks[s], i, v)
+        return ctx.get_dummy_value()
+
+    return codegen
+
+
+def make_kktile(kind, RT):
+    """The intrinsic kktile_<kind>_1x<RT>(W, block, i, xq, xd, xb, t, out) (the module
+    docstring); xq int8 or int16, xb int32 sums per 16."""
+    arrays = {0: types.uint8, 3: (types.int8, types.int16), 4: types.float32, 5: types.int32,
+              7: types.float32}
+    return irh._typed(f"kktile_{kind}_1x{RT}", irh._drop_block(_kk_codegen(kind, RT)), arrays,
+                      ints=(1, 2, 6))

@@ -1,0 +1,168 @@
+"""Activations for the K-quant matrices (q4_k, q5_k, q6_k): float32 [T, K] -> int8 or int16
+super-blocks of 256 (q8_K's layout), next to act_quant.py's blocks of 32 (ActQ8).
+
+Per row t and super-block s (K % 256 == 0): xq[t, 256s:256s+256] int8 (int16), xd[t, s] the
+float32 scale (amax / 127, or / 32767 where xq is int16), xb[t, 16j] .. the int32 sum of each
+16 integers (the K-quants' minima and q6_k's offset of 32 are taken off with them).
+One scale per 256 values lets a K-quant tile multiply its 6-bit (8-bit) scales in integers and
+sum a super-block's 8 blocks in one integer vector (codegen/kquant_k_tiles.py), where ActQ8's
+scale per 32 makes it scale and reduce each block apart. The rounding is act_quant's (and
+llama.cpp's q8_K's): q = sign(v) floor(|v| + 0.5), v = x / d, in float32.
+Bit for bit quant_k.quantize_activations_k: compiled without fastmath.
+
+    ActK(T_max, K, dtype)         the buffers (xq, xd, xb) and T, the rows last filled
+    quantize_k(x, act)            x [T, K] into act's first T rows (validated)
+    quant_row_k(x, t, xq, xd, xb) the intrinsic: row t, as the decode step calls it
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange, types
+from numba.core.errors import TypingError
+from numba.extending import intrinsic
+
+from ..codegen.ir import (
+    F32,
+    I8,
+    I16,
+    I32,
+    _c,
+    _for,
+    _i64,
+    _llvm_fn,
+    _load,
+    _pick,
+    _Rows,
+    _splat,
+    _v,
+)
+from .jit import kernel
+
+__all__ = ["ActK", "QK", "quant_row_k", "quantize_k", "quantize_rows_k",
+           "quantize_rows_k_parallel"]
+
+QK = 256  # values per super-block (the K-quants' and q8_K's)
+SUM = 16  # values per sum in xb
+ACT_DTYPES = (np.dtype(np.int8), np.dtype(np.int16))
+PARALLEL_T = 16  # quantize with the parallel kernel from this many rows
+
+
+class ActK:
+    """Preallocated super-block activations for up to T_max rows of K features
+    (K % 256 == 0): xq int8 or int16 [T_max, K], xd float32 [T_max, K/256], xb int32
+    [T_max, K/16]; `T` the rows the last quantize_k filled."""
+
+    __slots__ = ("xq", "xd", "xb", "T")
+
+    def __init__(self, T_max: int, K: int, dtype=np.int16):
+        if int(T_max) < 1 or int(K) < QK or int(K) % QK:
+            raise ValueError(f"ActK needs T_max >= 1 and K a positive multiple of {QK}, "
+                             f"got T_max={T_max}, K={K}")
+        if np.dtype(dtype) not in ACT_DTYPES:
+            raise ValueError(f"ActK dtype must be int8 or int16, got {np.dtype(dtype)}")
+        T_max, K = int(T_max), int(K)
+        self.xq = np.zeros((T_max, K), dtype)
+        self.xd = np.zeros((T_max, K // QK), np.float32)
+        self.xb = np.zeros((T_max, K // SUM), np.int32)
+        self.T = 0
+
+    @property
+    def T_max(self) -> int:
+        return self.xq.shape[0]
+
+    @property
+    def K(self) -> int:
+        return self.xq.shape[1]
+
+    def __repr__(self) -> str:
+        return f"ActK(T_max={self.T_max}, K={self.K}, T={self.T}, {self.xq.dtype})"
+
+
+def _quant_row_k_codegen(ctx, b, sig, args):
+    """Row t of X (float32 [T, K]) -> super-blocks of 256 in row t of xq, xd, xb."""
+    x, xq, xd, xb = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4))
+    t = args[1]
+    A = I16 if sig.args[2].dtype == types.int16 else I8
+    qmax = 32767.0 if A == I16 else 127.0
+    xr, qr, dr, br = (a.row(t) for a in (x, xq, xd, xb))
+    v32 = _v(F32, 32)
+    fabs = _llvm_fn(b, "llvm.fabs.v32f32", v32, [v32])
+    floor = _llvm_fn(b, "llvm.floor.v32f32", v32, [v32])
+    copysign = _llvm_fn(b, "llvm.copysign.v32f32", v32, [v32, v32])
+    vmax = _llvm_fn(b, "llvm.vector.reduce.fmax.v32f32", F32, [v32])
+    maxnum = _llvm_fn(b, "llvm.maxnum.v32f32", v32, [v32, v32])
+    vadd = _llvm_fn(b, "llvm.vector.reduce.add.v16i32", I32, [_v(I32, 16)])
+
+    def body(s, st):
+        vs = [_load(b, xr, b.add(b.mul(s, _i64(4 * QK)), _i64(128 * g)), v32) for g in range(8)]
+        m = b.call(fabs, [vs[0]])
+        for v in vs[1:]:  # max is order-free: exact whatever the order
+            m = b.call(maxnum, [m, b.call(fabs, [v])])
+        amax = b.call(vmax, [m], fastmath=("nnan", "nsz"))
+        d = b.fdiv(amax, _c(F32, qmax))
+        nz = b.fcmp_ordered("!=", d, _c(F32, 0.0))
+        inv = b.select(nz, b.fdiv(_c(F32, 1.0), d), _c(F32, 0.0))
+        iv = _splat(b, inv, 32)
+        for g, v in enumerate(vs):
+            sv = b.fmul(v, iv)
+            r = b.call(floor, [b.fadd(b.call(fabs, [sv]), _c(v32, [0.5] * 32))])
+            q = b.fptosi(b.call(copysign, [r, sv]), _v(A, 32))
+            off = b.add(b.mul(s, _i64(QK * A.width // 8)), _i64(32 * g * A.width // 8))
+            p = b.gep(qr, [off], inbounds=True)
+            b.store(q, b.bitcast(p, q.type.as_pointer()), align=1)
+            w = b.sext(q, _v(I32, 32))
+            for h in range(2):
+                total = b.call(vadd, [_pick(b, w, range(16 * h, 16 * h + 16))])
+                p = b.gep(br, [b.add(b.mul(s, _i64(4 * QK // SUM)), _i64(4 * (2 * g + h)))],
+                          inbounds=True)
+                b.store(total, b.bitcast(p, I32.as_pointer()), align=4)
+        p = b.gep(dr, [b.mul(s, _i64(4))], inbounds=True)
+        b.store(d, b.bitcast(p, F32.as_pointer()), align=4)
+        return st
+
+    _for(b, _i64(0), b.sdiv(x.cols, _i64(QK)), [], body)
+    return ctx.get_dummy_value()
+
+
+@intrinsic
+def quant_row_k(typingctx, X, t, XQ, XD, XB):
+    """quant_row_k(x, t, xq, xd, xb): quantize row t of x into row t of the buffers."""
+    want = ((X, (types.float32,)), (XQ, (types.int8, types.int16)), (XD, (types.float32,)),
+            (XB, (types.int32,)))
+    for a, dt in want:
+        if not (isinstance(a, types.Array) and a.ndim == 2 and a.dtype in dt):
+            raise TypingError(f"quant_row_k: expected a 2-D {dt} array, got {a}")
+    return types.none(X, types.int64, XQ, XD, XB), _quant_row_k_codegen
+
+
+@kernel(exact=True)
+def quantize_rows_k(x, xq, xd, xb, t0, t1):
+    """Quantize rows t0..t1-1 of x [T, K] (K % 256 == 0) into the same rows of the buffers."""
+    for t in range(t0, t1):
+        quant_row_k(x, t, xq, xd, xb)
+
+
+@kernel(parallel=True, exact=True)
+def quantize_rows_k_parallel(x, xq, xd, xb, T):
+    """quantize_rows_k over rows 0..T-1, split between threads."""
+    for t in prange(T):
+        quant_row_k(x, t, xq, xd, xb)
+
+
+def quantize_k(x: np.ndarray, act: ActK, threads: int = 1) -> ActK:
+    """Quantize x float32 [T, K] (C-contiguous) into the first T rows of `act`; returns act."""
+    if not isinstance(act, ActK):
+        raise ValueError(f"act must be an ActK, got {type(act).__name__}")
+    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2
+            and x.flags.c_contiguous):
+        raise ValueError("x must be a C-contiguous 2-D float32 array")
+    T, K = x.shape
+    if K != act.K or T > act.T_max:
+        raise ValueError(f"x {list(x.shape)} does not fit ActK(T_max={act.T_max}, K={act.K})")
+    if T >= PARALLEL_T and threads > 1:
+        quantize_rows_k_parallel(x, act.xq, act.xd, act.xb, T)
+    elif T:
+        quantize_rows_k(x, act.xq, act.xd, act.xb, 0, T)
+    act.T = T
+    return act

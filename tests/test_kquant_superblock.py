@@ -1,0 +1,108 @@
+"""Super-block activations for the K-quant matrices (kernels/act_quant_k.py, kquant_kact.py):
+the quantizer against quant_k's oracle bit for bit, the decode rows of q4_k, q5_k and q6_k
+against the float product of the same quantized activations (random and adversarial
+blocks, int16 and int8), their error against float activations, and the checks made
+before a kernel runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_kernels_kquant import raw_blocks
+
+from edgellm.kernels import act_quant_k, kquant_kact
+from edgellm.modelfile import quant
+from edgellm.modelfile.quant_k import quantize_activations_k
+
+SB = ("q4_k", "q5_k", "q6_k")
+DTYPES = [np.int16, np.int8]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantizer_is_the_oracle(dtype):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 768)).astype(np.float32)
+    x[0, :256] = 0.0  # an all-zero super-block: scale 0, codes 0
+    x[1, 256:512] *= 1e4  # a super-block far larger than the rest
+    qmax = 32767 if dtype == np.int16 else 127
+    x[2, :256] = np.float32(qmax / 2) * np.sign(x[2, :256])  # ties at .5 after scaling
+    x[3, 5] = np.float32(1e-42)  # a subnormal alone in a block of zeros
+    x[3, :5] = x[3, 6:256] = 0.0
+    a = act_quant_k.quantize_k(x, act_quant_k.ActK(5, 768, dtype))
+    q, d, s = quantize_activations_k(x, dtype)
+    assert a.T == 4
+    np.testing.assert_array_equal(a.xq[:4], q)
+    np.testing.assert_array_equal(a.xd[:4], d)
+    np.testing.assert_array_equal(a.xb[:4], s)
+    assert (a.xd[0, 0] == 0) and not a.xq[0, :256].any()
+    # and the parallel kernel's rows are the serial one's
+    big = np.repeat(x, 5, axis=0)
+    p = act_quant_k.quantize_k(big, act_quant_k.ActK(20, 768, dtype), threads=2)
+    np.testing.assert_array_equal(p.xq, np.repeat(q, 5, axis=0))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("adversarial", [False, True], ids=["random", "adversarial"])
+@pytest.mark.parametrize("kind", SB)
+def test_rows_match_the_quantized_product(kind, adversarial, dtype):
+    N, K = 37, 768  # three super-blocks; a parallel chunk of 16 rows and a part one
+    rng = np.random.default_rng(5)
+    raw = raw_blocks(kind, N * K // 256, rng, adversarial).reshape(N, -1)
+    raw.flags.writeable = False
+    wd = quant.dequantize(raw, kind, (N, K)).astype(np.float64)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    x[0, :64] *= 1e4  # two blocks far larger than the rest of their super-block
+    a = act_quant_k.quantize_k(x, act_quant_k.ActK(1, K, dtype))
+    xr = (a.xq.astype(np.float64).reshape(1, K // 256, 256) * a.xd[..., None]).reshape(1, K)
+    ref, scale = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
+    code = quant.TYPES[kind].code
+    rows = np.full((1, N), np.nan, np.float32)
+    kquant_kact.mv_rows_kk(code, raw, a.xq, a.xd, a.xb, rows, 0, N)
+    par = np.full((1, N), np.nan, np.float32)
+    kquant_kact.mv_kk(code, raw, a.xq, a.xd, a.xb, par)
+    assert np.isfinite(rows).all()
+    assert (np.abs(rows - ref) <= 2e-6 * scale + 1e-30).all()
+    np.testing.assert_array_equal(rows, par)
+    part = np.full((1, N), np.nan, np.float32)
+    kquant_kact.mv_rows_kk(code, raw, a.xq, a.xd, a.xb, part, 5, N)
+    assert np.isnan(part[0, :5]).all()
+    np.testing.assert_array_equal(part[0, 5:], rows[0, 5:])
+
+
+@pytest.mark.parametrize("kind", SB)
+def test_int16_superblocks_keep_float_precision(kind):
+    """Against float activations: int16 per 256 values stays ~1e-5 of the row's magnitude
+    (int8 per 256: ~1e-2)."""
+    N, K = 24, 2048
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((N, K)).astype(np.float32)
+    raw = quant.quantize(w, kind)
+    raw.flags.writeable = False
+    wd = quant.dequantize(raw, kind, (N, K)).astype(np.float64)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    exact = x.astype(np.float64) @ wd.T
+    scale = (np.abs(x).astype(np.float64) @ np.abs(wd).T).max()
+    err = {}
+    for dtype in DTYPES:
+        a = act_quant_k.quantize_k(x, act_quant_k.ActK(1, K, dtype))
+        out = np.zeros((1, N), np.float32)
+        kquant_kact.mv_rows_kk(quant.TYPES[kind].code, raw, a.xq, a.xd, a.xb, out, 0, N)
+        err[np.dtype(dtype).name] = np.abs(out - exact).max() / scale
+    assert err["int16"] < 1e-4
+    assert err["int8"] < 3e-2
+
+
+def test_actk_and_quantize_k_refuse_what_does_not_fit():
+    with pytest.raises(ValueError, match="multiple of 256"):
+        act_quant_k.ActK(1, 320)
+    with pytest.raises(ValueError, match="int8 or int16"):
+        act_quant_k.ActK(1, 256, np.int32)
+    a = act_quant_k.ActK(2, 512)
+    with pytest.raises(ValueError, match="does not fit"):
+        act_quant_k.quantize_k(np.zeros((3, 512), np.float32), a)
+    with pytest.raises(ValueError, match="does not fit"):
+        act_quant_k.quantize_k(np.zeros((1, 256), np.float32), a)
+    with pytest.raises(ValueError, match="float32"):
+        act_quant_k.quantize_k(np.zeros((1, 512), np.float64), a)
+    with pytest.raises(ValueError, match="ActK"):
+        act_quant_k.quantize_k(np.zeros((1, 512), np.float32), object())

@@ -354,3 +354,22 @@ def test_panel_layout(kind, block):
     if kind == "q4_1":
         m = blocks[:, :, 2:4].copy().view("<f2")[i:i + 8, :, 0].astype(np.float32)
         np.testing.assert_array_equal(sc[:, 1], np.repeat(m.T, block // 32, axis=0))
+
+
+# --- decode=True: a few sequences' steps at once, each row its T == 1 result --------------
+
+@pytest.mark.parametrize("act_dtype", [np.int8, np.int16], ids=["int8", "int16"])
+@pytest.mark.parametrize("N", [17, 64])  # 17: a last row past the row groups
+@pytest.mark.parametrize("kind", sorted(L.registry.BATCH))
+@pytest.mark.parametrize("T", [2, 5, 8])
+def test_decode_rows_are_each_rows_matvec(kind, N, T, act_dtype, threads):
+    """The beams' kernel (matvec's row groups over all rows, the weights read once) gives
+    each row what the one-row kernel gives it alone, bit for bit (block size 32)."""
+    w, x = make_weight(kind, N, 256), make_x(T, 256)
+    alone = np.concatenate([run(w, x[t:t + 1].copy(), act_dtype=act_dtype) for t in range(T)])
+    together = run(w, x, act_dtype=act_dtype, decode=True)
+    assert np.array_equal(together, alone)
+
+
+def test_decode_rows_cover_the_int8_families():
+    assert {"q8_0", "q4_0", "q4_1"} <= set(L.registry.BATCH)

@@ -32,6 +32,38 @@ def base(tmp_path_factory):
         yield llm
 
 
+@pytest.fixture(scope="module")
+def base_q8(tmp_path_factory):
+    from realmodel import whisper_base_dir
+
+    from converter.cli import open_source
+    from converter.pack import convert
+
+    out = tmp_path_factory.mktemp("whisper-base") / "whisper-base-q8_0.edgellm"
+    convert(open_source(str(whisper_base_dir())), out, "q8_0", progress=False)
+    with edgellm.load(out, threads=1) as llm:
+        yield llm
+
+
+def test_a_beam_step_gives_each_beam_its_own_logits(base_q8):
+    """B sequences' one-token step (beam search) gives each row the logits its sequence
+    gets decoded alone, bit for bit: the q8_0 layers and head meet the B rows at once
+    (the weights read once), each row summed as one row alone."""
+    model = base_q8.model
+    mel = window(log_mel(load_audio(CLIPS / "fox.wav")))
+    cross = model.cross(model.encode(mel))
+    prompts = [[50258, 50259, 50359, 50363, t] for t in (440, 383, 50364, 1012, 317)]
+    caches = [model.new_cache(cross) for _ in prompts]
+    alone = [model.decode(np.array(p), c)[0] for p, c in zip(prompts, caches)]
+    step = model.new_cache(cross, batch=len(prompts))
+    for b, c in enumerate(caches):  # then one more token each, alone and together
+        step.k[:, b], step.v[:, b] = c.k[:, 0], c.v[:, 0]
+        alone[b] = model.decode(np.array([13]), c)[0]
+    step.length = caches[0].length - 1
+    together = model.decode(np.full((len(prompts), 1), 13), step)
+    assert np.array_equal(together, np.stack(alone))
+
+
 def test_encoder_matches_transformers(base):
     with np.load(CLIPS / "base-encoder.npz") as z:
         ref, step = z["rows"], int(z["step"])

@@ -24,13 +24,17 @@ run as prefill does: quantized weights on the integer matrix kernels with the mo
 activations (kernels/linear.py: int16 unless precise), float weights on the float panel
 kernels (kernels/panel_gemm.py); its attention on the encoders' (kernels/encoder.py: one
 sequence, its heads and blocks of queries in parallel). The decoder's linear layers run
-the decode kernels; its attention over at most 448 own positions and the 1,500 encoder
+the decode kernels (a beam search's step, one token for each of B sequences: the matrix-
+vector row groups over the B rows at once, kernels/linear.py's decode=True, so a weight
+block comes from memory once for all beams and each beam's logits are what it would get
+alone); its attention over at most 448 own positions and the 1,500 encoder
 frames is kernels/seq2seq_attention.py's (every sequence, row and head a work item; the
 cross keys and values read in place by every beam).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,21 +250,22 @@ class Whisper(Uncached):
         return h
 
     def _linear(self, w: Tensor, x: np.ndarray, bias: np.ndarray | None = None,
-                encoder: bool = False) -> np.ndarray:
+                encoder: bool = False, decode: bool = False) -> np.ndarray:
+        """x [T, K] @ w.T + bias; decode: x's rows are separate sequences' steps."""
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
         if encoder and (self.precise or w.type not in INT8):
             gemm(w, x, out)  # float activations over many rows: the panel kernels
         else:
-            linear(w, x, out, precise=self.precise, act_dtype=self.act_dtype)
+            linear(w, x, out, precise=self.precise, act_dtype=self.act_dtype, decode=decode)
         if bias is not None:
             out += bias
         return out
 
-    def _mlp(self, blk: Block, x: np.ndarray, encoder: bool) -> None:
+    def _mlp(self, blk: Block, x: np.ndarray, encoder: bool, decode: bool = False) -> None:
         h = self._norm(x, blk.ln_w, blk.ln_b)
-        f = self._linear(blk.fc1, h, encoder=encoder)
+        f = self._linear(blk.fc1, h, encoder=encoder, decode=decode)
         bias_gelu(f, blk.fc1_bias)
-        x += self._linear(blk.fc2, f, blk.fc2_bias, encoder)
+        x += self._linear(blk.fc2, f, blk.fc2_bias, encoder, decode)
 
     @staticmethod
     def _unfold(x: np.ndarray, stride: int) -> np.ndarray:
@@ -348,6 +353,9 @@ class Whisper(Uncached):
         embedding(self.embed, ids.reshape(-1), x)
         x.reshape(B, T, self.D)[:] += self.dec_pos[p0:p0 + T]
         S = p0 + T
+        # one token for each of B > 1 sequences (beams): each row a step of its own (the
+        # prompt's rows, T > 1, stay on the matrix kernels: greedy's logits as they were)
+        lin = functools.partial(self._linear, decode=T == 1)
 
         def heads(a: np.ndarray) -> np.ndarray:  # [B T, H Dh] -> [B, H, T, Dh]
             return a.reshape(B, T, H, Dh).transpose(0, 2, 1, 3)
@@ -355,30 +363,31 @@ class Whisper(Uncached):
         for i, blk in enumerate(self.decoder):
             a = blk.attn
             h = self._norm(x, a.ln_w, a.ln_b)
-            q = self._linear(a.q, h, a.q_bias) * np.float32(self.scale)
-            cache.k[i, :, p0:S] = self._linear(a.k, h).reshape(B, T, H, Dh)
-            cache.v[i, :, p0:S] = self._linear(a.v, h, a.v_bias).reshape(B, T, H, Dh)
+            q = lin(a.q, h, a.q_bias) * np.float32(self.scale)
+            cache.k[i, :, p0:S] = lin(a.k, h).reshape(B, T, H, Dh)
+            cache.v[i, :, p0:S] = lin(a.v, h, a.v_bias).reshape(B, T, H, Dh)
             att = np.empty_like(q)
             self_attention(q.reshape(B, T, H, Dh), cache.k[i], cache.v[i], S,
                            att.reshape(B, T, H, Dh))
-            x += self._linear(a.o, att, a.o_bias)
+            x += lin(a.o, att, a.o_bias)
             c = blk.cross
             h = self._norm(x, c.ln_w, c.ln_b)
-            q = self._linear(c.q, h, c.q_bias) * np.float32(self.scale)
+            q = lin(c.q, h, c.q_bias) * np.float32(self.scale)
             kt, v = cache.cross[i]  # one window's, shared by the B sequences
             if cross_scores is None:
                 att = np.empty_like(q)
                 cross_attention(q.reshape(B, T, H, Dh), kt, v, att.reshape(B, T, H, Dh))
             else:  # word timing keeps the scores
                 att = self._attend(heads(q), kt[None], v[None], cross_scores)
-            x += self._linear(c.o, att, c.o_bias)
-            self._mlp(blk, x, False)
+            x += lin(c.o, att, c.o_bias)
+            self._mlp(blk, x, False, T == 1)
         cache.length = S
         h = x.reshape(B, T, self.D)
         h = self._norm(np.ascontiguousarray(h[:, -1] if last_only else h.reshape(B * T, -1)),
                        *self.dec_ln)
         logits = np.empty((h.shape[0], self.args.vocab_size), np.float32)
-        linear(self.embed, h, logits, precise=self.precise, act_dtype=self.act_dtype)
+        linear(self.embed, h, logits, precise=self.precise, act_dtype=self.act_dtype,
+               decode=T == 1)
         if single or last_only:
             return logits
         return logits.reshape(B, T, -1)

@@ -21,7 +21,11 @@ Precision of quantized weights:
                  their scale multiplies 2 or 4 activation blocks.
   precise=True   x stays float32; each weight block is dequantized in registers.
 f32/f16 weights always use float x (`act` is ignored for them).
-T == 1 runs the matrix-vector kernels (decode), T > 1 the matrix-matrix ones (prefill).
+T == 1 runs the matrix-vector kernels (decode), T > 1 the matrix-matrix ones (prefill);
+decode=True with 1 < T <= DECODE_ROWS runs the matrix-vector row groups over all T rows at
+once (matvec.py's mvb: a beam search's beams, each row's result the T == 1 kernel's for it
+alone, the weights read once for all), where the type has them (registry.BATCH) at block
+size 32; elsewhere the matrix-matrix kernels.
 Threads: whatever numba.set_num_threads (or numba_setup.set_threads) last set.
 """
 
@@ -49,6 +53,8 @@ _F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
 PARALLEL_QUANT_T = 16  # quantize activations with a parallel kernel from this many rows
 ACT_DTYPES = (np.dtype(np.int8), np.dtype(np.int16))
+DECODE_ROWS = 8  # decode=True: up to this many rows (beams) on mvb, which beat the packed
+# panels (mm) at 5 and 8 rows on whisper-base's q8_0 matrices; more rows go to the panels
 
 
 class ActQ8:
@@ -217,12 +223,13 @@ def check_product(w, x: np.ndarray, out: np.ndarray) -> tuple:
 
 
 def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
-           act: ActQ8 | None = None, act_dtype=np.int8) -> None:
+           act: ActQ8 | None = None, act_dtype=np.int8, decode: bool = False) -> None:
     """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (see the module docstring).
 
     x and out are C-contiguous float32; `act`, if given, holds x already quantized
     (quantize_act) and is used instead of x on the integer path; without it x is quantized
-    to act_dtype (int8 or int16) blocks. Raises ValueError on any
+    to act_dtype (int8 or int16) blocks. decode: x's rows are separate sequences' decode
+    steps (see the module docstring). Raises ValueError on any
     shape, dtype or layout mismatch, before a kernel runs.
     """
     kind, N, K, block, data = check_product(w, x, out)
@@ -238,7 +245,12 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
             raise ValueError(f"act holds {act.T} quantized rows of K={act.K}; x is "
                              f"{list(x.shape)} (call quantize_act(x, act) first)")
         rows, par, mm = registry.INT8[kind]
-        if T > 1:
+        if decode and 1 < T <= DECODE_ROWS and block == 32 and kind in registry.BATCH:
+            if _threads() == 1:
+                registry.BATCH[kind].rows(data, block, act.xq, act.xd, act.xds, out, 0, N, T)
+            else:
+                registry.BATCH[kind].parallel(data, block, act.xq, act.xd, act.xds, out, T)
+        elif T > 1:
             mm(data, block, act.xq, act.xd, act.xs, act.xds, out, T, _threads())
         elif _threads() == 1:
             rows(data, block, act.xq, act.xd, act.xds, out, 0, N)

@@ -20,12 +20,18 @@ mv_*  int8 activations (xq, xd, xds from act_quant): row groups (the tile "g": q
 mvp_* float32 activations, each weight block dequantized in registers ("precise");
       the only mode of f32/f16 weights
 embed(w, block, ids, out): out[t] = dequantized row ids[t] (embedding lookup)
+mvb_rows / mvb(..., T)  int8, out[:T] for T rows that are separate decode steps (a beam
+      search's beams): each row group meets four, two, then one row a tile ("g4", "g2",
+      "g": the batched step's tiles), so its weights come from memory once for all T, and
+      each row's sums are added as mv adds them alone (bit for bit at block size 32; the
+      last N % group rows through the one-row tile per row, as mv_rows). For types with
+      "g4" tiles (the int8-code families: q8_0, q4_0, q4_1, iq4_nl)
 Callers validate shapes and ids first (linear.py): these kernels do not check bounds.
 """
 
 from numba import prange
 
-from .family import kern, name_of, tile
+from .family import TILES, kern, name_of, tile
 from .jit import kernel
 from .tiles import RECIPES
 
@@ -94,8 +100,38 @@ def make_matvec(code: int) -> dict:
         for t in range(ids.shape[0]):
             tile(code, "row", w, block, ids[t], out, t)
 
+    @kernel
+    @named(f"mvb_rows_{name}")
+    def mvb_rows(w, block, xq, xd, xds, out, r0, r1, T):
+        """out[:T, r0:r1] = x[:T] @ W[r0:r1].T, each row as mv_rows computes it alone."""
+        i = r0
+        while i + R <= r1:
+            t = 0
+            while t + 4 <= T:
+                tile(code, "g4", w, block, i, xq, xd, xds, t, out)
+                t += 4
+            if t + 2 <= T:
+                tile(code, "g2", w, block, i, xq, xd, xds, t, out)
+                t += 2
+            if t < T:
+                tile(code, "g", w, block, i, xq, xd, xds, t, out)
+            i += R
+        for j in range(i, r1):
+            for t in range(T):
+                tile(code, "1", w, block, j, xq, xd, xds, t, out)
+
+    @kernel(parallel=True)
+    @named(f"mvb_{name}")
+    def mvb(w, block, xq, xd, xds, out, T):
+        n = w.shape[0]
+        for c in prange((n + CHUNK - 1) // CHUNK):
+            kern(code, "mvb_rows", w, block, xq, xd, xds, out, c * CHUNK,
+                 min(n, c * CHUNK + CHUNK), T)
+
     recipe = RECIPES[name]
     kernels = dict(mvp_rows=mvp_rows, mvp=mvp, embed=embed) if recipe.floats else {}
     if R:
         kernels.update(mv_rows=mv_rows, mv=mv)
+    if R and "g4" in TILES[code]:
+        kernels.update(mvb_rows=mvb_rows, mvb=mvb)
     return kernels

@@ -6,6 +6,8 @@ these tables name them by role for linear.py:
 
   INT8[type]   Int8Kernels: matvec on int8 activation blocks (ActQ8), serial over rows and
                parallel, and the matmul on packed panels; for quant.INT8_TYPES
+  BATCH[type]  BatchKernels: matvec's row groups over a few rows at once (matvec.py's mvb:
+               beams), serial and parallel; for the types with the batched step's tiles
   FLOAT[type]  FloatKernels: the same on float32 activations, the embedding lookup and
                the encoders' panel GEMM (panel_gemm.py); for quant.MATRIX_TYPES
 quant.TYPES says which types have which kernels; this says which functions they are, and
@@ -29,13 +31,18 @@ from .matvec import make_matvec
 from .panel_gemm import make_gemm
 from .tiles import RECIPES
 
-__all__ = ["FLOAT", "INT8", "KERNELS", "FloatKernels", "Int8Kernels"]
+__all__ = ["BATCH", "FLOAT", "INT8", "KERNELS", "BatchKernels", "FloatKernels", "Int8Kernels"]
 
 
 class Int8Kernels(NamedTuple):
     rows: Any  # (w, block, xq, xd, xds, out, r0, r1): serial, output rows r0..r1-1
     parallel: Any  # (w, block, xq, xd, xds, out)
     matmul: Any  # (w, block, xq, xd, xs, xds, out, T, threads)
+
+
+class BatchKernels(NamedTuple):
+    rows: Any  # (w, block, xq, xd, xds, out, r0, r1, T): serial, output rows r0..r1-1
+    parallel: Any  # (w, block, xq, xd, xds, out, T)
 
 
 class FloatKernels(NamedTuple):
@@ -47,6 +54,7 @@ class FloatKernels(NamedTuple):
 
 
 INT8: dict[str, Int8Kernels] = {}
+BATCH: dict[str, BatchKernels] = {}
 FLOAT: dict[str, FloatKernels] = {}
 for _name, _recipe in RECIPES.items():
     _code = quant.TYPES[_name].code
@@ -57,6 +65,8 @@ for _name, _recipe in RECIPES.items():
                                     _k["gemm"])
     if "mv_rows" in _k:
         INT8[_name] = Int8Kernels(_k["mv_rows"], _k["mv"], _k["mm"])
+    if "mvb" in _k:
+        BATCH[_name] = BatchKernels(_k["mvb_rows"], _k["mvb"])
 
 
 def _k_float(code: int) -> FloatKernels:

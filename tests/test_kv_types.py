@@ -87,7 +87,7 @@ def test_memory_plan_counts_the_stored_bytes(converted, name, context, kv_type):
     with PackedModel(path) as packed:
         args = check_model(packed)
         p = memory_plan.plan(packed, args, context, kv_type)
-        f32 = memory_plan.plan(packed, args, context)
+        f32 = memory_plan.plan(packed, args, context, "f32")
     with edgellm.load(path, context=context, kv_type=kv_type) as llm:
         assert p.kv_cache == llm.model.cache.nbytes
     ratio = f32.kv_cache / p.kv_cache
@@ -117,3 +117,27 @@ def test_encoders_are_numpys_float16_and_quants_q8_0_bit_for_bit():
     y[1] = 0.0  # a block of zeros: scale 0
     want = quant.quantize(y.reshape(150, 64), "q8_0", 32)
     assert np.array_equal(encode_rows(y, "q8_0").reshape(150, 68), want)
+
+
+def test_the_default_cache_is_f16_in_the_api_the_cli_and_the_server(converted):
+    """f16 by default (half f32's bytes, the float model's greedy answers kept: docs/
+    measurements.md); f32 still there when asked for."""
+    import argparse
+
+    from edgellm.commands.common import add_model_arguments, kv_type_of
+    from edgellm.server.models import Served
+
+    path = converted("llama", "q8_0")
+    with edgellm.load(path, context=64) as llm:
+        assert llm.model.cache.kv_type == "f16"
+        assert llm.model.cache.layers[0].k.dtype == np.uint16
+    with edgellm.load(path, context=64, kv_type="f32") as llm:
+        assert llm.model.cache.layers[0].k.dtype == np.float32
+    p = argparse.ArgumentParser()
+    add_model_arguments(p)
+    assert kv_type_of(p.parse_args([])) == "f16"
+    assert kv_type_of(p.parse_args(["--kv-type", "f32"])) == "f32"
+    assert kv_type_of(argparse.Namespace()) == "f16"  # a command without the option
+    assert Served(None).kv_type == "f16"
+    with PackedModel(path) as packed:
+        assert memory_plan.plan(packed, check_model(packed), 64).kv_type == "f16"

@@ -59,8 +59,8 @@ def test_plan_matches_the_runtime_allocations(converted, name, context):
         model = llm.model
         cache = model.cache
         assert plan.kv_cache == cache.nbytes
-        full = sum(2 * context * layer.k.shape[1] * layer.k.shape[2] * 4 + 8 * context
-                   for layer in cache.layers)
+        full = sum(2 * context * layer.k.shape[1] * layer.k.shape[2] * layer.k.itemsize
+                   + 8 * context for layer in cache.layers)
         assert plan.kv_cache_no_window == full
         if any(layer.window for layer in cache.layers):
             assert plan.kv_cache < plan.kv_cache_no_window

@@ -26,7 +26,7 @@ from ..kernels.attention import attention, attention_rows
 from ..kernels.kv_store import encode_f16, encode_q8_0
 from ..kernels.rope import apply_rope, rope_tables
 from ..modelfile import quant
-from .kv_types import KV_DTYPE, check_kv_type, kv_row_width
+from .kv_types import DEFAULT_KV_TYPE, KV_DTYPE, check_kv_type, kv_row_width
 
 
 def encode_rows(x: np.ndarray, kv_type: str) -> np.ndarray:
@@ -154,7 +154,7 @@ class KVCache:
     """All layers' caches plus the next position; see the module docstring for the policy."""
 
     def __init__(self, layer_windows: list[int], context: int, n_kv: int, head_dim: int,
-                 inv_freqs: list[np.ndarray], n_keep: int = 4, kv_type: str = "f32"):
+                 inv_freqs: list[np.ndarray], n_keep: int = 4, kv_type: str = DEFAULT_KV_TYPE):
         self.kv_type = check_kv_type(kv_type, head_dim)
         dtype, width = KV_DTYPE[kv_type], kv_row_width(kv_type, head_dim)
         self.context = context

@@ -124,15 +124,15 @@ def test_the_default_cache_is_f16_in_the_api_the_cli_and_the_server(converted):
     measurements.md); f32 still there when asked for."""
     import argparse
 
-    from edgellm.commands.common import add_model_arguments, kv_type_of
-    from edgellm.server.models import Served
-
     path = converted("llama", "q8_0")
     with edgellm.load(path, context=64) as llm:
         assert llm.model.cache.kv_type == "f16"
         assert llm.model.cache.layers[0].k.dtype == np.uint16
     with edgellm.load(path, context=64, kv_type="f32") as llm:
         assert llm.model.cache.layers[0].k.dtype == np.float32
+    from edgellm.commands.common import add_model_arguments, kv_type_of
+    from edgellm.server.models import Served
+
     p = argparse.ArgumentParser()
     add_model_arguments(p)
     assert kv_type_of(p.parse_args([])) == "f16"

@@ -165,7 +165,7 @@ def test_partial_rotary_context_shift_re_ropes_keys(phi3_weights, tmp_path):
     path = variant(tmp_path, rope_parameters={**config["rope_parameters"],
                                               "partial_rotary_factor": 0.5})
     ids = reference(NAME)["input_ids"][:16]
-    with edgellm.load(path, context=16) as llm:
+    with edgellm.load(path, context=16, kv_type="f32") as llm:
         m = llm.model
         m.reset()
         m.forward(ids, want="none")

@@ -72,7 +72,7 @@ def test_context_shift_re_ropes_keys_to_their_new_positions(converted):
     """After a shift, layer 0's cached keys equal those of a fresh run over the kept tokens
     (layer 0's keys depend only on token and position; deeper layers saw the dropped ones)."""
     ids = reference("llama")["input_ids"][:16]
-    with edgellm.load(converted("llama", "f32"), context=16) as llm:
+    with edgellm.load(converted("llama", "f32"), context=16, kv_type="f32") as llm:
         m = llm.model
         m.reset()
         m.forward(ids, want="none")

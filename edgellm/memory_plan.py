@@ -11,7 +11,8 @@ the weights and the libraries). What a board must have free for it.
              sliding-window layer holds its window). Pages are committed as tokens
              arrive: the figure is reached once the context is full.
   buffers    the activation buffers: a prefill chunk's rows and logits, and the one-token
-             decode step's rows and per-thread scratch (for PLAN_THREADS threads).
+             decode step's rows and per-thread scratch (for PLAN_THREADS threads); with an
+             f16 cache, one layer's K and V as float32 for a prefill chunk's attention.
   tokenizer  the tokenizers library's tables, built from the file's stored tokenizer
              (tokenizer_store.py); for a file with the tokenizer.json text in its header
              (format version 1), that text as well, which the header keeps.
@@ -115,6 +116,16 @@ def kv_bytes(args: ModelArgs, context: int, windows: bool = True,
     return total
 
 
+def prefill_rows_bytes(args: ModelArgs, context: int, kv_type: str = DEFAULT_KV_TYPE) -> int:
+    """An f16 cache's float32 rows for a prefill chunk's attention (kv_cache.F32Rows): one
+    layer's K and V at its largest capacity; 0 for the other types."""
+    if kv_type != "f16":
+        return 0
+    caps = [min(w, context) if w else context
+            for w in (args.layer_window(i) for i in range(args.num_hidden_layers))]
+    return 2 * max(caps) * args.num_key_value_heads * args.head_dim * 4
+
+
 def buffer_bytes(args: ModelArgs, inner: int, chunk: int = CHUNK, context: int = 0,
                  threads: int = PLAN_THREADS) -> int:
     """Activation buffers: a prefill chunk's and the one-token decode step's."""
@@ -200,7 +211,8 @@ def plan(packed: PackedModel, args: ModelArgs, context: int,
     chunk = max(1, min(CHUNK, context // 2))
     return MemoryPlan(context, kv_type, packed.file_size, kv_bytes(args, context, True, kv_type),
                       kv_bytes(args, context, False, kv_type),
-                      buffer_bytes(args, inner, chunk, context), tokenizer_bytes(packed))
+                      buffer_bytes(args, inner, chunk, context)
+                      + prefill_rows_bytes(args, context, kv_type), tokenizer_bytes(packed))
 
 
 def largest_context(packed: PackedModel, args: ModelArgs, budget: int,

@@ -76,7 +76,9 @@ def test_memory_plan_counts_the_window_saving(converted, capsys):
     with PackedModel(path) as packed:
         args = ModelArgs.from_dict(packed.config)
         p = plan(packed, args, 256)
-    per_pos = 2 * args.num_key_value_heads * args.head_dim * 4 + 8
+    from edgellm.cache.kv_types import DEFAULT_KV_TYPE, kv_row_bytes
+
+    per_pos = 2 * args.num_key_value_heads * kv_row_bytes(DEFAULT_KV_TYPE, args.head_dim) + 8
     assert p.kv_cache == per_pos * (16 + 256 + 16 + 16)
     assert p.kv_cache_no_window == per_pos * 4 * 256
     with edgellm.llm.LLM(path, context=256) as llm:

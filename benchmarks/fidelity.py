@@ -10,8 +10,8 @@ Face tokenizer's) and is scored by the length of its common prefix with the refe
   int8       int8 activation blocks, llama.cpp's (the default before issue 20)
   precise    float activations everywhere (--precise)
   llama.cpp  llama-server (the vendored build) on the same GGUF, temperature 0
-  int16/f16  (or int16/q8_0, precise/f16, ...) a path with its KV cache in that kv_type
-             (the others keep float32 K and V)
+  int16/f32  (or int16/q8_0, precise/f16, ...) a path with its KV cache in that kv_type
+             (the others: the default, f16)
 The fixture's two prompts (../shared/fixtures/smollm2-135m-instruct) come first.
 """
 
@@ -87,9 +87,10 @@ def edgellm_greedy(path: str, mode: str, refs: dict, n: int) -> dict:
     """{name: greedy ids} of edgellm in `mode` (int16 | int8 | precise, "/KV_TYPE")."""
     import edgellm
     from edgellm import loader
+    from edgellm.cache.kv_types import DEFAULT_KV_TYPE
 
     mode, _, kv_type = mode.partition("/")
-    kv_type = kv_type or "f32"
+    kv_type = kv_type or DEFAULT_KV_TYPE
     llm = edgellm.load(path, precise=mode == "precise", context=1024, kv_type=kv_type)
     if mode == "int8":
         llm.model = loader.build(llm.packed, context=1024, act_dtype=np.int8, kv_type=kv_type)

@@ -10,9 +10,13 @@ the alternatives alternating (medians of --rounds).
 2. Loading a saved session of those 1,000 tokens (llm.load_session) against prefilling them.
 3. Greedy continuation after save_session / load_session in a fresh process against the
    same continuation without the round trip, for kv_type f32, f16 and q8_0 (32 tokens).
-4. Decode tokens/s at a 2,000-token context (context 2048) for each kv_type, all through
-   the fused decode step (the caches filled by one f32 prefill, stored as each type), and f32 on the per-operation path, for each of --threads; with
-   each kv_type's ratio to f32 (acceptance: f16 and q8_0 >= 1.0).
+4. Decode tokens/s after --positions tokens (default 2,000) for each kv_type, all through
+   the fused decode step (the caches filled by one f32 prefill, or random rows with
+   --random-cache, stored as each type), and f32 on the per-operation path, for each of
+   --threads; with each kv_type's ratio to f32, by wall and by CPU time. --prefill N also
+   times each type's prefill of N tokens. At 1.7B (issue 52):
+     --model 1.7b.q4_0.edgellm --only decode --positions 3000 1024 128 --random-cache
+     --no-per-op --tokens 16
 Text: Python's pydoc_data.topics (as benchmarks/quality.py), tokenized once.
 """
 
@@ -121,49 +125,108 @@ def round_trips(model: Path, ids: list[int], tmp: Path, n: int = 32) -> dict:
     return out
 
 
-def decode_speed(model: Path, threads: int, rounds: int, ids: list[int], n: int = 32) -> dict:
-    """One f32 prefill of 2,000 tokens, copied into each kv_type's cache as its rows
-    (encode_rows: what that type's prefill would store, up to float noise); each round
-    decodes n tokens after them and cuts the cache back (the variants alternating)."""
+def decode_speed(model: Path, threads: int, rounds: int, ids: list[int], n: int = 32,
+                 positions: tuple[int, ...] = (2000,), per_op: bool = True,
+                 prefill: int = 0, random_cache: bool = False) -> dict:
+    """One f32 prefill of max(positions) tokens, copied into each kv_type's cache as its rows
+    (encode_rows: what that type's prefill would store, up to float noise); at each position
+    (longest first: the cache is cut back to the next), each round decodes n tokens after
+    it and cuts the cache back (the variants alternating). {position: {variant: tok/s}};
+    with `prefill`, first each type's prefill of that many tokens, alternating ("prefill").
+    random_cache: the f32 rows are random normals, not a prefill's (the same attention work,
+    without the prefill's minutes at 1.7B). Each speed is also given per CPU second
+    ("cpu": the process's CPU time, which on a shared machine inflates less than the wall)."""
     import numpy as np
 
     from edgellm.cache.kv_cache import encode_rows
     from edgellm.llm import LLM
 
+    positions = tuple(sorted(positions, reverse=True))
+    context = -(-(positions[0] + n + 1) // 256) * 256
     kv_types = ("f32", "f16", "q8_0")
-    llms = {kv_type: LLM(model, threads=threads, context=2048, kv_type=kv_type)
+    llms = {kv_type: LLM(model, threads=threads, context=context, kv_type=kv_type)
             for kv_type in kv_types}
     variants = {kv_type: (kv_type, llms[kv_type].model.fused) for kv_type in kv_types}
     assert all(step is not None for _, step in variants.values())  # all fused
-    variants["f32 (per-op)"] = ("f32", None)
+    if per_op:
+        variants["f32 (per-op)"] = ("f32", None)
     for llm in llms.values():
         llm.model.warmup()
+    out: dict = {}
+    if prefill:
+        took: dict[str, list[float]] = {kv_type: [] for kv_type in kv_types}
+        for _ in range(rounds):
+            for kv_type in kv_types:
+                m = llms[kv_type].model
+                m.reset()
+                took[kv_type].append(prefill / timed(lambda m=m: m.forward(ids[:prefill],
+                                                                           want="last")))
+                m.reset()
+        out["prefill"] = {kv_type: statistics.median(v) for kv_type, v in took.items()}
+        out["prefill"]["rounds"] = {k: [round(t, 2) for t in v] for k, v in took.items()}
+        print(json.dumps({"threads": threads, "prefill": prefill, "load": os.getloadavg()[0],
+                          **out["prefill"]}), flush=True)
     f32 = llms["f32"].model
-    first = int(np.argmax(f32.forward(ids[:2000], want="last")))
-    state = f32.cache.state()
+    if random_cache:
+        _fill_random(f32, ids[:positions[0] - 1])
+    else:
+        f32.forward(ids[:positions[0] - 1], want="none")
+    state = f32.cache.state(copy=False)
     for kv_type in kv_types[1:]:
         m = llms[kv_type].model
         m.cache.restore(dataclasses.replace(
             state, k=[encode_rows(k, kv_type) for k in state.k],
             v=[encode_rows(v, kv_type) for v in state.v]))
         m.tokens[:] = f32.tokens
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    for _ in range(rounds):
-        for name, (kv_type, step) in variants.items():
-            m = llms[kv_type].model
-            fused, m.fused = m.fused, step
-            token = first
-            t0 = time.perf_counter()
-            for _ in range(n):
-                token = int(np.argmax(m.forward([token], want="last")))
-            times[name].append(n / (time.perf_counter() - t0))
-            m.fused = fused
-            m.truncate(2000)
+    for at in positions:
+        for llm in llms.values():
+            llm.model.truncate(at - 1)
+        first = ids[at - 1]
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        cpu: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(rounds):
+            for name, (kv_type, step) in variants.items():
+                m = llms[kv_type].model
+                fused, m.fused = m.fused, step
+                token = first
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(n):
+                    token = int(np.argmax(m.forward([token], want="last")))
+                times[name].append(n / (time.perf_counter() - t0))
+                cpu[name].append(n / (time.process_time() - c0))
+                m.fused = fused
+                m.truncate(at - 1)
+        speed = {name: statistics.median(v) for name, v in times.items()}
+        speed["ratio_to_f32"] = {name: speed[name] / speed["f32"] for name in variants
+                                 if name != "f32"}
+        speed["rounds"] = {name: [round(t, 2) for t in v] for name, v in times.items()}
+        speed["cpu"] = {name: statistics.median(v) for name, v in cpu.items()}
+        speed["cpu_ratio_to_f32"] = {name: speed["cpu"][name] / speed["cpu"]["f32"]
+                                     for name in variants if name != "f32"}
+        out[at] = speed
+        print(json.dumps({"threads": threads, "position": at, "load": os.getloadavg()[0],
+                          **speed}), flush=True)
     for llm in llms.values():
         llm.close()
-    out: dict = {name: statistics.median(v) for name, v in times.items()}
-    out["ratio_to_f32"] = {name: out[name] / out["f32"] for name in variants if name != "f32"}
     return out
+
+
+def _fill_random(model, ids: list[int]) -> None:
+    """The cache holding len(ids) tokens whose keys and values are random normals."""
+    import numpy as np
+
+    from edgellm.cache.kv_cache import CacheState
+
+    rng = np.random.default_rng(0)
+    n, layers = len(ids), model.cache.layers
+    live = [min(n, layer.cap) for layer in layers]
+    rows = [(k, layer.k.shape[1], layer.head_dim) for k, layer in zip(live, layers)]
+    model.reset()
+    model.cache.restore(CacheState(
+        [rng.standard_normal(r, np.float32) for r in rows],
+        [rng.standard_normal(r, np.float32) for r in rows],
+        [np.arange(n - k, n) for k in live], [n] * len(layers), n, n))
+    model.tokens[:] = ids
 
 
 def main() -> None:
@@ -174,6 +237,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", nargs="*", default=["reuse", "roundtrip", "decode"])
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--positions", type=int, nargs="+", default=[2000],
+                    help="decode: the context lengths to decode after (2000)")
+    ap.add_argument("--tokens", type=int, default=32, help="decode: tokens per round (32)")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="decode: also time each kv_type's prefill of this many tokens")
+    ap.add_argument("--random-cache", action="store_true",
+                    help="decode: random keys and values instead of a prefill's")
+    ap.add_argument("--no-per-op", action="store_true",
+                    help="decode: leave out f32 on the per-operation path")
     a = ap.parse_args()
     from edgellm.llm import LLM
 
@@ -189,12 +261,11 @@ def main() -> None:
             result["round_trip"] = round_trips(a.model, ids, Path(tmp))
             print(json.dumps(result["round_trip"]), flush=True)
         if "decode" in a.only:
-            result["decode_tok_s_at_2000"] = {}
+            result["decode_tok_s"] = {}
             for threads in a.threads:
-                speed = decode_speed(a.model, threads, a.rounds, ids)
-                result["decode_tok_s_at_2000"][f"{threads} threads"] = speed
-                print(json.dumps({"threads": threads, "load": os.getloadavg()[0], **speed}),
-                      flush=True)
+                result["decode_tok_s"][f"{threads} threads"] = decode_speed(
+                    a.model, threads, a.rounds, ids, a.tokens, tuple(a.positions),
+                    not a.no_per_op, a.prefill, a.random_cache)
     result["load_after"] = os.getloadavg()[0]
     print(json.dumps(result, indent=1))
     if a.json:

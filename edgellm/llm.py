@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import numpy as np
 
 from . import arch, arguments, loader
+from .cache.kv_types import DEFAULT_KV_TYPE
 from .cache.prompt_cache import PromptCache
 from .errors import (
     ClosedError,
@@ -48,7 +49,7 @@ class LLM:
 
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
                  context: int | None = None, precise: bool = False, chunk: int = CHUNK,
-                 kv_type: str = "f32", prompt_cache_bytes: int = 0, fused: bool = True,
+                 kv_type: str = DEFAULT_KV_TYPE, prompt_cache_bytes: int = 0, fused: bool = True,
                  lora=None, act_type: str = "int16"):
         import numba
 
@@ -554,16 +555,17 @@ def _chat_message(i: int, m: dict) -> dict:
 
 
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,
-         precise: bool = False, kv_type: str = "f32", prompt_cache_bytes: int = 0,
+         precise: bool = False, kv_type: str = DEFAULT_KV_TYPE, prompt_cache_bytes: int = 0,
          fused: bool = True, lora=None, act_type: str = "int16") -> LLM:
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
     activations for quantized weights (matches the float model; slower); kv_type: how
-    the KV cache stores K and V ("f32", "f16", "q8_0"); prompt_cache_bytes: memory for
-    snapshots of earlier sequences whose prefixes later prompts reuse (0: only the last
-    sequence's cache is reused); fused: decode each token in one compiled parallel step
-    where the weights and an f32 KV cache allow it (False: one kernel call per operation,
-    the reference path; the CLI's default is EDGELLM_FUSED). A context beyond the model's
+    the KV cache stores K and V ("f16", the default: the float model's answers in half
+    f32's memory; "f32"; "q8_0", a quarter); prompt_cache_bytes: memory for snapshots of
+    earlier sequences whose prefixes later prompts reuse (0: only the last sequence's cache
+    is reused); fused: decode each token in one compiled parallel step where the model
+    allows it (False: one kernel call per operation, the reference path; the CLI's default
+    is EDGELLM_FUSED). A context beyond the model's
     max_position_embeddings warns (ContextWarning). lora: LoRA adapters applied at run
     time (a PEFT directory or adapter file, or a list of them or of (path, scale) pairs;
     LLM.set_lora switches them). act_type: the integer activations of quantized weights

@@ -8,14 +8,15 @@ from __future__ import annotations
 import numpy as np
 
 from . import arch
+from .cache.kv_types import DEFAULT_KV_TYPE
 from .memory_plan import CHUNK
 from .modelfile.config import ModelArgs
 from .modelfile.format import PackedModel
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
-          chunk: int = CHUNK, kv_type: str = "f32", fused: bool = True, act_dtype=np.int16,
-          args: ModelArgs | None = None):
+          chunk: int = CHUNK, kv_type: str = DEFAULT_KV_TYPE, fused: bool = True,
+          act_dtype=np.int16, args: ModelArgs | None = None):
     """The runnable model of a packed file (arch.build's arguments); fused: decoders decode
     through the fused step (one compiled step per token, step/fused.py) where the model's
     weights allow it, else through the per-operation path."""

@@ -6,12 +6,13 @@ the weights and the libraries). What a board must have free for it.
   weights    the file's size. It is mapped, never copied, and a generation reads every
              page of it. They are clean file pages: under memory pressure the kernel drops
              them and reads them again, slower but without running out of memory.
-  kv_cache   K and V as the cache stores them (f32; f16: half; q8_0: 34 bytes per 32
-             values) plus each slot's position, for `context` tokens (a sliding-window
-             layer holds its window). Pages are committed as tokens arrive: the figure is
-             reached once the context is full.
+  kv_cache   K and V as the cache stores them (f16, the default; f32: twice; q8_0: 34
+             bytes per 32 values) plus each slot's position, for `context` tokens (a
+             sliding-window layer holds its window). Pages are committed as tokens
+             arrive: the figure is reached once the context is full.
   buffers    the activation buffers: a prefill chunk's rows and logits, and the one-token
-             decode step's rows and per-thread scratch (for PLAN_THREADS threads).
+             decode step's rows and per-thread scratch (for PLAN_THREADS threads); with an
+             f16 cache, one layer's K and V as float32 for a prefill chunk's attention.
   tokenizer  the tokenizers library's tables, built from the file's stored tokenizer
              (tokenizer_store.py); for a file with the tokenizer.json text in its header
              (format version 1), that text as well, which the header keeps.
@@ -60,7 +61,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .cache.kv_types import kv_row_bytes
+from .cache.kv_types import DEFAULT_KV_TYPE, kv_row_bytes
 from .modelfile.config import ModelArgs
 from .modelfile.format import PackedModel
 
@@ -103,7 +104,8 @@ def default_context(args: ModelArgs) -> int:
     return min(args.max_position_embeddings, DEFAULT_CONTEXT_CAP)
 
 
-def kv_bytes(args: ModelArgs, context: int, windows: bool = True, kv_type: str = "f32") -> int:
+def kv_bytes(args: ModelArgs, context: int, windows: bool = True,
+             kv_type: str = DEFAULT_KV_TYPE) -> int:
     """K and V stored as kv_type (+ int64 slot positions) for every layer at `context`
     tokens."""
     per_pos = 2 * args.num_key_value_heads * kv_row_bytes(kv_type, args.head_dim) + 8
@@ -112,6 +114,16 @@ def kv_bytes(args: ModelArgs, context: int, windows: bool = True, kv_type: str =
         w = args.layer_window(i) if windows else 0
         total += per_pos * (min(w, context) if w else context)
     return total
+
+
+def prefill_rows_bytes(args: ModelArgs, context: int, kv_type: str = DEFAULT_KV_TYPE) -> int:
+    """An f16 cache's float32 rows for a prefill chunk's attention (kv_cache.F32Rows): one
+    layer's K and V at its largest capacity; 0 for the other types."""
+    if kv_type != "f16":
+        return 0
+    caps = [min(w, context) if w else context
+            for w in (args.layer_window(i) for i in range(args.num_hidden_layers))]
+    return 2 * max(caps) * args.num_key_value_heads * args.head_dim * 4
 
 
 def buffer_bytes(args: ModelArgs, inner: int, chunk: int = CHUNK, context: int = 0,
@@ -193,17 +205,19 @@ def tokenizer_bytes(packed: PackedModel) -> int:
     return TOKENIZER_PER_TOKEN * stored["tokens"] + TOKENIZER_PER_MERGE * stored["merges"]
 
 
-def plan(packed: PackedModel, args: ModelArgs, context: int, kv_type: str = "f32") -> MemoryPlan:
+def plan(packed: PackedModel, args: ModelArgs, context: int,
+         kv_type: str = DEFAULT_KV_TYPE) -> MemoryPlan:
     """The memory plan of `packed` at `context` tokens with a kv_type cache."""
     inner = args.intermediate_size
     chunk = max(1, min(CHUNK, context // 2))
     return MemoryPlan(context, kv_type, packed.file_size, kv_bytes(args, context, True, kv_type),
                       kv_bytes(args, context, False, kv_type),
-                      buffer_bytes(args, inner, chunk, context), tokenizer_bytes(packed))
+                      buffer_bytes(args, inner, chunk, context)
+                      + prefill_rows_bytes(args, context, kv_type), tokenizer_bytes(packed))
 
 
 def largest_context(packed: PackedModel, args: ModelArgs, budget: int,
-                    kv_type: str = "f32") -> int:
+                    kv_type: str = DEFAULT_KV_TYPE) -> int:
     """The largest context (a multiple of 256, at most the model's) whose plan fits `budget`;
     0 if not even 256 tokens fit."""
     limit = args.max_position_embeddings

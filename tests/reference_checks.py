@@ -31,9 +31,10 @@ def decode_fused_or_not(llm, ids, fused: bool) -> np.ndarray:
 def check_fused_equals_per_operation(path, name: str, threads: int | None = None) -> None:
     """The model decodes through the fused step, and it computes what the per-operation
     path computes: within 1e-4 with float activations (precise); with int8 activations the
-    two paths round the same values, so their top-1 tokens agree closely."""
+    two paths round the same values, so their top-1 tokens agree closely. (f32 KV: the
+    steps' f16 caches are compared in test_fused_kv_types.py.)"""
     ids = reference(name)["input_ids"]
-    with edgellm.load(path, precise=True, threads=threads) as llm:
+    with edgellm.load(path, precise=True, threads=threads, kv_type="f32") as llm:
         assert llm.model.fused is not None
         a, b = decode_fused_or_not(llm, ids, True), decode_fused_or_not(llm, ids, False)
         assert np.abs(a - b).max() < 1e-4
@@ -70,9 +71,10 @@ def dequantized_copy(src, dst):
 
 
 def check_f32_matches_transformers(path, name: str, tol: float = 1e-3) -> None:
-    """Prefill and decode logits within `tol` of the reference; greedy ids equal."""
+    """Prefill and decode logits within `tol` of the reference; greedy ids equal (an f32 KV
+    cache: the default f16's rounding is tested in test_kv_types.py)."""
     ref = reference(name)
-    with edgellm.load(path) as llm:
+    with edgellm.load(path, kv_type="f32") as llm:
         assert np.abs(llm.logits(ref["input_ids"]) - ref["logits"]).max() < tol
         assert np.abs(decode_steps(llm, ref["input_ids"]) - ref["logits"]).max() < tol
         assert greedy(llm, ref["input_ids"], len(ref["greedy_ids"])) == list(ref["greedy_ids"])
@@ -82,9 +84,9 @@ def check_precise_is_exact(path, name: str, tmp_path, tol: float = 1e-3) -> None
     """The precise path on quantized weights equals the f32 forward on their dequantization
     (prefill and decode)."""
     ids = reference(name)["input_ids"]
-    with edgellm.load(dequantized_copy(path, tmp_path / "dq.edgellm")) as llm:
+    with edgellm.load(dequantized_copy(path, tmp_path / "dq.edgellm"), kv_type="f32") as llm:
         want = llm.logits(ids)
-    with edgellm.load(path, precise=True) as llm:
+    with edgellm.load(path, precise=True, kv_type="f32") as llm:
         assert np.abs(llm.logits(ids) - want).max() < tol
         assert np.abs(decode_steps(llm, ids) - want).max() < tol
 

@@ -58,7 +58,7 @@ def test_sliding_layers_hold_only_the_window(converted):
     ref = reference(NAME)
     assert len(ref["input_ids"]) > 16
     for chunk in (64, 7):  # 7: the ring wraps inside the prefill too
-        with edgellm.llm.LLM(converted(NAME, "f32"), chunk=chunk) as llm:
+        with edgellm.llm.LLM(converted(NAME, "f32"), chunk=chunk, kv_type="f32") as llm:
             m = llm.model
             kinds = m.args.layer_types
             assert kinds == ["sliding_attention", "full_attention", "sliding_attention",
@@ -76,7 +76,9 @@ def test_memory_plan_counts_the_window_saving(converted, capsys):
     with PackedModel(path) as packed:
         args = ModelArgs.from_dict(packed.config)
         p = plan(packed, args, 256)
-    per_pos = 2 * args.num_key_value_heads * args.head_dim * 4 + 8
+    from edgellm.cache.kv_types import DEFAULT_KV_TYPE, kv_row_bytes
+
+    per_pos = 2 * args.num_key_value_heads * kv_row_bytes(DEFAULT_KV_TYPE, args.head_dim) + 8
     assert p.kv_cache == per_pos * (16 + 256 + 16 + 16)
     assert p.kv_cache_no_window == per_pos * 4 * 256
     with edgellm.llm.LLM(path, context=256) as llm:
@@ -184,7 +186,7 @@ def test_softcapping(tmp_path):
     want = numpy_gemma3(src.config, weights, ids)
     assert np.abs(want - ref["logits"]).max() > 0.5  # the caps change the outputs
     assert np.abs(want).max() < 4.0
-    with edgellm.load(tmp_path / "capped.edgellm") as llm:
+    with edgellm.load(tmp_path / "capped.edgellm", kv_type="f32") as llm:
         assert np.abs(llm.logits(ids) - want).max() < 1e-3
         assert np.abs(decode_steps(llm, ids) - want).max() < 1e-3
 

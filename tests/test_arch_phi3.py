@@ -152,7 +152,7 @@ def test_partial_rotary_factor(form, phi3_weights, tmp_path):
         change = {"rope_parameters": None, "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
     want = numpy_phi3(config, w, ids, 8, None)
     assert np.abs(want - numpy_phi3(config, w, ids, 16, None)).max() > 0.1
-    with edgellm.load(variant(tmp_path, **change)) as llm:
+    with edgellm.load(variant(tmp_path, **change), kv_type="f32") as llm:
         assert llm.model.rot == 8
         assert np.abs(llm.logits(ids) - want).max() < 1e-3
         assert np.abs(decode_steps(llm, ids) - want).max() < 1e-3
@@ -165,7 +165,7 @@ def test_partial_rotary_context_shift_re_ropes_keys(phi3_weights, tmp_path):
     path = variant(tmp_path, rope_parameters={**config["rope_parameters"],
                                               "partial_rotary_factor": 0.5})
     ids = reference(NAME)["input_ids"][:16]
-    with edgellm.load(path, context=16) as llm:
+    with edgellm.load(path, context=16, kv_type="f32") as llm:
         m = llm.model
         m.reset()
         m.forward(ids, want="none")
@@ -181,7 +181,7 @@ def test_sliding_window_applies_to_every_layer(phi3_weights, tmp_path):
     config, w = phi3_weights
     ids = reference(NAME)["input_ids"]
     want = numpy_phi3(config, w, ids, 16, 8)
-    with edgellm.load(variant(tmp_path, sliding_window=8)) as llm:
+    with edgellm.load(variant(tmp_path, sliding_window=8), kv_type="f32") as llm:
         assert [layer.cap for layer in llm.model.cache.layers] == [8, 8, 8]
         assert np.abs(llm.logits(ids) - want).max() < 1e-3
         assert np.abs(decode_steps(llm, ids) - want).max() < 1e-3

@@ -140,7 +140,7 @@ def test_rows_match_on_stored_caches_whose_rings_wrap(kv_type, converted):
 def test_rows_agree_with_the_per_operation_batched_rows(converted):
     """The per-op path computes the same function (other kernels: close, same top-1)."""
     ids = [int(t) for t in reference("qwen3")["input_ids"]]
-    with edgellm.load(converted("qwen3", "q8_0"), precise=True, threads=2) as llm:
+    with edgellm.load(converted("qwen3", "q8_0"), precise=True, threads=2, kv_type="f32") as llm:
         m = llm.model
         prompts = [ids[:6], ids[:3], ids[3:10]]
         a_caches, b_caches = _prefilled(m, prompts), _prefilled(m, prompts)

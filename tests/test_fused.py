@@ -38,7 +38,7 @@ def test_fused_step_matches_layer_by_layer(name, converted):
     from edgellm.step.fused import FusedDecoder
 
     ids = reference(name)["input_ids"][:12]
-    with edgellm.load(converted(name, "q8_0"), precise=True, threads=2) as llm:
+    with edgellm.load(converted(name, "q8_0"), precise=True, threads=2, kv_type="f32") as llm:
         m = llm.model
         layers, steps = m.layers, m.layer_steps
         for n in range(1, len(layers) + 1):
@@ -88,7 +88,8 @@ def test_fused_follows_the_reference_at_q8_0(converted):
 
 def test_fused_through_context_shifts(converted):
     ids = reference("llama")["input_ids"]
-    with edgellm.load(converted("llama", "q8_0"), context=16, precise=True) as llm:
+    with edgellm.load(converted("llama", "q8_0"), context=16, precise=True,
+                      kv_type="f32") as llm:
         a = decode_fused_or_not(llm, ids, True)
         b = decode_fused_or_not(llm, ids, False)
     assert np.abs(a - b).max() < 1e-4

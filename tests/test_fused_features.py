@@ -42,7 +42,7 @@ def test_pruned_step_computes_the_full_steps_logits(converted, monkeypatch):
     """llama at q4_1 (q4_1 and q8_0 matrices, an f32 cache, no MoE or LoRA): its pruned
     serial step, in both precisions, gives the full step's logits bit for bit."""
     ids = [int(t) for t in reference("llama")["input_ids"][:5]]
-    with edgellm.load(converted("llama", "q4_1"), threads=1) as llm:
+    with edgellm.load(converted("llama", "q4_1"), threads=1, kv_type="f32") as llm:
         m = llm.model
         full = m.fused
         monkeypatch.setattr(fused.FusedDecoder, "prune", True)

@@ -87,7 +87,7 @@ def test_memory_plan_counts_the_stored_bytes(converted, name, context, kv_type):
     with PackedModel(path) as packed:
         args = check_model(packed)
         p = memory_plan.plan(packed, args, context, kv_type)
-        f32 = memory_plan.plan(packed, args, context)
+        f32 = memory_plan.plan(packed, args, context, "f32")
     with edgellm.load(path, context=context, kv_type=kv_type) as llm:
         assert p.kv_cache == llm.model.cache.nbytes
     ratio = f32.kv_cache / p.kv_cache
@@ -117,3 +117,50 @@ def test_encoders_are_numpys_float16_and_quants_q8_0_bit_for_bit():
     y[1] = 0.0  # a block of zeros: scale 0
     want = quant.quantize(y.reshape(150, 64), "q8_0", 32)
     assert np.array_equal(encode_rows(y, "q8_0").reshape(150, 68), want)
+
+
+def test_the_default_cache_is_f16_in_the_api_the_cli_and_the_server(converted):
+    """f16 by default (half f32's bytes, the float model's greedy answers kept: docs/
+    measurements.md); f32 still there when asked for."""
+    import argparse
+
+    path = converted("llama", "q8_0")
+    with edgellm.load(path, context=64) as llm:
+        assert llm.model.cache.kv_type == "f16"
+        assert llm.model.cache.layers[0].k.dtype == np.uint16
+    with edgellm.load(path, context=64, kv_type="f32") as llm:
+        assert llm.model.cache.layers[0].k.dtype == np.float32
+    from edgellm.commands.common import add_model_arguments, kv_type_of
+    from edgellm.server.models import Served
+
+    p = argparse.ArgumentParser()
+    add_model_arguments(p)
+    assert kv_type_of(p.parse_args([])) == "f16"
+    assert kv_type_of(p.parse_args(["--kv-type", "f32"])) == "f32"
+    assert kv_type_of(argparse.Namespace()) == "f16"  # a command without the option
+    assert Served(None).kv_type == "f16"
+    with PackedModel(path) as packed:
+        assert memory_plan.plan(packed, check_model(packed), 64).kv_type == "f16"
+
+
+def test_prefill_chunks_read_an_f16_cache_as_float32_rows(converted, monkeypatch):
+    """A prefill chunk after the first attends over its layer's f16 rows decoded into
+    float32 by the tiled kernel (attention_rows, a row at a time, was 3-4x slower): the
+    same logits as attention_rows' up to float rounding."""
+    from edgellm.cache import kv_cache
+    from edgellm.llm import LLM
+
+    ids = reference("llama")["input_ids"]
+    with LLM(converted("llama"), chunk=4, kv_type="f16") as llm:
+        assert len(ids) > 8
+        real = kv_cache.attention_rows
+
+        def refused(*args):
+            raise AssertionError("a prefill chunk read the f16 rows one at a time")
+        monkeypatch.setattr(kv_cache, "attention_rows", refused)
+        got = llm.logits(ids)
+        monkeypatch.setattr(kv_cache, "attention_rows", real)
+        for layer in llm.model.cache.layers:
+            layer.f32_rows = None
+        want = llm.logits(ids)
+    np.testing.assert_allclose(got, want, atol=1e-4)

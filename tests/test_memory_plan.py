@@ -44,6 +44,8 @@ def _fused_bytes(f) -> int:
 def _runtime_buffers(model) -> int:
     """What arch/base.py and step/fused.py allocate besides weights and KV cache."""
     total = _array_bytes(model.buffers) + model.logit_buf.nbytes
+    if model.cache.f32_rows is not None:  # an f16 cache's rows for prefill (kv_cache.py)
+        total += model.cache.f32_rows.nbytes
     return total + (_fused_bytes(model.fused) if model.fused is not None else 0)
 
 
@@ -59,8 +61,8 @@ def test_plan_matches_the_runtime_allocations(converted, name, context):
         model = llm.model
         cache = model.cache
         assert plan.kv_cache == cache.nbytes
-        full = sum(2 * context * layer.k.shape[1] * layer.k.shape[2] * 4 + 8 * context
-                   for layer in cache.layers)
+        full = sum(2 * context * layer.k.shape[1] * layer.k.shape[2] * layer.k.itemsize
+                   + 8 * context for layer in cache.layers)
         assert plan.kv_cache_no_window == full
         if any(layer.window for layer in cache.layers):
             assert plan.kv_cache < plan.kv_cache_no_window
@@ -79,6 +81,7 @@ def test_plan_matches_the_runtime_allocations(converted, name, context):
             slack += memory_plan.fused_table_bytes(args)  # the program tables: a bound
             assert step <= planned <= step + slack, (planned, step, slack)
         assert plan.buffers >= _runtime_buffers(model)
+        assert model.cache.f32_rows.nbytes == memory_plan.prefill_rows_bytes(args, context)
     assert plan.weights == file_size == path.stat().st_size
 
 

@@ -25,7 +25,7 @@ def _greedy(llm: LLM, prompt: list[int], n: int = 10) -> list[int]:
 @pytest.mark.parametrize("name", NAMES)
 def test_reused_prefix_gives_the_full_prefills_logits(converted, name):
     ids = _ids(name)
-    with LLM(converted(name), context=64, chunk=16) as llm:
+    with LLM(converted(name), context=64, chunk=16, kv_type="f32") as llm:
         full = llm.logits(ids)
         llm.model.reset()
         llm.model.forward(ids[:25], want="none")

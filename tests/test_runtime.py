@@ -34,7 +34,7 @@ def test_default_path_top1_agreement(name, converted, record_property):
 
 def test_sliding_window_ring_holds_only_the_window(converted):
     ref = reference("mistral-swa")
-    with edgellm.load(converted("mistral-swa", "f32")) as llm:
+    with edgellm.load(converted("mistral-swa", "f32"), kv_type="f32") as llm:
         assert all(layer.cap == 16 for layer in llm.model.cache.layers)
         assert np.abs(decode_steps(llm, ref["input_ids"]) - ref["logits"]).max() < 1e-3
 
@@ -42,9 +42,10 @@ def test_sliding_window_ring_holds_only_the_window(converted):
 @pytest.mark.parametrize("chunk", [1, 7, 16, 64])
 def test_prefill_chunking_agrees(chunk, converted):
     ref = reference("qwen2")
-    with edgellm.llm.LLM(converted("qwen2", "q8_0"), chunk=chunk, precise=True) as llm:
+    with edgellm.llm.LLM(converted("qwen2", "q8_0"), chunk=chunk, precise=True,
+                         kv_type="f32") as llm:
         a = llm.logits(ref["input_ids"])
-    with edgellm.load(converted("qwen2", "q8_0"), precise=True) as llm:
+    with edgellm.load(converted("qwen2", "q8_0"), precise=True, kv_type="f32") as llm:
         b = llm.logits(ref["input_ids"])
     assert np.abs(a - b).max() < 1e-4
 
@@ -71,7 +72,7 @@ def test_context_shift_re_ropes_keys_to_their_new_positions(converted):
     """After a shift, layer 0's cached keys equal those of a fresh run over the kept tokens
     (layer 0's keys depend only on token and position; deeper layers saw the dropped ones)."""
     ids = reference("llama")["input_ids"][:16]
-    with edgellm.load(converted("llama", "f32"), context=16) as llm:
+    with edgellm.load(converted("llama", "f32"), context=16, kv_type="f32") as llm:
         m = llm.model
         m.reset()
         m.forward(ids, want="none")

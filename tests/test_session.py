@@ -338,14 +338,14 @@ def test_another_setup_is_refused_with_a_clear_error(converted, tmp_path, mismat
     path, _ = _session(converted, tmp_path)
     kw = {"context": CTX, "chunk": 16}
     model = converted("gemma3")
-    if mismatch == "kv_type":
-        kw["kv_type"] = "f16"
+    if mismatch == "kv_type":  # the session holds the default's f16 rows
+        kw["kv_type"] = "f32"
     elif mismatch == "context":
         kw["context"] = 96
     else:
         model = converted("gemma3", "q8_0")
     with LLM(model, **kw) as llm:
-        with pytest.raises(SessionError, match={"kv_type": "KV cache is f32",
+        with pytest.raises(SessionError, match={"kv_type": "KV cache is f16",
                                                 "context": "context of 64",
                                                 "model": "another model"}[mismatch]):
             llm.load_session(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cache.kv_types import DEFAULT_KV_TYPE
 from ..errors import UnsupportedArchitectureError
 from ..memory_plan import CHUNK
 from ..modelfile.config import ModelArgs
@@ -18,7 +19,7 @@ ACT_TYPES = {"int16": np.int16, "int8": np.int8}
 
 
 def build(packed: PackedModel, precise: bool = False, context: int | None = None,
-          chunk: int = CHUNK, kv_type: str = "f32", act_dtype=np.int16,
+          chunk: int = CHUNK, kv_type: str = DEFAULT_KV_TYPE, act_dtype=np.int16,
           args: ModelArgs | None = None):
     """The model a packed file describes, without its fused decode step (the loader,
     edgellm/loader.py, attaches that). args: the file's config as validate.check_model

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cache.kv_cache import KVCache
+from ..cache.kv_types import DEFAULT_KV_TYPE
 from ..errors import ContextError, FormatError
 from ..kernels.linear import ActQ8, embedding, linear, quantize_act
 from ..kernels.norms import rmsnorm, rmsnorm_heads
@@ -103,7 +104,7 @@ class Transformer(CachedTokens):
 
     def __init__(self, packed: PackedModel, args: ModelArgs, precise: bool = False,
                  context: int | None = None, chunk: int = CHUNK, n_keep: int = 4,
-                 kv_type: str = "f32", act_dtype=np.int16):
+                 kv_type: str = DEFAULT_KV_TYPE, act_dtype=np.int16):
         self.packed, self.args, self.precise = packed, args, precise
         # quantized weights' activations (unless precise): int16 blocks keep the float
         # model's greedy answers; int8 (llama.cpp's) flip its near-ties (README, Precision)

@@ -12,7 +12,10 @@ Policy (as llama.cpp's context shift):
   keep their relative distances, so the model sees a contiguous, shorter history.
 
 K and V are stored as `kv_type` (kv_types.py: f32, f16 or q8_0 rows [cap, Hkv, width]); the
-attention kernels read f16 and q8_0 rows directly, dequantizing one row at a time.
+attention kernels read f16 and q8_0 rows directly, dequantizing one row at a time, except a
+prefill chunk's attention over an f16 cache: it decodes the layer's rows into float32
+(F32Rows, one layer's worth shared by all) and runs the tiled kernel, 3-4x faster than
+reading the rows one at a time, for a tenth of that in decoding.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ..kernels.attention import attention, attention_rows
 from ..kernels.kv_store import encode_f16, encode_q8_0
 from ..kernels.rope import apply_rope, rope_tables
 from ..modelfile import quant
-from .kv_types import KV_DTYPE, check_kv_type, kv_row_width
+from .kv_types import DEFAULT_KV_TYPE, KV_DTYPE, check_kv_type, kv_row_width
 
 
 def encode_rows(x: np.ndarray, kv_type: str) -> np.ndarray:
@@ -64,17 +67,39 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, n), dtype=dtype).reshape(shape)
 
 
+class F32Rows:
+    """Float32 K and V [cap, n_kv, head_dim] that a prefill chunk's attention decodes one
+    layer's f16 rows into (the layers take turns); pages committed as rows are decoded."""
+
+    def __init__(self, cap: int, n_kv: int, head_dim: int):
+        self.k = lazy_zeros((cap, n_kv, head_dim), np.float32)
+        self.v = lazy_zeros((cap, n_kv, head_dim), np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def decode(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """f16 rows k, v [n, n_kv, head_dim] (uint16 bits) -> float32 views [n, ...] here."""
+        n = k.shape[0]
+        np.copyto(self.k[:n], k.view(np.float16), casting="unsafe")
+        np.copyto(self.v[:n], v.view(np.float16), casting="unsafe")
+        return self.k[:n], self.v[:n]
+
+
 class LayerCache:
     """K/V [cap, n_kv, width] stored as kv_type, with slot positions; `window` 0 means full
-    attention."""
+    attention. f32_rows: an f16 cache's F32Rows for prefill chunks (None: read as stored)."""
 
     def __init__(self, k: np.ndarray, v: np.ndarray, pos: np.ndarray, window: int,
-                 kv_type: str = "f32", head_dim: int | None = None):
+                 kv_type: str = "f32", head_dim: int | None = None,
+                 f32_rows: F32Rows | None = None):
         self.k, self.v, self.pos = k, v, pos  # [cap, n_kv, width] x2, [cap]
         self.pos[:] = -1
         self.window = window
         self.kv_type = kv_type
         self.head_dim = k.shape[2] if head_dim is None else head_dim
+        self.f32_rows = f32_rows
         self.written = 0  # tokens written since reset (next ring slot = written % cap)
 
     @property
@@ -108,6 +133,11 @@ class LayerCache:
         if self.kv_type == "f32":
             attention(q, k, v, positions, self.k[:n], self.v[:n], self.pos[:n], self.window,
                       scale, softcap, out)
+            return
+        if self.f32_rows is not None and q.shape[0] > 1:  # a prefill chunk
+            kf, vf = self.f32_rows.decode(self.k[:n], self.v[:n])
+            attention(q, k, v, positions, kf, vf, self.pos[:n], self.window, scale, softcap,
+                      out)
             return
         rows = (n * self.k.shape[1], self.k.shape[2])
         attention_rows(q, k, v, positions, self.k[:n].reshape(rows), self.v[:n].reshape(rows),
@@ -154,7 +184,7 @@ class KVCache:
     """All layers' caches plus the next position; see the module docstring for the policy."""
 
     def __init__(self, layer_windows: list[int], context: int, n_kv: int, head_dim: int,
-                 inv_freqs: list[np.ndarray], n_keep: int = 4, kv_type: str = "f32"):
+                 inv_freqs: list[np.ndarray], n_keep: int = 4, kv_type: str = DEFAULT_KV_TYPE):
         self.kv_type = check_kv_type(kv_type, head_dim)
         dtype, width = KV_DTYPE[kv_type], kv_row_width(kv_type, head_dim)
         self.context = context
@@ -171,7 +201,9 @@ class KVCache:
         self.k_all = lazy_zeros((total, n_kv, width), dtype)
         self.v_all = lazy_zeros((total, n_kv, width), dtype)
         self.pos_all = np.full(total, -1, dtype=np.int64)
-        self.layers = [LayerCache(k, v, pos, w, kv_type, head_dim)
+        # f16: the rows a prefill chunk's attention decodes (memory_plan.prefill_rows_bytes)
+        self.f32_rows = F32Rows(max(caps), n_kv, head_dim) if kv_type == "f16" else None
+        self.layers = [LayerCache(k, v, pos, w, kv_type, head_dim, self.f32_rows)
                        for (k, v, pos), w in zip(self._parts(self.k_all, self.v_all),
                                                  layer_windows)]
         self.next_pos = 0  # position of the next token

@@ -14,6 +14,9 @@ import numpy as np
 from ..errors import CacheTypeError
 
 KV_TYPES = ("f32", "f16", "q8_0")
+# half f32's bytes, which attention reads every token; the float model's greedy answers kept
+# (docs/measurements.md, "The default KV cache type")
+DEFAULT_KV_TYPE = "f16"
 KV_DTYPE = {"f32": np.dtype(np.float32), "f16": np.dtype(np.uint16), "q8_0": np.dtype(np.uint8)}
 
 

@@ -11,7 +11,7 @@ from collections import Counter
 
 import numpy as np
 
-from ..cache.kv_types import KV_TYPES
+from ..cache.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 from ..errors import EdgeLLMError, FormatError
 from ..memory_plan import default_context, largest_context, plan
 from ..modelfile import quant
@@ -31,8 +31,8 @@ def add_arguments(p) -> None:
                    help="memory budget (e.g. 512MB, 1GB): without --ctx, plan the largest "
                         "context that fits it (default for --ctx auto: the memory this "
                         "machine has available now)")
-    p.add_argument("--kv-type", choices=KV_TYPES, default="f32",
-                   help="KV cache type for the memory plan (default: f32)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default=DEFAULT_KV_TYPE,
+                   help=f"KV cache type for the memory plan (default: {DEFAULT_KV_TYPE})")
 
 
 def parse_size(text: str) -> int:
@@ -77,7 +77,7 @@ def available_memory() -> int:
 
 
 def _memory(packed: PackedModel, args, ctx_arg: str | None, max_memory: str | None,
-            kv_type: str = "f32") -> dict:
+            kv_type: str = DEFAULT_KV_TYPE) -> dict:
     """The memory plan for --ctx / --max-memory, with the budget and whether it fits."""
     budget = parse_size(max_memory) if max_memory is not None else None
     if ctx_arg == "auto" or (ctx_arg is None and budget is not None):
@@ -108,7 +108,7 @@ def _memory(packed: PackedModel, args, ctx_arg: str | None, max_memory: str | No
 
 
 def describe(packed: PackedModel, ctx_arg: str | None, max_memory: str | None,
-             kv_type: str = "f32") -> dict:
+             kv_type: str = DEFAULT_KV_TYPE) -> dict:
     args = check_model(packed)  # the config and every tensor's shape, as loading checks them
     params = sum(int(np.prod(t.shape)) for t in packed.tensors.values())
     data = sum(t.nbytes for t in packed.tensors.values())

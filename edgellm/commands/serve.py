@@ -23,6 +23,7 @@ from .common import (
     add_lora_argument,
     add_model_arguments,
     int_at_least,
+    kv_type_of,
     open_model,
     say,
     text_argument,
@@ -284,7 +285,7 @@ def _router(args, settings, llm, first_id: str, more: list):
         call(model.model.warmup, release_compiler_pages)
 
     served = Served(settings, max_memory=args.max_memory, opener=opener, warm=warm,
-                    context=args.ctx, kv_type=getattr(args, "kv_type", "f32"))
+                    context=args.ctx, kv_type=kv_type_of(args))
     first = served.add(first_id, llm=llm)
     first.owned = True  # closed by the server, and closed for room like the others
     for name in more:

@@ -38,8 +38,8 @@ from .slots import PoolClosed, QueueFull, SlotPool
 from .streaming import in_thread
 
 DISCONNECT_POLL_S = 0.25  # how often a whole answer's request checks its client is there
-# the shared prompt cache's default: five 1,200-token sequences of SmolLM2-135M's f32 KV
-# (45 KB a token), twenty at q8_0; memory taken only as sequences are kept
+# the shared prompt cache's default: ten 1,200-token sequences of SmolLM2-135M's f16 KV
+# (22.5 KB a token), twenty at q8_0; memory taken only as sequences are kept
 PROMPT_CACHE_BYTES = 256 << 20
 _TOKEN_ID = re.compile(r"\s*-?[0-9]+\s*")  # a logit_bias key (int() also takes "1_0", "٣")
 

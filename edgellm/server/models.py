@@ -28,6 +28,7 @@ from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 
+from ..cache.kv_types import DEFAULT_KV_TYPE
 from ..errors import EdgeLLMError
 from ..llm import LLM
 from ..memory_plan import BASELINE
@@ -65,7 +66,7 @@ class Served:
     def __init__(self, settings: Settings, max_memory: int | None = None,
                  opener: Callable[[Path, str], LLM] | None = None,
                  warm: Callable[[Callable, LLM], None] | None = None,
-                 context: int | None = None, kv_type: str = "f32"):
+                 context: int | None = None, kv_type: str = DEFAULT_KV_TYPE):
         """context: what `opener` loads models at (None: each model's default), for the
         plan of a model not loaded yet."""
         self.settings, self.max_memory, self.opener, self.warm = (settings, max_memory,
@@ -326,13 +327,14 @@ def planned_bytes(llm: LLM) -> int:
 
     try:
         args = llm.model.args
-        kv = getattr(llm, "kv_type", "f32")
+        kv = getattr(llm, "kv_type", DEFAULT_KV_TYPE)
         return plan(llm.packed, args, llm.context, kv).total - BASELINE
     except (AttributeError, TypeError, ValueError, EdgeLLMError):
         return llm.packed.file_size
 
 
-def planned_file_bytes(path: Path, context: int | None = None, kv_type: str = "f32") -> int:
+def planned_file_bytes(path: Path, context: int | None = None,
+                       kv_type: str = DEFAULT_KV_TYPE) -> int:
     """A model file's memory plan at `context` (None: its default), before it is loaded."""
     from ..memory_plan import default_context, plan
     from ..modelfile.format import PackedModel

@@ -122,3 +122,37 @@ def test_a_budget_for_one_model_swaps_them_on_demand(files, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_chat_models_prompt_cache_counts_in_the_budget(converted):
+    """A chat model's plan counts its prompt cache at its bound (--prompt-cache-bytes): a
+    budget that fits two models' plans but not their caches beside them holds one at a
+    time (without the cache, the same budget holds both)."""
+    import asyncio
+
+    from edgellm.server.engine import Settings
+    from edgellm.server.models import SERVER_BASELINE, Served, planned_bytes
+
+    path = converted("llama", "q4_1")
+    with edgellm.load(path, context=64) as llm:
+        plan = planned_bytes(llm)
+    cache = 8 << 20
+    budget = SERVER_BASELINE + 2 * plan + cache + (1 << 20)
+
+    async def run(cache_bytes: int):
+        served = Served(Settings("a", prompt_cache_bytes=cache_bytes), max_memory=budget,
+                        opener=lambda p, kind: edgellm.load(p, context=64), context=64)
+        served.add("a", path=path)
+        served.add("b", path=path)
+        try:
+            async with served.lease("a"):
+                pass
+            async with served.lease("b"):
+                return sorted(n for n, _, _ in served.loaded()), served.models["b"].planned
+        finally:
+            served.close()
+
+    loaded, planned = asyncio.run(run(cache))
+    assert loaded == ["b"] and planned == plan + cache  # "a" closed to make room
+    loaded, planned = asyncio.run(run(0))
+    assert loaded == ["a", "b"] and planned == plan

@@ -20,6 +20,7 @@ import edgellm  # noqa: E402
 
 BERT = FIXTURES / "embed" / "bert-tiny"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
+CACHE = 8 << 20  # each chat model's prompt cache (--prompt-cache-bytes), in its plan
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +59,13 @@ def test_two_chat_models_and_an_embedder_under_a_budget_that_fits_two(files):
 
     a, b, bert = files
     ctx = 512
-    each = _planned(a, ctx)
+    each = _planned(a, ctx) + CACHE
     budget = BASELINE + each + _planned(bert, None) + (8 << 20)  # two of the three
     assert budget < BASELINE + 2 * each
     proc, url = serve_subprocess(a, "-m", str(b), "--embedding-model", str(bert),
                                  "--ctx", str(ctx), "--max-memory", str(budget),
-                                 "--max-tokens", "16", wait=600)
+                                 "--prompt-cache-bytes", str(CACHE), "--max-tokens", "16",
+                                 wait=600)
     try:
         status, _, body = request(url + "/v1/models")
         import json
@@ -106,11 +108,12 @@ def test_a_budget_for_one_model_swaps_them_on_demand(files, tmp_path):
     from edgellm.server.models import SERVER_BASELINE as BASELINE
 
     a, b, _ = files
-    budget = BASELINE + _planned(a, 512) + (1 << 20)  # one chat model, never two
+    budget = BASELINE + _planned(a, 512) + CACHE + (1 << 20)  # one chat model, never two
     big = tmp_path / "big.edgellm"
     shutil.copyfile(b, big)
     proc, url = serve_subprocess(a, "-m", str(big), "--ctx", "512", "--max-memory",
-                                 str(budget), "--max-tokens", "8", wait=600)
+                                 str(budget), "--prompt-cache-bytes", str(CACHE),
+                                 "--max-tokens", "8", wait=600)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                timeout=300)

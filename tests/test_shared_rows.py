@@ -131,3 +131,28 @@ def test_slots_restored_from_one_snapshot_answer_as_cold(converted, monkeypatch)
             assert batch.prompt_cache.entries and (not AVAILABLE or any(maps))
         finally:
             batch.close()
+
+
+def test_an_ended_requests_snapshot_is_copied_beside_the_engine(converted, monkeypatch):
+    """The copy of a slot's sequence into the shared prompt cache, when its request ends,
+    runs on the request's thread (the engine only files it): the engine's other slots do
+    not wait for it."""
+    from edgellm.cache import prompt_cache
+
+    ids = [int(t) for t in reference("llama")["input_ids"]]
+    threads = []
+
+    def kept(cache):
+        threads.append(threading.current_thread().name)
+        return kept_state(cache)
+
+    monkeypatch.setattr(prompt_cache, "kept_state", kept)
+    with edgellm.load(converted("llama", "q4_1"), context=256, threads=2) as llm:
+        batch = Batch(llm, 2, prompt_cache_bytes=64 << 20)
+        try:
+            list(batch.slots[0].stream_ids(ids[:40], max_tokens=3, temperature=0))
+            batch.call(lambda: None)  # the filing, queued before this, has run
+            assert threads and "edgellm-engine" not in threads, threads
+            assert len(batch.prompt_cache.entries) == 1
+        finally:
+            batch.close()

@@ -28,7 +28,7 @@ to its own K/V unrounded, to earlier chunks' as stored), as any chunk boundary d
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .kv_cache import CacheState, truncatable
@@ -152,15 +152,33 @@ class PromptCache:
         self._remember()
 
     def _remember(self) -> None:
+        snap = self.snapshot()
+        if snap is not None:
+            self.keep(snap)
+
+    def snapshot(self) -> Snapshot | None:
+        """A snapshot of the live sequence for the LRU, or None (nothing to keep, or kept
+        already). Reads the LRU only, so it may run beside the LRU's thread (keep: on it)."""
         model = self.model
         tokens = tuple(model.tokens)
         cache = model.cache
-        if not tokens or cache.next_pos != cache.n_tokens or self.budget == 0:
+        if not tokens or cache.next_pos != cache.n_tokens or self.budget == 0 \
+                or tokens in self.entries:
+            return None
+        if sum(min(layer.written, layer.cap) for layer in cache.layers) \
+                * (cache.layers[0].nbytes / cache.layers[0].cap) > self.budget:
+            return None  # (its bytes: it would not fit)
+        return Snapshot(tokens, kept_state(cache))
+
+    def keep(self, snap: Snapshot | None) -> None:
+        """Put `snap` (snapshot()) into the LRU if it fits the budget, older snapshots it
+        reproduces out; a snapshot of a sequence kept already only counts as used."""
+        if snap is None:
             return
+        model, tokens = self.model, snap.tokens
         if tokens in self.entries:
             self.entries.move_to_end(tokens)
             return
-        snap = Snapshot(tokens, kept_state(cache))
         if snap.state.nbytes > self.budget:
             return
         for key in [k for k in self.entries if tokens[:len(k)] == k]:
@@ -188,6 +206,9 @@ class SharedPromptCache(PromptCache):
     def remember(self) -> None:
         self.call(super().remember)
 
-    def offer(self) -> None:
-        """remember() on the calling thread (which must be `call`'s)."""
-        self._remember()
+    def offer(self) -> Callable[[], None] | None:
+        """For a slot whose sequence has ended: its snapshot, taken on the calling thread
+        (the copy beside the engine's work, not in it), as the call that keeps it, to run
+        on `call`'s thread; None when there is nothing to keep."""
+        snap = self.snapshot()
+        return None if snap is None else (lambda: self.keep(snap))

@@ -249,15 +249,19 @@ class SlotLLM(LLM):
         return chunks if self.meter is None else self.meter(self, ids, chunks)
 
     def _offered(self, chunks):
-        """`chunks`, then the sequence offered to the shared prompt cache (queued for the
-        engine, not waited for): a request that arrives once this one has answered finds
-        it, on any slot, whatever this slot runs next (its work is queued after)."""
+        """`chunks`, then the sequence offered to the shared prompt cache: its snapshot
+        taken here, beside the engine's work (the engine no longer touches this slot, and
+        the slot is not handed out again before this ends), and kept in the LRU by a call
+        queued for the engine, not waited for: a request that arrives once this one has
+        answered finds it, on any slot."""
         try:
             yield from chunks
         finally:  # (closed: `chunks` closed first, a run-ahead row taken back)
             if isinstance(self.prompt_cache, SharedPromptCache) and self.prompt_cache.budget:
-                with contextlib.suppress(ClosedError):
-                    self.model.batch.enqueue(_Job(fn=self.prompt_cache.offer))
+                keep = self.prompt_cache.offer()
+                if keep is not None:
+                    with contextlib.suppress(ClosedError):
+                        self.model.batch.enqueue(_Job(fn=keep))
 
     def begin_generation(self) -> None:
         """The slot has a new request, whose prompt is coming: the engine waits for it (up to

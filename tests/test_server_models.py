@@ -20,6 +20,7 @@ import edgellm  # noqa: E402
 
 BERT = FIXTURES / "embed" / "bert-tiny"
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
+CACHE = 8 << 20  # each chat model's prompt cache (--prompt-cache-bytes), in its plan
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +59,13 @@ def test_two_chat_models_and_an_embedder_under_a_budget_that_fits_two(files):
 
     a, b, bert = files
     ctx = 512
-    each = _planned(a, ctx)
+    each = _planned(a, ctx) + CACHE
     budget = BASELINE + each + _planned(bert, None) + (8 << 20)  # two of the three
     assert budget < BASELINE + 2 * each
     proc, url = serve_subprocess(a, "-m", str(b), "--embedding-model", str(bert),
                                  "--ctx", str(ctx), "--max-memory", str(budget),
-                                 "--max-tokens", "16", wait=600)
+                                 "--prompt-cache-bytes", str(CACHE), "--max-tokens", "16",
+                                 wait=600)
     try:
         status, _, body = request(url + "/v1/models")
         import json
@@ -106,11 +108,12 @@ def test_a_budget_for_one_model_swaps_them_on_demand(files, tmp_path):
     from edgellm.server.models import SERVER_BASELINE as BASELINE
 
     a, b, _ = files
-    budget = BASELINE + _planned(a, 512) + (1 << 20)  # one chat model, never two
+    budget = BASELINE + _planned(a, 512) + CACHE + (1 << 20)  # one chat model, never two
     big = tmp_path / "big.edgellm"
     shutil.copyfile(b, big)
     proc, url = serve_subprocess(a, "-m", str(big), "--ctx", "512", "--max-memory",
-                                 str(budget), "--max-tokens", "8", wait=600)
+                                 str(budget), "--prompt-cache-bytes", str(CACHE),
+                                 "--max-tokens", "8", wait=600)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                timeout=300)
@@ -122,3 +125,37 @@ def test_a_budget_for_one_model_swaps_them_on_demand(files, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_chat_models_prompt_cache_counts_in_the_budget(converted):
+    """A chat model's plan counts its prompt cache at its bound (--prompt-cache-bytes): a
+    budget that fits two models' plans but not their caches beside them holds one at a
+    time (without the cache, the same budget holds both)."""
+    import asyncio
+
+    from edgellm.server.engine import Settings
+    from edgellm.server.models import SERVER_BASELINE, Served, planned_bytes
+
+    path = converted("llama", "q4_1")
+    with edgellm.load(path, context=64) as llm:
+        plan = planned_bytes(llm)
+    cache = 8 << 20
+    budget = SERVER_BASELINE + 2 * plan + cache + (1 << 20)
+
+    async def run(cache_bytes: int):
+        served = Served(Settings("a", prompt_cache_bytes=cache_bytes), max_memory=budget,
+                        opener=lambda p, kind: edgellm.load(p, context=64), context=64)
+        served.add("a", path=path)
+        served.add("b", path=path)
+        try:
+            async with served.lease("a"):
+                pass
+            async with served.lease("b"):
+                return sorted(n for n, _, _ in served.loaded()), served.models["b"].planned
+        finally:
+            served.close()
+
+    loaded, planned = asyncio.run(run(cache))
+    assert loaded == ["b"] and planned == plan + cache  # "a" closed to make room
+    loaded, planned = asyncio.run(run(0))
+    assert loaded == ["a", "b"] and planned == plan

@@ -114,6 +114,23 @@ def test_anthropic_and_responses_report_the_cached_tokens(server, llm):
     assert usage["input_tokens_details"]["cached_tokens"] >= 0.9 * usage["input_tokens"]
 
 
+def test_completions_report_the_cached_tokens(server):
+    """/v1/completions' usage, whole and streamed, says what the prompt cache gave."""
+    c = server.client().with_options(timeout=900)
+    first = c.completions.create(model="smollm2", prompt=SYSTEM + "\nQ: 2+2?\nA:",
+                                 max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    again = c.completions.create(model="smollm2", prompt=SYSTEM + "\nQ: a color?\nA:",
+                                 max_tokens=4, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens >= 0.9 * again.usage.prompt_tokens
+    chunks = list(c.completions.create(model="smollm2", prompt=SYSTEM + "\nQ: a fruit?\nA:",
+                                       max_tokens=4, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens_details.cached_tokens >= 0.9 * usage.prompt_tokens
+    assert usage.prompt_tokens_details.cached_tokens < usage.prompt_tokens
+
+
 def test_a_different_system_prompt_gets_no_false_hit(alone, server, llm):
     """Only the ids the two prompts share (the template's head) come from the cache."""
     ask(server, SYSTEM, QUESTIONS[0])

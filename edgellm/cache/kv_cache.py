@@ -30,6 +30,7 @@ from ..kernels.kv_store import encode_f16, encode_q8_0
 from ..kernels.rope import apply_rope, rope_tables
 from ..modelfile import quant
 from .kv_types import DEFAULT_KV_TYPE, KV_DTYPE, check_kv_type, kv_row_width
+from .shared_rows import map_rows
 
 
 def encode_rows(x: np.ndarray, kv_type: str) -> np.ndarray:
@@ -59,12 +60,17 @@ def decode_rows(stored: np.ndarray, kv_type: str, head_dim: int) -> np.ndarray:
 
 
 def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """Zeros in an anonymous mapping: pages cost memory only once written. (numpy asks for
-    huge pages on large arrays, so writing one token's slot would commit 2 MB per layer.)"""
+    """Zeros in a private anonymous mapping: pages cost memory only once written. (numpy
+    asks for huge pages on large arrays, so writing one token's slot would commit 2 MB per
+    layer; a shared mapping's first writes are slower still, and never get huge pages.)"""
     n = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if n == 0:
         return np.zeros(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, n), dtype=dtype).reshape(shape)
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    anon = getattr(mmap, "MAP_ANONYMOUS", None)
+    m = mmap.mmap(-1, n) if private is None or anon is None else \
+        mmap.mmap(-1, n, flags=private | anon)
+    return np.frombuffer(m, dtype=dtype).reshape(shape)
 
 
 class F32Rows:
@@ -252,10 +258,14 @@ class KVCache:
                           self.n_tokens)
 
     def restore(self, st: CacheState) -> None:
-        """Make the cache hold `st` (a state of a cache of the same shape), copying it in."""
+        """Make the cache hold `st` (a state of a cache of the same shape), copying it in
+        (rows kept in a RowFile are mapped, copy-on-write: shared_rows.py)."""
         for layer, k, v, pos, written in zip(self.layers, st.k, st.v, st.pos, st.written):
             n = pos.shape[0]
-            layer.k[:n], layer.v[:n] = k, v
+            if not map_rows(layer.k[:n], k):
+                layer.k[:n] = k
+            if not map_rows(layer.v[:n], v):
+                layer.v[:n] = v
             layer.pos[:] = -1
             layer.pos[:n] = pos
             layer.written = written

@@ -16,7 +16,9 @@ Several caches of one model (the server's slots) may share one LRU (`Snapshots`)
 sequence computed on one slot is then restored into another's cache. A snapshot holds the
 cache's own stored rows (f32, f16 or q8_0, the sliding layers' rings as they are), so a
 restore gives back exactly the KV the prefill wrote, whichever cache of the same model
-takes it. The shared LRU is not locked: its users run on one thread (the server's engine).
+takes it. On Linux the rows are kept in an in-memory file, and a restore maps its pages
+into the cache copy-on-write instead of copying them (shared_rows.py): clients arriving
+together with one long system prompt each start from it at once, and share its memory. The shared LRU is not locked: its users run on one thread (the server's engine).
 What follows is a prefill split where the reused prefix ends: with an f32 cache its logits
 are mostly those of the whole prompt's prefill bit for bit (the prefill tiles' grouping of
 the rows can change the rounding), with f16 or q8_0 within their rounding (a chunk attends
@@ -26,10 +28,11 @@ to its own K/V unrounded, to earlier chunks' as stored), as any chunk boundary d
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .kv_cache import CacheState, truncatable
+from .shared_rows import AVAILABLE, RowFile
 
 
 @dataclass
@@ -43,6 +46,19 @@ class Snapshot:
         c = model.cache
         return truncatable(c.windows, c.caps, self.state.written, self.state.next_pos,
                            self.state.n_tokens, n)
+
+
+def kept_state(cache) -> CacheState:
+    """A copy of what `cache` holds for the LRU: its K/V rows in a RowFile where the
+    platform can map them (a restore then maps the rows, copy-on-write, instead of
+    copying them: shared_rows.py)."""
+    if not AVAILABLE:
+        return cache.state(copy=True)
+    st = cache.state(copy=False)
+    rows = RowFile(st.k + st.v).arrays
+    n = len(st.k)
+    return CacheState(rows[:n], rows[n:], [p.copy() for p in st.pos], st.written,
+                      st.next_pos, st.n_tokens)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -136,15 +152,33 @@ class PromptCache:
         self._remember()
 
     def _remember(self) -> None:
+        snap = self.snapshot()
+        if snap is not None:
+            self.keep(snap)
+
+    def snapshot(self) -> Snapshot | None:
+        """A snapshot of the live sequence for the LRU, or None (nothing to keep, or kept
+        already). Reads the LRU only, so it may run beside the LRU's thread (keep: on it)."""
         model = self.model
         tokens = tuple(model.tokens)
         cache = model.cache
-        if not tokens or cache.next_pos != cache.n_tokens or self.budget == 0:
+        if not tokens or cache.next_pos != cache.n_tokens or self.budget == 0 \
+                or tokens in self.entries:
+            return None
+        if sum(min(layer.written, layer.cap) for layer in cache.layers) \
+                * (cache.layers[0].nbytes / cache.layers[0].cap) > self.budget:
+            return None  # (its bytes: it would not fit)
+        return Snapshot(tokens, kept_state(cache))
+
+    def keep(self, snap: Snapshot | None) -> None:
+        """Put `snap` (snapshot()) into the LRU if it fits the budget, older snapshots it
+        reproduces out; a snapshot of a sequence kept already only counts as used."""
+        if snap is None:
             return
+        model, tokens = self.model, snap.tokens
         if tokens in self.entries:
             self.entries.move_to_end(tokens)
             return
-        snap = Snapshot(tokens, cache.state(copy=True))
         if snap.state.nbytes > self.budget:
             return
         for key in [k for k in self.entries if tokens[:len(k)] == k]:
@@ -172,6 +206,9 @@ class SharedPromptCache(PromptCache):
     def remember(self) -> None:
         self.call(super().remember)
 
-    def offer(self) -> None:
-        """remember() on the calling thread (which must be `call`'s)."""
-        self._remember()
+    def offer(self) -> Callable[[], None] | None:
+        """For a slot whose sequence has ended: its snapshot, taken on the calling thread
+        (the copy beside the engine's work, not in it), as the call that keeps it, to run
+        on `call`'s thread; None when there is nothing to keep."""
+        snap = self.snapshot()
+        return None if snap is None else (lambda: self.keep(snap))

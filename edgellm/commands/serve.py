@@ -75,7 +75,8 @@ def add_arguments(p) -> None:
     p.add_argument("--alias", default=None, type=text_argument("alias", empty=False),
                    help="the (first) model's id in the API (default: the -m name)")
     p.add_argument("--max-memory", default=None, type=_size_argument,
-                   help="with several models: the most memory their plans may take together "
+                   help="with several models: the most memory their plans (and each chat "
+                        "model's --prompt-cache-bytes) may take together "
                         "(e.g. 2GB); a model loads on first use and the least recently used "
                         "idle one is closed to make room (default: no bound)")
     p.add_argument("--prompt-cache-bytes", default=None, type=_size_argument,

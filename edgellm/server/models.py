@@ -13,7 +13,8 @@ when the next would pass the memory budget.
 The lease is taken for a whole request, its stream included, by the Leases middleware
 (router.py), so a route finds its model loaded and a model is never closed under a
 request. A model's memory is its memory plan (edgellm.memory_plan: weights, KV cache,
-buffers, tokenizer); the runtime's own baseline is counted once.
+buffers, tokenizer), and a chat model's prompt cache at its bound (--prompt-cache-bytes);
+the runtime's own baseline is counted once.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class Served:
                       llm=llm, owned=False)
             if m.kind == "chat" and engine:
                 m.engine = self._made(Engine(llm, self.settings, name))
+                m.planned += self._cache_bytes(m.kind)
             elif m.kind == "audio":  # its own thread: a transcription would stall the slots
                 m.worker = _worker(name, llm)
         else:
@@ -210,6 +212,11 @@ class Served:
             m.used = time.monotonic()
             self._events()[1].set()
 
+    def _cache_bytes(self, kind: str) -> int:
+        """The prompt cache a model of `kind` keeps loaded: a chat model's engine fills its
+        slots' shared LRU up to --prompt-cache-bytes (and holds it)."""
+        return self.settings.prompt_cache_bytes if kind == "chat" else 0
+
     def _in_use(self) -> int:
         return SERVER_BASELINE + sum(m.planned for m in self.models.values() if m.llm is not None)
 
@@ -220,7 +227,7 @@ class Served:
             raise APIError(503, f"model {m.name!r} is not loaded", "server_error")
         if not m.planned:
             m.planned = await run_in_threadpool(planned_file_bytes, m.path, self.context,
-                                               self.kv_type)
+                                               self.kv_type) + self._cache_bytes(m.kind)
         deadline = time.monotonic() + LOAD_WAIT_S
         lock, released = self._events()
         async with lock:  # one load at a time: each sees the memory the others took
@@ -253,7 +260,7 @@ class Served:
         llm = self.opener(m.path, m.kind)
         try:
             m.kind = _kind(llm)
-            m.planned = planned_bytes(llm)
+            m.planned = planned_bytes(llm) + self._cache_bytes(m.kind)
             if m.kind == "chat":
                 m.engine = self._made(Engine(llm, self.settings, m.name))
                 call = m.engine.batch.call

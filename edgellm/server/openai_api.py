@@ -71,11 +71,11 @@ def add_routes(app: FastAPI, served: Served) -> None:
         base = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion",
                 "created": int(time.time()), "model": engine.model_id}
         if not req.stream:
-            text, finish, n = await engine.answered(request, slot, _complete, fields, ids,
-                                                    kwargs)
+            text, finish, n, cached = await engine.answered(request, slot, _complete, fields,
+                                                            ids, kwargs)
             return {**base, "choices": [{"text": text, "index": 0, "logprobs": None,
                                          "finish_reason": finish}],
-                    "usage": usage_of(len(ids), n)}
+                    "usage": usage_of(len(ids), n, cached)}
         stop = threading.Event()
         cancelled = engine.watched(slot, stop)
         try:
@@ -84,8 +84,9 @@ def add_routes(app: FastAPI, served: Served) -> None:
             engine.pool.release(slot)
             raise
         usage = req.stream_options is not None and req.stream_options.include_usage
-        chunks = engine.streamed(slot, _until(stream, cancelled), stop)
-        return sse(_completion_events(chunks, base, len(ids), usage), fields,
+        seen: dict = {}
+        chunks = engine.streamed(slot, _until(stream, cancelled, slot, ids, seen), stop)
+        return sse(_completion_events(chunks, base, len(ids), usage, seen), fields,
                    engine.error_of)
 
     @app.post("/v1/embeddings")
@@ -133,34 +134,47 @@ def _messages(req: ChatCompletionRequest) -> list[dict]:
     return out
 
 
-def usage_of(prompt: int, completion: int) -> dict:
+def usage_of(prompt: int, completion: int, cached: int = 0) -> dict:
+    """OpenAI's usage; `cached`: the prompt's ids a prompt cache gave (not prefilled)."""
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _until(chunks, cancelled: Callable[[], bool]):
-    """`chunks` (a completion's stream) until cancelled() after a chunk: then no more."""
+def _cached(slot, ids: list[int]) -> int:
+    """The prompt ids the slot's prompt cache gave its current generation (known once its
+    first chunk has come: the prompt is prefilled by then)."""
+    return min(getattr(slot.prompt_cache, "reused", 0), len(ids))
+
+
+def _until(chunks, cancelled: Callable[[], bool], slot, ids: list[int], seen: dict):
+    """`chunks` (a completion's stream) until cancelled() after a chunk: then no more;
+    seen["cached"]: the prompt ids the prompt cache gave, noted at the first chunk."""
     with contextlib.closing(chunks):
         for c in chunks:
+            if "cached" not in seen:
+                seen["cached"] = _cached(slot, ids)
             yield c
             if c.finish_reason is None and cancelled():
                 return
 
 
 def _complete(slot, ids: list[int], kwargs: dict,
-              cancelled: Callable[[], bool]) -> tuple[str, str, int]:
-    """(text, finish_reason, tokens generated) of a whole completion on `slot` (what there
-    is when cancelled() turns true)."""
-    parts, finish, n = [], "length", 0
+              cancelled: Callable[[], bool]) -> tuple[str, str, int, int]:
+    """(text, finish_reason, tokens generated, prompt ids the prompt cache gave) of a whole
+    completion on `slot` (what there is when cancelled() turns true)."""
+    parts, finish, n, cached = [], "length", 0, 0
     with slot.stream_ids(ids, **kwargs) as chunks:
         for c in chunks:
+            if not parts:
+                cached = _cached(slot, ids)
             parts.append(c.text)
             n += c.token is not None
             if c.finish_reason is not None:
                 finish = c.finish_reason
             if cancelled():
                 break
-    return "".join(parts), finish, n
+    return "".join(parts), finish, n, cached
 
 
 def _encode_vector(v: np.ndarray, fmt: str):
@@ -183,9 +197,11 @@ async def _chat_events(chunks, model_id: str, include_usage: bool):
             yield {**c, "choices": [], "usage": usage}
 
 
-async def _completion_events(chunks, base: dict, prompt_tokens: int, include_usage: bool):
+async def _completion_events(chunks, base: dict, prompt_tokens: int, include_usage: bool,
+                             seen: dict):
     """A completion's chunks as OpenAI streams them; one cut before its end (_until: a
-    shutdown) ends as cut at max_tokens, finish_reason "length"."""
+    shutdown) ends as cut at max_tokens, finish_reason "length"; the usage's cached
+    tokens as _until saw them."""
     n, finish = 0, None
 
     def out(text: str, reason: str | None) -> dict:
@@ -202,4 +218,5 @@ async def _completion_events(chunks, base: dict, prompt_tokens: int, include_usa
         finish = "length"
         yield out("", finish)
     if include_usage:
-        yield {**base, "choices": [], "usage": usage_of(prompt_tokens, n)}
+        yield {**base, "choices": [], "usage": usage_of(prompt_tokens, n,
+                                                        seen.get("cached", 0))}

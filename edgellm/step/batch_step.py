@@ -10,8 +10,8 @@ workers run the program once, each op for rows 0..n-1 before the next op, so the
 the compiler placed for one row hold for n:
 
   PROJ    the worker's rows of W (decode_step._split), as the single step's _mv walks
-          them: matrices with an interleaved copy (interleave.py, on VNNI: q4_0, q4_1,
-          q8_0) in groups of 16 rows, 4, 2 or 1 sequences a tile, each row's sums added
+          them: matrices in the file's x16 layout (in place) or with an interleaved copy
+          (interleave.py, on VNNI: q4_0, q4_1, q8_0 of a rows-layout file) in groups of 16 rows, 4, 2 or 1 sequences a tile, each row's sums added
           as the 16x1 tile adds them (the q4 tiles: as the single step's 8x1); the other
           q4_0/q4_1 (B = 32) row groups of 8 and q8_0's groups of 4 meet 4, 2 or 1
           rows per tile, the weights unpacked once (tiles.py's "g4" / "g2" of a type's
@@ -50,6 +50,7 @@ from ..kernels.tiles import RECIPES
 from .decode_step import (
     C_EPS,
     C_NORM_OFFSET,
+    F_X16,
     I_KMAX,
     KV_F16,
     KV_F32,
@@ -168,7 +169,7 @@ def _group_rows_by_kind(kinds, kind, m, mat, row0, rows, K, xqv, xdv, xsv, xdsv,
 
 
 @kernel
-def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds):
+def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds, x16):
     """The PROJ op of worker tid for rows 0..n-1: its rows of W as the single step splits
     them; a type with row-group tiles (group_rows: through the matrix's interleaved copy
     where it has one (ilv = (byte offset per matrix or -1, bytes)), else its row groups)
@@ -196,7 +197,8 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds):
             aq, ad, asum, ads = _act(xq[r], xd[r], xs[r], xds[r], ints, slot, K)
             h = _row(mem[r], shared, private, tid, o.src, K)
             out = _row(mem[r], shared, private, tid, o.dst, rows)
-            _mv(blob, m, o.row0, rows, h, aq, ad, ads, out, c0, c1, float_acts, kinds)
+            _mv(blob, m, o.row0, rows, h, aq, ad, asum, ads, out, c0, c1, float_acts, kinds,
+                x16)
         c0 = c1
     if o.bias >= 0:
         b = params[o.bias:o.bias + rows]
@@ -275,7 +277,8 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, f
         op = prog[i]
         code = opcode(op)
         if code == PROJ:
-            _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, feats[:N_KINDS])
+            _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, feats[:N_KINDS],
+                  feats[F_X16])
         elif code == BARRIER:  # once for all rows
             barrier(state, nt)
         elif code == ATTEND:

@@ -96,7 +96,6 @@ def test_layout_holds_the_rows_codes_and_scales(kind):
         codes = blocks[..., 32:].reshape(N // 16, nb, 16, 16, 2).transpose(0, 3, 1, 2, 4)
         np.testing.assert_array_equal(codes.reshape(N, nb, 32), ggml[..., 2:])
         return
-    hdr = 64 if kind == "q4_1" else 32
     # q4: the file's x16 layout for either activation type (checked by the int8 test)
     np.testing.assert_array_equal(wi, il.interleave(raw, kind, np.int8))
     np.testing.assert_array_equal(wi, layouts.to_x16(raw, kind))

@@ -241,3 +241,15 @@ def test_the_batched_step_reads_x16_in_place(converted):
             c.reset()
         rows = np.stack([stepper.step([0, 1], [t, t])[0] for t in ids])
         np.testing.assert_array_equal(rows, single)
+
+
+def test_info_says_which_layout(converted, capsys):
+    from edgellm import cli
+
+    with fmt.PackedModel(converted("llama", "q4_0")) as p:
+        n = sum(1 for t in p.tensors.values() if t.layout)
+    for layout, line in (("x16", f"format version 3, {n} matrices in the x16 layout"),
+                         ("rows", f"format version 2, every matrix in rows ({n} would read "
+                                  "faster in the x16 layout: convert the model again)")):
+        assert cli.main(["info", str(converted("llama", "q4_0", layout=layout))]) == 0
+        assert line in capsys.readouterr().out

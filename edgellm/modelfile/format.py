@@ -19,8 +19,9 @@ Quantized tensors are stored as `edgellm.modelfile.quant` describes (ggml block 
 contiguous); (version 3) a tensor entry's `layout` "x16" says its blocks are interleaved 16
 rows a group instead (modelfile/layout.py: the same bytes rearranged). A file is written as
 version 3 only where a tensor has a layout, so that an older reader refuses it rather than
-misreading it; this reader reads versions 1 to 3. Opening checks the header checksum and every offset and size against the file
-length, so it stays O(1) in the file size; `verify()` checks per-tensor crc32s on demand.
+misreading it; this reader reads versions 1 to 3. Opening checks the header checksum and
+every offset and size against the file length, so it stays O(1) in the file size; `verify()`
+checks per-tensor crc32s on demand.
 """
 
 from __future__ import annotations

@@ -11,13 +11,14 @@ the compiler placed for one row hold for n:
 
   PROJ    the worker's rows of W (decode_step._split), as the single step's _mv walks
           them: matrices in the file's x16 layout (in place) or with an interleaved copy
-          (interleave.py, on VNNI: q4_0, q4_1, q8_0 of a rows-layout file) in groups of 16 rows, 4, 2 or 1 sequences a tile, each row's sums added
-          as the 16x1 tile adds them (the q4 tiles: as the single step's 8x1); the other
-          q4_0/q4_1 (B = 32) row groups of 8 and q8_0's groups of 4 meet 4, 2 or 1
-          rows per tile, the weights unpacked once (tiles.py's "g4" / "g2" of a type's
-          recipe: each row's sums added in its "g" tile's order); other matrices a tile of
-          `tile` rows at a time (read from memory once, from L1 for the other rows), each
-          row through _mv itself. Either way each row's result is its result alone
+          (interleave.py, on VNNI: q4_0, q4_1, q8_0 of a rows-layout file) in groups of
+          16 rows, 4, 2 or 1 sequences a tile, each row's sums added as the 16x1 tile adds
+          them (the q4 tiles: as the single step's 8x1); the other q4_0/q4_1 (B = 32) row
+          groups of 8 and q8_0's groups of 4 meet 4, 2 or 1 rows per tile, the weights
+          unpacked once (tiles.py's "g4" / "g2" of a type's recipe: each row's sums added
+          in its "g" tile's order); other matrices a tile of `tile` rows at a time (read
+          from memory once, from L1 for the other rows), each row through _mv itself.
+          Either way each row's result is its result alone
   ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier
   BARRIER once for all rows
   NORM QUANT ADD ACT  decode_step's functions for them (_norm_op ..), once per row on row

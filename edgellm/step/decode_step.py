@@ -29,7 +29,8 @@ split write, or a vector is rewritten while others may still read it.
 
 Vectors live in one float32 arena `mem`: addresses >= 0 are shared, -1 - a is offset a of
 the calling worker's private part (mem[shared + tid * private + a]). Weights are read in
-place from the mapped file (`blob`) at offsets from `mats` (MAT_* columns); LoRA's A [R, K]
+place from the mapped file (`blob`) at offsets from `mats` (MAT_* columns), in rows or, where
+MAT_LAYOUT says x16 (modelfile/layout.py), 16 rows a group by x16.py's kernels; LoRA's A [R, K]
 and B [N, R] as float16 bits from `lora` (half the bytes of f32: at rank 16 on every
 projection they are a fifth of a 4-bit model's bytes per token). The kernels are
 the per-operation path's own: rmsnorm, rmsnorm_heads, apply_rope, swiglu_row, geglu_tanh_row,
@@ -43,14 +44,14 @@ before the first call: these kernels do not check bounds.
 The step compiles only what its model runs: `feats`, one entry per FEATURES (step/fused.py,
 features()), says which kernels the program needs: its matrix types (KIND_FEATURES, one
 entry per type code: feats[:N_KINDS] is the `kinds` tuple, indexed by code), the cache's
-type (kv_*), MoE (ROUTE, MOE) and LoRA (LORA_A, LORA_B), each None where the program has
-none, else an array (any; a flat tuple: numba's parallel region does not take a nested one
-holding None). `matvec_rows` dispatches a matrix by its code over the codes `kinds` holds
-(family.by_kind: the chain of branches is made while numba types it), and the functions
-below test the other entries as their own arguments (`if moe is not None`), which numba's
-dead-branch pruning resolves before typing, so a model's step never types or compiles the
-other kernels (a step with every entry set runs every program). The kernel cache keeps
-one step per feature set.
+type (kv_*), MoE (ROUTE, MOE), LoRA (LORA_A, LORA_B) and x16 matrices, each None where the
+program has none, else an array (any; a flat tuple: numba's parallel region does not take a
+nested one holding None). `matvec_rows` dispatches a matrix by its code over the codes
+`kinds` holds (family.by_kind: the chain of branches is made while numba types it), and the
+functions below test the other entries as their own arguments (`if moe is not None`), which
+numba's dead-branch pruning resolves before typing, so a model's step never types or
+compiles the other kernels (a step with every entry set runs every program). The kernel
+cache keeps one step per feature set.
 """
 
 from __future__ import annotations

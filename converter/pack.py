@@ -27,6 +27,7 @@ from edgellm.modelfile import format as fmt
 from edgellm.modelfile import layout as layouts
 from edgellm.modelfile import quant, quant_k, tokenizer_store
 from edgellm.runtime import output_file
+from edgellm.arch.registry import spec_for
 from edgellm.validate import check_model
 
 from . import norm_fold
@@ -218,8 +219,9 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
     """Write `source` to `out` under `recipe`; returns the conversion summary.
 
     layout: layouts.X16 stores the matrices the x16 kernels read interleaved 16 rows a
-    group (edgellm/modelfile/layout.py: the same bytes rearranged, a version 3 file);
-    layouts.ROWS keeps every tensor's rows as they are (a version 2 file).
+    group (edgellm/modelfile/layout.py: the same bytes rearranged, a version 3 file),
+    but for encoders (BERT, Whisper: their GEMM reads rows); layouts.ROWS keeps every
+    tensor's rows as they are (a version 2 file).
 
     types: storage type by tensor name, overriding the recipe (size_target.py);
     quantize: the block quantizer, quant.quantize's signature (default: quant.quantize);
@@ -242,6 +244,8 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
     _, blob = stored_tokenizer(source)  # first in the data section, the tensors after it
     if layout not in layouts.LAYOUTS:
         raise SourceError(f"unknown layout {layout!r} (one of: x16, rows)")
+    if _encoder(source):  # their float GEMM (kernels/panel_gemm.py) reads rows
+        layout = layouts.ROWS
     entries = []
     for t, name, ty in planned:
         block = (quant.TYPES[ty].block_for(block_size) if quant.TYPES[ty].quantized
@@ -309,6 +313,13 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
         raise
     summary.file_size = out.stat().st_size
     return summary
+
+
+def _encoder(source: Source) -> bool:
+    """Whether the model's matrices are read by the encoders' float GEMM (BERT, Whisper)
+    rather than linear()'s integer kernels, the ones the x16 layout is for."""
+    spec = spec_for(source.config.get("model_type"))
+    return spec is not None and spec.family in ("bert", "whisper")
 
 
 def _check_out(out: Path, source: Source) -> None:

@@ -253,3 +253,17 @@ def test_info_says_which_layout(converted, capsys):
                                   "faster in the x16 layout: convert the model again)")):
         assert cli.main(["info", str(converted("llama", "q4_0", layout=layout))]) == 0
         assert line in capsys.readouterr().out
+
+
+def test_encoders_keep_rows(tmp_path):
+    """BERT's (and Whisper's) matrices go through the encoders' float GEMM, which reads rows."""
+    from test_embed import EMBED
+
+    from converter.hf_source import open_hf
+
+    out = tmp_path / "bert.edgellm"
+    convert(open_hf(EMBED / "bert-tiny"), out, "q4_0", progress=False)
+    with fmt.PackedModel(out) as p:
+        assert p.version == fmt.VERSION
+        assert not any(t.layout for t in p.tensors.values())
+        assert any(t.type == "q4_0" for t in p.tensors.values())

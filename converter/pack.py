@@ -22,12 +22,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from edgellm.arch.registry import spec_for
 from edgellm.errors import EdgeLLMError, FormatError, QuantizationError, SourceError
 from edgellm.modelfile import format as fmt
 from edgellm.modelfile import layout as layouts
 from edgellm.modelfile import quant, quant_k, tokenizer_store
 from edgellm.runtime import output_file
-from edgellm.arch.registry import spec_for
 from edgellm.validate import check_model
 
 from . import norm_fold

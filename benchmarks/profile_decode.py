@@ -30,14 +30,14 @@ from edgellm.step import decode_step as ds  # noqa: E402
 
 
 @njit(cache=False, fastmath=True)
-def _mv_list(blob, mats, idx, h, xq, xd, xds, out, kinds):
+def _mv_list(blob, mats, idx, h, xq, xd, xs, xds, out, kinds, x16):
     """Matrices mats[idx[i]] in order, each times h (weights stream as in a step); kinds:
-    the step's matrix types (its feats' first entries)."""
+    the step's matrix types (its feats' first entries); x16: its feats' "x16"."""
     for i in range(idx.shape[0]):
         m = mats[idx[i]]
         rows = m[1]
-        ds._mv(blob, m, 0, rows, h[i:i + 1], xq[i:i + 1], xd[i:i + 1], xds[i:i + 1], out,
-               0, rows, False, kinds)
+        ds._mv(blob, m, 0, rows, h[i:i + 1], xq[i:i + 1], xd[i:i + 1], xs[i:i + 1],
+               xds[i:i + 1], out, 0, rows, False, kinds, x16)
 
 
 def group_name(tensor: str) -> str:
@@ -50,14 +50,14 @@ def group_name(tensor: str) -> str:
 
 def activations(K: int, n: int, rng, dtype=np.int8) -> tuple:
     """n random rows of width K and their integer blocks (dtype: int8 or int16, the step's
-    activations): (h, xq, xd, xds)."""
+    activations): (h, xq, xd, xs, xds)."""
     h = rng.standard_normal((n, K)).astype(np.float32)
     xq = np.zeros((n, K), dtype)
     xd = np.zeros((n, K // 32), np.float32)
     xs = np.zeros((n, K // 32), np.int32)
     xds = np.zeros((n, K // 32), np.float32)
     quantize_rows(h, xq, xd, xs, xds, 0, n)
-    return h, xq, xd, xds
+    return h, xq, xd, xs, xds
 
 
 def timed(fn, reps: int) -> float:
@@ -93,13 +93,14 @@ def main() -> None:
     def run(idx: list[int]):
         cols = [m.packed.tensors[names[i]].shape[1] for i in idx]
         K = max(cols)
-        h, xq, xd, xds = activations(K, len(idx), rng, f.xq.dtype)
+        h, xq, xd, xs, xds = activations(K, len(idx), rng, f.xq.dtype)
         table = np.array(idx, np.int64)
         if len(set(cols)) > 1:  # rows of one width per call
             parts = [[j for j in idx if m.packed.tensors[names[j]].shape[1] == c]
                      for c in sorted(set(cols))]
             return sum(run(p) for p in parts)
-        return timed(lambda: _mv_list(f.blob, f.mats, table, h, xq, xd, xds, big, on), a.reps)
+        return timed(lambda: _mv_list(f.blob, f.mats, table, h, xq, xd, xs, xds, big, on,
+                                      f.feats[ds.F_X16]), a.reps)
 
     rows = {name: run(idx) for name, idx in groups.items()}
     total = sum(rows.values())

@@ -55,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
                          f"{DEFAULT_GGUF} for GGUF: each tensor keeps its type)")
     ap.add_argument("--block-size", type=int, default=quant.DEFAULT_BLOCK,
                     choices=quant.BLOCK_SIZES, help="elements per quantization block")
+    ap.add_argument("--layout", choices=("x16", "rows"), default="x16",
+                    help="x16 (default): q4_0 and q4_1 matrices interleaved 16 rows a group, "
+                         "the layout the kernels read fastest (a version 3 file, the same "
+                         "values); rows: every tensor's rows as stored (a file older edgellm "
+                         "versions read)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     _add_quality_arguments(ap)
     g = ap.add_argument_group("LoRA (converter/lora_merge.py, edgellm/lora/)")
@@ -166,7 +171,8 @@ def _convert(source, args, recipe: str) -> None:
             say("convert-model: " + " ".join(tp.lines()))
         summary = convert(source, args.out, recipe, args.block_size, progress=not args.quiet,
                           types=types, quantize=quantize, meta_extra=extra,
-                          fold_norms=args.fold_norms)
+                          fold_norms=args.fold_norms,
+                          layout="" if args.layout == "rows" else args.layout)
         if not args.quiet:
             print("\n".join(summary.lines()))
             if recipe in K_REPORTED:  # llama-quantize's per-tensor choices, tensor by tensor

@@ -22,8 +22,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from edgellm.arch.registry import spec_for
 from edgellm.errors import EdgeLLMError, FormatError, QuantizationError, SourceError
 from edgellm.modelfile import format as fmt
+from edgellm.modelfile import layout as layouts
 from edgellm.modelfile import quant, quant_k, tokenizer_store
 from edgellm.runtime import output_file
 from edgellm.validate import check_model
@@ -212,8 +214,14 @@ def _meta(source: Source, recipe: str, block_size: int, meta_extra: dict | None)
 def convert(source: Source, out: str | os.PathLike, recipe: str,
             block_size: int = quant.DEFAULT_BLOCK, progress: bool = True, *,
             types: dict[str, str] | None = None, quantize: Quantize | None = None,
-            meta_extra: dict | None = None, fold_norms: bool = True) -> Summary:
+            meta_extra: dict | None = None, fold_norms: bool = True,
+            layout: str = layouts.X16) -> Summary:
     """Write `source` to `out` under `recipe`; returns the conversion summary.
+
+    layout: layouts.X16 stores the matrices the x16 kernels read interleaved 16 rows a
+    group (edgellm/modelfile/layout.py: the same bytes rearranged, a version 3 file),
+    but for encoders (BERT, Whisper: their GEMM reads rows); layouts.ROWS keeps every
+    tensor's rows as they are (a version 2 file).
 
     types: storage type by tensor name, overriding the recipe (size_target.py);
     quantize: the block quantizer, quant.quantize's signature (default: quant.quantize);
@@ -234,9 +242,17 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
         meta_extra = {**(meta_extra or {}), "norms_folded": folded,
                       "folded_gains": norm_fold.gain_table(planned, source.config)}
     _, blob = stored_tokenizer(source)  # first in the data section, the tensors after it
-    infos = fmt.plan_tensors([(name, ty, tuple(t.shape), quant.TYPES[ty].block_for(block_size)
-                               if quant.TYPES[ty].quantized else quant.DEFAULT_BLOCK)
-                              for t, name, ty in planned], len(blob))
+    if layout not in layouts.LAYOUTS:
+        raise SourceError(f"unknown layout {layout!r} (one of: x16, rows)")
+    if _encoder(source):  # their float GEMM (kernels/panel_gemm.py) reads rows
+        layout = layouts.ROWS
+    entries = []
+    for t, name, ty in planned:
+        block = (quant.TYPES[ty].block_for(block_size) if quant.TYPES[ty].quantized
+                 else quant.DEFAULT_BLOCK)
+        x16 = layout == layouts.X16 and layouts.fits_x16(ty, tuple(t.shape), block)
+        entries.append((name, ty, tuple(t.shape), block, layouts.X16 if x16 else layouts.ROWS))
+    infos = fmt.plan_tensors(entries, len(blob))
     _check_model(source, infos)
     meta = _meta(source, recipe, block_size, meta_extra)
     summary = Summary(str(out))
@@ -244,7 +260,7 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
     try:
         with open(tmp, "wb") as f:
             header = fmt.encode_header(meta, infos)
-            f.write(fmt.encode_preamble(header))
+            f.write(fmt.encode_preamble(header, fmt.file_version(infos)))
             f.write(header)
             data_start = fmt.align(fmt.PREAMBLE.size + len(header))
             f.seek(data_start)
@@ -253,6 +269,8 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
             for (t, name, ty), info in _progress(list(zip(planned, infos, strict=True)), progress):
                 stats = summary.by_type[ty]
                 chunks = _encode(t, name, ty, block_size, stats, quantize)
+                if info.layout == layouts.X16:  # the rows' bytes, interleaved
+                    chunks = [layouts.to_x16(np.concatenate(chunks), ty)]
                 f.seek(data_start + info.offset)
                 crc, written = 0, 0
                 for c in chunks:
@@ -270,12 +288,12 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
                 stats.nbytes += info.nbytes
                 summary.params += int(np.prod(t.shape))
                 final.append(fmt.TensorInfo(info.name, info.type, info.shape, info.block_size,
-                                            info.offset, info.nbytes, crc))
+                                            info.offset, info.nbytes, crc, info.layout))
             end = data_start + (infos[-1].offset + infos[-1].nbytes)
             f.truncate(end)
             header = fmt.encode_header(meta, final)  # same length: crc32s are fixed-width
             f.seek(0)
-            f.write(fmt.encode_preamble(header))
+            f.write(fmt.encode_preamble(header, fmt.file_version(final)))
             f.write(header)
             f.flush()
             os.fsync(f.fileno())
@@ -295,6 +313,13 @@ def convert(source: Source, out: str | os.PathLike, recipe: str,
         raise
     summary.file_size = out.stat().st_size
     return summary
+
+
+def _encoder(source: Source) -> bool:
+    """Whether the model's matrices are read by the encoders' float GEMM (BERT, Whisper)
+    rather than linear()'s integer kernels, the ones the x16 layout is for."""
+    spec = spec_for(source.config.get("model_type"))
+    return spec is not None and spec.family in ("bert", "whisper")
 
 
 def _check_out(out: Path, source: Source) -> None:

@@ -35,7 +35,7 @@ MODE=kernel
 SETUP_ONLY=0
 PARALLEL=0
 KERNEL_TESTS="tests/test_kernels_linear.py tests/test_kernels_asm.py tests/test_fused.py
-              tests/test_kquant_superblock.py tests/test_portable.py"
+              tests/test_kquant_superblock.py tests/test_layout.py tests/test_portable.py"
 SMOKE_TESTS="tests/test_portable.py"
 
 while [ $# -gt 0 ]; do

@@ -40,11 +40,13 @@ def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("converted")
     done: dict[tuple[str, str], Path] = {}
 
-    def get(name: str, quant: str = "f32", block_size: int = 32) -> Path:
-        key = (name, f"{quant}-{block_size}")
+    def get(name: str, quant: str = "f32", block_size: int = 32, layout: str = "x16") -> Path:
+        """layout: convert-model's --layout ("x16", its default, or "rows")."""
+        key = (name, f"{quant}-{block_size}-{layout}")
         if key not in done:
-            out = root / f"{name}-{quant}-{block_size}.edgellm"
-            convert(open_hf(TINY / name), out, quant, block_size, progress=False)
+            out = root / f"{name}-{quant}-{block_size}{'-rows' * (layout == 'rows')}.edgellm"
+            convert(open_hf(TINY / name), out, quant, block_size, progress=False,
+                    layout="" if layout == "rows" else layout)
             done[key] = out
         return done[key]
 

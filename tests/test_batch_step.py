@@ -291,17 +291,18 @@ def test_each_row_count_chooses_parallel_or_serial_apart(converted):
 
 
 def test_interleaved_copies_only_where_rows_are_batched(converted):
-    """A one-slot Batch (never batched) and interleave=False keep no interleaved copy; two
-    slots do, on VNNI; and both answer alike (q4_1 matrices: bit for bit)."""
+    """For a rows-layout file, a one-slot Batch (never batched) and interleave=False keep no
+    interleaved copy; two slots do, on VNNI; and both answer alike (q4_1 matrices: bit for
+    bit). An x16 file's step reads it in place (test_layout.py)."""
     from edgellm.runtime import simd
 
     ids = [int(t) for t in reference("llama")["input_ids"]][:6]
-    with edgellm.load(converted("llama", "q4_1"), threads=2) as llm:
+    with edgellm.load(converted("llama", "q4_1", layout="rows"), threads=2) as llm:
         got = []
         for slots, flag in ((1, None), (2, None), (2, False)):
             batch = Batch(llm, slots, flag)
             try:
-                copy = batch.stepper.ilv[1].size
+                copy = batch.stepper.copy_bytes
                 assert (copy > 0) == (simd.VNNI and slots > 1 and flag is None)
                 view = batch.slots[0].model
                 view.forward(ids, want="none")

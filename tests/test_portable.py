@@ -116,7 +116,7 @@ def test_kernel_and_fused_tests_pass_on_the_portable_path():
     # command runs this test beside another worker
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m",
            "not serial", "tests/test_kernels_linear.py", "tests/test_fused.py",
-           "tests/test_kquant_superblock.py"]
+           "tests/test_kquant_superblock.py", "tests/test_layout.py"]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=1800)
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -14,6 +14,7 @@ import numpy as np
 from ..cache.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 from ..errors import EdgeLLMError, FormatError
 from ..memory_plan import default_context, largest_context, plan
+from ..modelfile import layout as layouts
 from ..modelfile import quant
 from ..modelfile.format import PackedModel
 from ..validate import check_model
@@ -124,10 +125,19 @@ def describe(packed: PackedModel, ctx_arg: str | None, max_memory: str | None,
         "quantization": packed.header.get("quantization", {}),
         "tensors_by_type": dict(by_type),
         "types": {ty: _type_info(packed, ty) for ty in by_type},
-        "tensors": {n: {"type": t.type, "shape": list(t.shape), "block_size": t.block_size}
+        "format_version": packed.version,
+        "x16_tensors": sum(1 for t in packed.tensors.values() if t.layout == layouts.X16),
+        "tensors": {n: {"type": t.type, "shape": list(t.shape), "block_size": t.block_size,
+                        "layout": t.layout or "rows"}
                     for n, t in packed.tensors.items()},
         "memory": memory,
     }
+
+
+def _x16_candidates(packed: PackedModel) -> int:
+    """Matrices in rows that convert-model would store in x16 (modelfile/layout.py)."""
+    return sum(1 for t in packed.tensors.values()
+               if not t.layout and layouts.fits_x16(t.type, t.shape, t.block_size))
 
 
 def _type_info(packed: PackedModel, type_name: str) -> dict:
@@ -164,6 +174,11 @@ def run(args) -> int:
               f"{c.get('num_attention_heads')}/{c.get('num_key_value_heads')}, "
               f"vocab {c.get('vocab_size')}")
         print("  tensors: " + ", ".join(f"{n} {t}" for t, n in info["tensors_by_type"].items()))
+        x16, fits = info["x16_tensors"], _x16_candidates(packed)
+        print(f"  format version {info['format_version']}, " + (
+            f"{x16} matrices in the x16 layout" if x16 else "every matrix in rows" + (
+                f" ({fits} would read faster in the x16 layout: convert the model again)"
+                if fits else "")))
         for name, t in info["types"].items():
             blocks = f", blocks of {'/'.join(map(str, t['block_sizes']))}" \
                 if "block_sizes" in t else ""

@@ -169,7 +169,7 @@ def run(args) -> int:
                                 timeout_graceful_shutdown=GRACE_S - 0.5, access_log=False)
         server = uvicorn_server(app, config)
         stepper = app.state.batch.stepper
-        copy = 0 if stepper is None else stepper.ilv[1].nbytes
+        copy = 0 if stepper is None else stepper.copy_bytes
         extra = f", {copy / 1e6:.0f} MB of interleaved weights" if copy else ""
         port = sock.getsockname()[1]  # the port bound (--port 0: the system's pick)
         ids = ", ".join(app.state.served.ids())

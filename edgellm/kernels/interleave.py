@@ -6,40 +6,38 @@ weight row with the token in its own lanes and then reduces the lanes to a sum p
 per block and token, the pair-sum shuffles cost more than the dot products (q8_0's 4-row
 tile keeps 16 float partial sums a row instead: four float operations a block, row and
 token). Prefill avoids both with panels packed per call (panel.py), which four tokens do
-not pay back. Here the batched step keeps a copy of its q4_0, q4_1 and q8_0 matrices in a
-layout whose lanes are rows already (`interleave`, made once when the server's step is
-built; the same bytes as the file's blocks, rearranged):
+not pay back. Here the weights are in a layout whose lanes are rows already: q4_0 and q4_1
+matrices in the file's x16 layout (modelfile/layout.py, read in place by the single step,
+the batched step and prefill: x16.py), or, for a rows-layout file, a copy the batched step
+makes when it is built (`interleave`: the same bytes rearranged):
 
   wi uint8 [rows / 16, nb * BB]   group g = rows 16g..16g+15; per block of 32 columns BB
                                   bytes: the 16 rows' f16 d, (q4_1) their 16 f16 m, then
-                                  q4: 4 chunks of 32 u16 words: word 2l + p of chunk c
-                                  holds row l's codes at columns 8c + 2s + p, s = 0..3, in
-                                  its nibbles s (bits 4s..4s+3);
-                                  q8_0: 16 chunks of 32 bytes: bytes 2l, 2l + 1 of chunk j
-                                  are row l's codes at columns 2j, 2j + 1
+                                  q4: 4 chunks of 64 bytes: byte 4l + k of chunk c holds
+                                  row l's codes at columns 8c + k (low nibble) and
+                                  8c + 4 + k (high nibble), k = 0..3 (layout.py's x16);
+                                  q8_0 (int16 activations): 16 chunks of 32 bytes: bytes
+                                  2l, 2l + 1 of chunk j are row l's codes at columns 2j,
+                                  2j + 1; (int8) 8 chunks of 64 bytes: bytes 4l..4l + 3 of
+                                  chunk j are row l's codes at columns 4j..4j + 3, plus 128
+                                  (unsigned): the tile takes 128 x the token's block sum off
 
-So (q4 chunk c >> 4s) & 15, or q8_0's chunk j sign-extended, is as <16 x i32> of i16 pairs
-lane l = row l's codes at columns 2j, 2j + 1 (q4: j = 4c + s), and one vpdpwssd with the
-token's activation pair (2j, 2j + 1) broadcast adds them into lane l: 16 of those make each
-lane its row's block dot product. For q4 that is the integer the 8x1 tile reduces to, and
-the float work per block is the 8x1 tile's as it is compiled (_scale), on 16 lanes, with
-the blocks in group_blocks' two chains: lane by lane the 8x1 tile's operations in its
-order, so each row's result is the single step's bit for bit (tests/test_interleave.py).
-q8_0's block sum is one integer here where the 4x1 tile keeps 16 partial sums in floats:
-the same products, rounded in another order (a row's result differs from the single step's
-by rounding), with no horizontal sums.
-
-For int8 activations (act_type "int8", llama.cpp's) the codes are laid out for vpdpbusd,
-which multiplies four u8 by four i8 a lane (`interleave(w, kind, np.int8)`, same sizes):
-
-  q4:    4 chunks of 64 bytes: byte 4l + k of chunk c holds row l's codes at columns
-         8c + k (low nibble) and 8c + 4 + k (high nibble), k = 0..3
-  q8_0:  8 chunks of 64 bytes: bytes 4l..4l + 3 of chunk j are row l's codes at columns
-         4j..4j + 3, plus 128 (unsigned); the tile takes 128 x the token's block sum xs off
-
-so a chunk's lanes (masked to a nibble, or as they are) meet the token's four activations
-broadcast from memory: 8 vpdpbusd a block and token where int16 takes 16 vpdpwssd, the same
-integer sums in half the instructions.
+int8 activations (act_type "int8", llama.cpp's): a q4 chunk's lanes masked to their low
+(high) nibbles are, lane l, four u8 codes of row l at columns 8c..8c+3 (8c+4..8c+7), which
+one vpdpbusd multiplies by the token's four activations broadcast from memory: 8 a block
+and token. int16 activations: the lanes shifted right by 0, 8, 4, 12 bits and masked to
+0x000F000F are i16 pairs of row l's codes at columns (8c + k, 8c + k + 2), k = 0, 1, 4, 5;
+the tile permutes the token's block of activations within fours (0, 2, 1, 3) in registers
+so that those pairs are its words 4c..4c+3, and one vpdpwssd with a word broadcast adds a
+pair into each lane: 16 a block and token. q8_0's int16 chunk j sign-extended is the pairs
+(2j, 2j + 1) as stored, against the activations' pair j broadcast from memory.
+Either way each lane holds its row's block dot product: for q4 the integer the 8x1 tile
+reduces to, with the float work per block the 8x1 tile's as it is compiled (_scale), on 16
+lanes, with the blocks in group_blocks' two chains: lane by lane the 8x1 tile's operations
+in its order, so each row's result is the single step's bit for bit on VNNI
+(tests/test_interleave.py). q8_0's block sum is one integer here where the 4x1 tile keeps
+16 partial sums in floats: the same products, rounded in another order (a row's result
+differs from the single step's by rounding), with no horizontal sums.
 
   itile_<q4_0|q4_1|q8_0>_16x<RT>(wi, g, xq, xd, xs, xds, t, out, i)
       out[t + s, i + r] = row 16g + r of W . token t + s, r < 16, s < RT
@@ -51,6 +49,7 @@ shapes (step/batched.py builds wi from a matrix the fused step checked): no boun
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import types
 
 from ..codegen.int8_tiles import group_blocks
@@ -78,12 +77,18 @@ from ..codegen.ir import (
     vpdpwssd_bcast,
 )
 from ..codegen.packing import BLOCK_BYTES
+from ..modelfile import layout as layouts
 from ..modelfile import quant
 from ..runtime.simd import VNNI
 
 __all__ = ["ILV_BLOCK", "ILV_ROWS", "interleave", "make_itile"]
 
 ILV_ROWS = 16  # weight rows of a group: one <16 x i32> lane each
+# int16 activations on the q4 byte layout: the shifts of a chunk's lanes whose low nibbles
+# (masked to 0x000F000F) are the i16 pairs of columns (8c + k, 8c + k + 2), k = 0, 1, 4, 5
+PAIR_SHIFT = (0, 8, 4, 12)
+PAIR_PERM = [4 * q + r for q in range(8) for r in (0, 2, 1, 3)]  # a block's activations
+# in the pairs' order: word 4c + h = activations 8c + k, 8c + k + 2
 PF = 2048  # bytes a tile prefetches ahead of its block (measured best from memory
 # against 1024 and 4096)
 # the layouts this module writes, and bytes of a group's block: the 16 rows' scales (and
@@ -94,7 +99,10 @@ ILV_BLOCK = {n: ILV_ROWS * quant.TYPES[n].block_bytes(32) for n in ("q4_0", "q4_
 def interleave(w: np.ndarray, kind: str, act=np.int16) -> np.ndarray:
     """ggml q4_0 / q4_1 / q8_0 rows (uint8 [rows, nb * 18 | 20 | 34], rows a multiple of
     16) -> the interleaved groups (uint8 [rows / 16, nb * ILV_BLOCK[kind]], module
-    docstring) for activations of dtype act: int8 ones take q4's byte layout."""
+    docstring): q4 in the file's x16 layout (layout.to_x16) whatever the activations,
+    q8_0 in the layout for activations of dtype act."""
+    if kind != "q8_0":
+        return layouts.to_x16(w, kind)
     qs, BB = BLOCK_BYTES[kind]  # ggml's block: the header, then the codes
     rows, nb = w.shape[0], w.shape[1] // BB
     if rows % ILV_ROWS or w.shape[1] != nb * BB:
@@ -103,33 +111,11 @@ def interleave(w: np.ndarray, kind: str, act=np.int16) -> np.ndarray:
     blk = w.reshape(G, ILV_ROWS, nb, BB)
     d = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(G, nb, 32)  # the 16 rows' f16 d
     int8 = np.dtype(act) == np.int8
-    parts = [d]
-    if kind == "q8_0":  # chunk j: rows 0..15's codes at columns 2j, 2j + 1 (int8: 4j..4j + 3,
-        per = 4 if int8 else 2  # plus 128)
-        q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 32 // per, per).transpose(0, 2, 3, 1, 4)
-        parts.append((q ^ 0x80 if int8 else q).reshape(G, nb, 512))
-    else:
-        if kind == "q4_1":
-            parts.append(blk[..., 2:4].transpose(0, 2, 1, 3).reshape(G, nb, 32))  # and m
-        parts.append(_q4_codes(blk[..., qs:qs + 16], int8))
+    # chunk j: rows 0..15's codes at columns 2j, 2j + 1 (int8: 4j..4j + 3, plus 128)
+    per = 4 if int8 else 2
+    q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 32 // per, per).transpose(0, 2, 3, 1, 4)
+    parts = [d, (q ^ 0x80 if int8 else q).reshape(G, nb, 512)]
     return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
-
-
-def _q4_codes(q: np.ndarray, int8: bool) -> np.ndarray:
-    """A q4 group's codes (uint8 [G, 16 rows, nb, 16], byte i: columns i (low nibble) and
-    16 + i (high)) -> uint8 [G, nb, 256] in 4 chunks of 64 bytes (module docstring)."""
-    G, _, nb, _ = q.shape
-    if int8:  # byte 4l + k of chunk c: columns 8c + k, 8c + 4 + k
-        cb = np.concatenate([q & 15, q >> 4], axis=-1).reshape(G, ILV_ROWS, nb, 4, 2, 4)
-        quads = (cb[..., 0, :] | cb[..., 1, :] << 4).transpose(0, 2, 3, 1, 4)  # g, b, c, l, k
-        return np.ascontiguousarray(quads).reshape(G, nb, 256)
-    halves = []
-    for codes in (q & 15, q >> 4):  # columns 0..15, then 16..31: chunks c = 0, 1, then 2, 3
-        cw = codes.astype(np.uint16).reshape(G, ILV_ROWS, nb, 2, 4, 2)  # column 8c + 2s + p
-        halves.append(cw[..., 0, :] | cw[..., 1, :] << 4 | cw[..., 2, :] << 8
-                      | cw[..., 3, :] << 12)  # [G, l, nb, c, p]: nibble s
-    words = np.concatenate(halves, axis=3).transpose(0, 2, 3, 1, 4)  # [G, nb, c, l, p]
-    return np.ascontiguousarray(words).view(np.uint8).reshape(G, nb, 256)
 
 
 def _scale(b, kind, AB, tot, drow, srow, foff, dw, mw, acc):
@@ -198,7 +184,7 @@ def _itile_codegen(kind, RT):
             """The token's int16 activations 2j, 2j + 1 of the block as an i32, every lane."""
             return _splat(b, _load(b, xrow, b.add(xoff, _i64(4 * j)), I32), L)
 
-        low = _c(v32w, [15] * (2 * L))
+        pair_mask = _c(v16i, [0x000F000F] * L)
 
         def body(bi, st):
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
@@ -246,15 +232,23 @@ def _itile_codegen(kind, RT):
                         wv = b.and_(u, nib)  # lane l: row l's columns 8c + 4h + k, k < 4
                         for s in range(RT):
                             quad(s, (2 * c + h) % chains, wv, 8 * c + 4 * h)
-            if kind != "q8_0" and AB == 2:  # word layout: nibble pairs, vpdpwssd
+            if kind != "q8_0" and AB == 2:  # byte layout as i16 pairs, vpdpwssd
+                # pair word 4c + h of the token's block permuted within fours (0, 2, 1, 3):
+                # its activations 8c + k, 8c + k + 2 (k = PAIR_COLS[h]), which the chunk's
+                # lanes shifted right by PAIR_SHIFT[h] and masked to 0x000F000F meet
+                pw = [b.bitcast(b.shuffle_vector(_load(b, xr, xoff, _v(I16, 32)),
+                                                 ir.Constant(_v(I16, 32), ir.Undefined),
+                                                 _c(_v(I32, 32), PAIR_PERM)), v16i)
+                      for xr in xrows]
                 for c in range(4):
-                    v = _load(b, p, q0 + 64 * c, v32w)
-                    for s4 in range(4):
-                        u = b.lshr(v, _c(v32w, [4 * s4] * (2 * L))) if s4 else v
-                        wv = b.bitcast(b.and_(u, low) if s4 < 3 else u, v16i)
-                        j = 4 * c + s4
+                    v = _load(b, p, q0 + 64 * c, v16i)
+                    for h, sh in enumerate(PAIR_SHIFT):
+                        u = b.lshr(v, _c(v16i, [sh] * L)) if sh else v
+                        wv = b.and_(u, pair_mask)
+                        j = 4 * c + h
                         for s in range(RT):
-                            step(s, j % chains, wv, j)
+                            xv = _splat(b, b.extract_element(pw[s], _c(I32, j)), L)
+                            acc[s][j % chains] = dot(acc[s][j % chains], wv, xv)
             new = []
             for s in range(RT):
                 tot = acc[s][0]

@@ -7,7 +7,8 @@
 
 Weights are the zero-copy views `format.Tensor` hands out (read-only memmaps): uint8 ggml
 blocks of a quant.TYPES block type with block size 32, 64 or 128, float32/float16 [N, K] for
-f32/f16. Which kernels run each type: registry.py.
+f32/f16; a tensor whose `layout` is "x16" (modelfile/layout.py) runs x16.py's kernels.
+Which kernels run each type: registry.py.
 They are never copied or dequantized as a whole.
 
 Precision of quantized weights:
@@ -37,6 +38,7 @@ import weakref
 import numba
 import numpy as np
 
+from ..modelfile import layout as layouts
 from ..modelfile import quant
 from ..runtime import numba_setup
 from . import act_quant, registry
@@ -172,7 +174,11 @@ def _check_weight(w):
         if K % block:
             raise ValueError(f"tensor {w.name}: {kind} K={K} does not split into blocks of "
                              f"{block}")
-        want = (N, K // block * t.block_bytes(block))
+        layout = getattr(w, "layout", layouts.ROWS)
+        if layout and not layouts.fits_x16(kind, (N, K), block):
+            raise ValueError(f"tensor {w.name}: {kind} [{N}, {K}] blocks of {block} cannot be "
+                             f"in layout {layout!r}")
+        want = layouts.data_shape(kind, (N, K), block, layout)
         if data.dtype != _U8 or data.shape != want:
             raise ValueError(f"tensor {w.name}: {kind} data must be uint8 {list(want)}, got "
                              f"{data.dtype} {list(data.shape)}")
@@ -236,6 +242,9 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
     T = x.shape[0]
     if T == 0:
         return
+    if getattr(w, "layout", layouts.ROWS):
+        _linear_x16(kind, data, x, out, precise, act, act_dtype)
+        return
     if kind in registry.INT8 and not precise:
         if act is None:
             act = quantize_act(x, _scratch_act(T, K, act_dtype))
@@ -267,11 +276,47 @@ def linear(w, x: np.ndarray, out: np.ndarray, *, precise: bool = False,
         par(data, block, x, out)
 
 
+def _act_for(x: np.ndarray, act: ActQ8 | None, act_dtype) -> ActQ8:
+    """x quantized (into a scratch ActQ8), or `act` checked to hold x quantized."""
+    T, K = x.shape
+    if act is None:
+        return quantize_act(x, _scratch_act(T, K, act_dtype))
+    if not isinstance(act, ActQ8):
+        raise ValueError(f"act must be an ActQ8, got {type(act).__name__}")
+    if act.K != K or act.T != T:
+        raise ValueError(f"act holds {act.T} quantized rows of K={act.K}; x is "
+                         f"{list(x.shape)} (call quantize_act(x, act) first)")
+    return act
+
+
+def _linear_x16(kind, data, x, out, precise, act, act_dtype) -> None:
+    """linear() of a matrix in the x16 layout (x16.py's kernels)."""
+    k = registry.X16[kind]
+    T = x.shape[0]
+    if precise:
+        if T > 1:
+            k["mmp"](data, x, out)
+        elif _threads() == 1:
+            k["mvp_rows"](data, x, out, 0, out.shape[1])
+        else:
+            k["mvp"](data, x, out)
+        return
+    act = _act_for(x, act, act_dtype)
+    if T > 1:
+        k["mm"](data, act.xq, act.xd, act.xs, act.xds, out, T)
+    elif _threads() == 1:
+        k["mv_rows"](data, act.xq, act.xd, act.xs, act.xds, out, 0, out.shape[1])
+    else:
+        k["mv"](data, act.xq, act.xd, act.xs, act.xds, out)
+
+
 def gemm(w, x: np.ndarray, out: np.ndarray) -> None:
     """out[T, N] = x[T, K] @ W[N, K].T for a stored weight `w` (any type linear() runs),
     float activations; validated as linear() validates, then one kernel call."""
     kind, N, K, block, data = check_product(w, x, out)
-    if x.shape[0]:
+    if x.shape[0] and getattr(w, "layout", layouts.ROWS):
+        registry.X16[kind]["mmp"](data, x, out)
+    elif x.shape[0]:
         registry.FLOAT[kind].gemm(data, block, x, out)
 
 
@@ -291,4 +336,8 @@ def embedding(w, ids: np.ndarray, out: np.ndarray) -> None:
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= V:
         raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary [0, {V})")
-    registry.FLOAT[kind].embed(data, block, np.ascontiguousarray(ids, dtype=np.int64), out)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if getattr(w, "layout", layouts.ROWS):
+        registry.X16[kind]["embed"](data, ids, out)
+    else:
+        registry.FLOAT[kind].embed(data, block, ids, out)

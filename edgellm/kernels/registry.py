@@ -10,6 +10,8 @@ these tables name them by role for linear.py:
                beams), serial and parallel; for the types with the batched step's tiles
   FLOAT[type]  FloatKernels: the same on float32 activations, the embedding lookup and
                the encoders' panel GEMM (panel_gemm.py); for quant.MATRIX_TYPES
+X16[type]    the kernels of its matrices in the x16 layout (x16.py), by role: mv_rows, mv,
+             mm, mvp_rows, mvp, mmp, embed (for layout.X16_TYPES)
 quant.TYPES says which types have which kernels; this says which functions they are, and
 checks at import that the two agree. linear.py dispatches through it, the fused step
 through family.kern (KERNELS, by code).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from ..modelfile import layout as layouts
 from ..modelfile import quant
 from . import kquant, kquant_int
 from .family import KERNELS
@@ -30,8 +33,10 @@ from .matmul import make_matmul
 from .matvec import make_matvec
 from .panel_gemm import make_gemm
 from .tiles import RECIPES
+from .x16 import make_x16
 
-__all__ = ["BATCH", "FLOAT", "INT8", "KERNELS", "BatchKernels", "FloatKernels", "Int8Kernels"]
+__all__ = ["BATCH", "FLOAT", "INT8", "KERNELS", "X16", "BatchKernels", "FloatKernels",
+           "Int8Kernels"]
 
 
 class Int8Kernels(NamedTuple):
@@ -91,6 +96,14 @@ for _name in quant.K_TYPES:  # kquant.py's and kquant_int.py's kernels, by code
         FLOAT[_name] = _k_float(quant.TYPES[_name].code)
     if quant.TYPES[_name].int8_kernels and _name not in INT8:
         INT8[_name] = _k_int(quant.TYPES[_name].code)
+
+# the x16 layout's kernels (x16.py: modelfile/layout.py), beside the type's own, by role
+# "x16_<role>" in KERNELS; X16[type] the same by role for linear.py
+X16: dict[str, dict] = {}
+for _name in layouts.X16_TYPES:
+    _k = make_x16(quant.TYPES[_name].code)
+    KERNELS[quant.TYPES[_name].code].update(_k)
+    X16[_name] = {role[4:]: f for role, f in _k.items()}
 
 if set(INT8) != set(quant.INT8_TYPES) or set(FLOAT) != set(quant.MATRIX_TYPES):
     raise ImportError(f"kernels/registry.py disagrees with quant.TYPES: int8 kernels for "

@@ -16,8 +16,12 @@ Layout (all integers little-endian):
 Version 1 files keep the tokenizer.json text in the header (`tokenizer.json`); version 2
 files may do either, and this reader reads both versions.
 Quantized tensors are stored as `edgellm.modelfile.quant` describes (ggml block bytes, rows
-contiguous). Opening checks the header checksum and every offset and size against the file
-length, so it stays O(1) in the file size; `verify()` checks per-tensor crc32s on demand.
+contiguous); (version 3) a tensor entry's `layout` "x16" says its blocks are interleaved 16
+rows a group instead (modelfile/layout.py: the same bytes rearranged). A file is written as
+version 3 only where a tensor has a layout, so that an older reader refuses it rather than
+misreading it; this reader reads versions 1 to 3. Opening checks the header checksum and
+every offset and size against the file length, so it stays O(1) in the file size; `verify()`
+checks per-tensor crc32s on demand.
 """
 
 from __future__ import annotations
@@ -35,11 +39,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import FormatError
+from . import layout as layouts
 from . import quant
 
 MAGIC = b"EDGELLM\0"
 VERSION = 2  # 2: the tokenizer may be stored in the data section (tokenizer.stored)
-READS_VERSIONS = (1, 2)
+LAYOUT_VERSION = 3  # 3: tensors may have a layout (x16: layout.py)
+READS_VERSIONS = (1, 2, 3)
 ALIGN = 64
 PREAMBLE = struct.Struct("<8sIIQ32s8s")  # 64 bytes
 MAX_HEADER_BYTES = 1 << 30
@@ -63,10 +69,14 @@ class TensorInfo:
     offset: int
     nbytes: int
     crc32: int = 0
+    layout: str = layouts.ROWS  # x16: interleaved 16 rows a group (layout.py)
 
     def to_json(self) -> dict:
-        return {"type": self.type, "shape": list(self.shape), "block_size": self.block_size,
-                "offset": self.offset, "nbytes": self.nbytes, "crc32": f"{self.crc32:08x}"}
+        e = {"type": self.type, "shape": list(self.shape), "block_size": self.block_size,
+             "offset": self.offset, "nbytes": self.nbytes, "crc32": f"{self.crc32:08x}"}
+        if self.layout:
+            e["layout"] = self.layout
+        return e
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,8 @@ class Tensor:
     """A zero-copy view of one stored tensor.
 
     `data` is float32/float16 of `shape` for float types, and uint8 [rows, row_bytes]
-    for block-quantized ones.
+    for block-quantized ones; with layout "x16", uint8 [rows / 16, 16 * row_bytes]
+    (layout.py), so that code reading rows refuses it by its shape.
     """
 
     name: str
@@ -82,21 +93,25 @@ class Tensor:
     shape: tuple[int, ...]
     block_size: int
     data: np.ndarray
+    layout: str = layouts.ROWS
+
+    def rows(self) -> np.ndarray:
+        """The stored bytes as rows [rows, row_bytes] (a copy for x16: tests and tools)."""
+        return layouts.rows_of(self.data, self.type, self.layout)
 
     def dequantize(self) -> np.ndarray:
         """float32 copy of the tensor (for tests and small tensors only)."""
-        return quant.dequantize(self.data, self.type, self.shape, self.block_size)
+        return quant.dequantize(self.rows(), self.type, self.shape, self.block_size)
 
 
-def plan_tensors(entries: list[tuple[str, str, tuple[int, ...], int]],
-                 start: int = 0) -> list[TensorInfo]:
-    """Lay out (name, type, shape, block_size) entries back to back, 64-byte aligned, from
-    offset `start` of the data section."""
+def plan_tensors(entries: list[tuple], start: int = 0) -> list[TensorInfo]:
+    """Lay out (name, type, shape, block_size[, layout]) entries back to back, 64-byte
+    aligned, from offset `start` of the data section."""
     infos, offset = [], align(start)
-    for name, type_name, shape, block_size in entries:
+    for name, type_name, shape, block_size, *layout in entries:
         nbytes = quant.qtype(type_name).nbytes(tuple(shape), block_size)
         infos.append(TensorInfo(name, type_name, tuple(int(s) for s in shape), block_size,
-                                offset, nbytes))
+                                offset, nbytes, 0, layout[0] if layout else layouts.ROWS))
         offset = align(offset + nbytes)
     return infos
 
@@ -106,6 +121,12 @@ def encode_header(meta: dict, tensors: list[TensorInfo]) -> bytes:
     header = dict(meta)
     header["tensors"] = {t.name: t.to_json() for t in tensors}
     return json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def file_version(tensors: list[TensorInfo]) -> int:
+    """The version a file of these tensors is written as: LAYOUT_VERSION where one has a
+    layout (an older reader must refuse it), else VERSION."""
+    return LAYOUT_VERSION if any(t.layout for t in tensors) else VERSION
 
 
 def encode_preamble(header: bytes, version: int = VERSION) -> bytes:
@@ -224,11 +245,11 @@ class PackedModel:
         raw = self._mm[start:start + info.nbytes]
         t = quant.qtype(info.type)
         if t.quantized:
-            rows = int(np.prod(info.shape[:-1]))
-            data = raw.reshape(rows, t.row_bytes(info.shape[-1], info.block_size))
+            data = raw.reshape(layouts.data_shape(info.type, info.shape, info.block_size,
+                                                  info.layout))
         else:
             data = raw.view(quant.FLOAT_DTYPE[info.type]).reshape(info.shape)
-        return Tensor(name, info.type, info.shape, info.block_size, data)
+        return Tensor(name, info.type, info.shape, info.block_size, data, info.layout)
 
     def verify(self) -> list[str]:
         """Check every tensor's crc32; return the names that do not match."""
@@ -437,7 +458,13 @@ def _parse_entry(where: str, name: str, e, data_bytes: int) -> TensorInfo:
         crc = int(crc, 16) if isinstance(crc, str) else _int(where, name, "crc32", crc)
     except ValueError:
         raise FormatError(f"{where}: tensor {name}: field 'crc32' is {_short(crc)}") from None
-    return TensorInfo(name, type_name, shape, block, offset, nbytes, crc)
+    layout = e.get("layout", layouts.ROWS)
+    if layout not in layouts.LAYOUTS:
+        raise FormatError(f"{where}: tensor {name}: unknown layout {_short(layout)}")
+    if layout == layouts.X16 and not layouts.fits_x16(type_name, shape, block):
+        raise FormatError(f"{where}: tensor {name}: {type_name} {list(shape)} blocks of "
+                          f"{block} cannot be in layout x16")
+    return TensorInfo(name, type_name, shape, block, offset, nbytes, crc, layout)
 
 
 def open_model(path: str | os.PathLike) -> PackedModel:

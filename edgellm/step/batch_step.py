@@ -10,14 +10,15 @@ workers run the program once, each op for rows 0..n-1 before the next op, so the
 the compiler placed for one row hold for n:
 
   PROJ    the worker's rows of W (decode_step._split), as the single step's _mv walks
-          them: matrices with an interleaved copy (interleave.py, on VNNI: q4_0, q4_1,
-          q8_0) in groups of 16 rows, 4, 2 or 1 sequences a tile, each row's sums added
-          as the 16x1 tile adds them (the q4 tiles: as the single step's 8x1); the other
-          q4_0/q4_1 (B = 32) row groups of 8 and q8_0's groups of 4 meet 4, 2 or 1
-          rows per tile, the weights unpacked once (tiles.py's "g4" / "g2" of a type's
-          recipe: each row's sums added in its "g" tile's order); other matrices a tile of
-          `tile` rows at a time (read from memory once, from L1 for the other rows), each
-          row through _mv itself. Either way each row's result is its result alone
+          them: matrices in the file's x16 layout (in place) or with an interleaved copy
+          (interleave.py, on VNNI: q4_0, q4_1, q8_0 of a rows-layout file) in groups of
+          16 rows, 4, 2 or 1 sequences a tile, each row's sums added as the 16x1 tile adds
+          them (the q4 tiles: as the single step's 8x1); the other q4_0/q4_1 (B = 32) row
+          groups of 8 and q8_0's groups of 4 meet 4, 2 or 1 rows per tile, the weights
+          unpacked once (tiles.py's "g4" / "g2" of a type's recipe: each row's sums added
+          in its "g" tile's order); other matrices a tile of `tile` rows at a time (read
+          from memory once, from L1 for the other rows), each row through _mv itself.
+          Either way each row's result is its result alone
   ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier
   BARRIER once for all rows
   NORM QUANT ADD ACT  decode_step's functions for them (_norm_op ..), once per row on row
@@ -50,6 +51,7 @@ from ..kernels.tiles import RECIPES
 from .decode_step import (
     C_EPS,
     C_NORM_OFFSET,
+    F_X16,
     I_KMAX,
     KV_F16,
     KV_F32,
@@ -167,7 +169,7 @@ def _group_rows_by_kind(kinds, kind, m, mat, row0, rows, K, xqv, xdv, xsv, xdsv,
 
 
 @kernel
-def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds):
+def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds, x16):
     """The PROJ op of worker tid for rows 0..n-1: its rows of W as the single step splits
     them; a type with row-group tiles (group_rows: through the matrix's interleaved copy
     where it has one (ilv = (byte offset per matrix or -1, bytes)), else its row groups)
@@ -195,7 +197,7 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds):
             h = _row(mem[r], shared, private, tid, o.src, K)
             out = _row(mem[r], shared, private, tid, o.dst, rows)
             _proj_row(blob, m, o, h, xq[r], xd[r], xs[r], xds[r], ints, slot, out, c0, c1,
-                      precise, kinds)
+                      precise, kinds, x16)
         c0 = c1
     if o.bias >= 0:
         b = params[o.bias:o.bias + rows]
@@ -274,7 +276,8 @@ def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, f
         op = prog[i]
         code = opcode(op)
         if code == PROJ:
-            _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, feats[:N_KINDS])
+            _proj(tid, nt, op, model, bufs, n, precise, tile, ilv, feats[:N_KINDS],
+                  feats[F_X16])
         elif code == BARRIER:  # once for all rows
             barrier(state, nt)
         elif code == ATTEND:

@@ -6,10 +6,12 @@ each of up to R sequences per call, each with its own KV cache (step/batch_step.
 
 The caches (KVCache, the server's slots) move into stacked arrays k, v [R, slots, Hkv, Dh]
 and pos [R, slots] (KVCache.move_to), which the kernel indexes by row; each row also has its
-own copy of the fused step's arena and activation slots. Built with `interleave` (Batch:
-with 2 or more slots) on AVX-512 VNNI, the step reads its q4_0, q4_1 and q8_0 matrices from
-interleaved copies (kernels/interleave.py), made once here: several times faster than from
-the file's layout, for the matrices' size in memory once more.
+own copy of the fused step's arena and activation slots. A file whose matrices are in the
+x16 layout (modelfile/layout.py, convert-model's default) is read in place, 16 rows a tile,
+with no copy. For a rows-layout file, built with `interleave` (Batch: with 2 or more slots)
+on AVX-512 VNNI, the step reads its q4_0, q4_1 and q8_0 matrices from interleaved copies
+(kernels/interleave.py), made once here: several times faster than from the rows layout,
+for the matrices' size in memory once more.
 A row's logits are the step's for that sequence alone (one row), bit for bit, whatever
 else the step carries; against the single fused step (LLM.generate's) they are bit for bit
 too where no q8_0 matrix is interleaved (the q4 tiles add as its 8x1 tile does), else
@@ -90,12 +92,19 @@ class BatchDecoder:
         self.schedulers = [StepScheduler(f.threads) for _ in range(R + 1)]
 
     def _interleaved(self, mats: np.ndarray, blob: np.ndarray) -> tuple:
-        """The step's interleaved copies of its q4_0, q4_1 and q8_0 matrices
-        (kernels/interleave.py): (int64 [mats] byte offset of each in the bytes, or -1;
-        uint8 bytes). Only on AVX-512 VNNI, where the q4 tiles are the 8x1 tile's results
-        bit for bit (elsewhere the single step's tiles are other code), and not for the
-        precise path (float activations), which never reads them."""
+        """Where the step reads its matrices in groups of 16 rows: (int64 [mats] byte offset
+        of each in the bytes, or -1; uint8 bytes). A file whose matrices are in the x16
+        layout (modelfile/layout.py) is read in place: the offsets are the file's, the
+        bytes the mapped file, and no copy is made. Otherwise interleaved copies of its
+        q4_0, q4_1 and q8_0 matrices (kernels/interleave.py), only on AVX-512 VNNI, where
+        the q4 tiles are the 8x1 tile's results bit for bit (elsewhere the single step's
+        tiles are other code), and not for the precise path (float activations), which
+        never reads them."""
         at = np.full(mats.shape[0], -1, np.int64)
+        x16 = mats[:, ds.MAT_LAYOUT] == ds.LAYOUT_X16
+        if x16.any():  # its other matrices through their row groups
+            at[x16] = mats[x16, ds.MAT_OFF]
+            return at, blob
         if not VNNI or self.model.precise or not self.interleave:
             return at, np.zeros(0, np.uint8)
         size = 0
@@ -116,6 +125,12 @@ class BatchDecoder:
                 wi = interleave(w, _ILV[m[ds.MAT_KIND]], self.fused.xq.dtype)
                 data[at[k]:at[k] + wi.size] = wi.ravel()
         return at, data
+
+    @property
+    def copy_bytes(self) -> int:
+        """Bytes of the interleaved copies this step made (0: it reads the file in place)."""
+        data = self.ilv[1]
+        return 0 if data is self.fused.blob else data.nbytes
 
     @property
     def current(self) -> bool:

@@ -31,7 +31,8 @@ split write, or a vector is rewritten while others may still read it.
 
 Vectors live in one float32 arena `mem`: addresses >= 0 are shared, -1 - a is offset a of
 the calling worker's private part (mem[shared + tid * private + a]). Weights are read in
-place from the mapped file (`blob`) at offsets from `mats` (MAT_* columns); LoRA's A [R, K]
+place from the mapped file (`blob`) at offsets from `mats` (MAT_* columns), in rows or, where
+MAT_LAYOUT says x16 (modelfile/layout.py), 16 rows a group by x16.py's kernels; LoRA's A [R, K]
 and B [N, R] as float16 bits from `lora` (half the bytes of f32: at rank 16 on every
 projection they are a fifth of a 4-bit model's bytes per token). The kernels are
 the per-operation path's own: rmsnorm, rmsnorm_heads, apply_rope, swiglu_row, geglu_tanh_row,
@@ -45,14 +46,14 @@ before the first call: these kernels do not check bounds.
 The step compiles only what its model runs: `feats`, one entry per FEATURES (step/fused.py,
 features()), says which kernels the program needs: its matrix types (KIND_FEATURES, one
 entry per type code: feats[:N_KINDS] is the `kinds` tuple, indexed by code), the cache's
-type (kv_*), MoE (ROUTE, MOE) and LoRA (LORA_A, LORA_B), each None where the program has
-none, else an array (any; a flat tuple: numba's parallel region does not take a nested one
-holding None). `matvec_rows` dispatches a matrix by its code over the codes `kinds` holds
-(family.by_kind: the chain of branches is made while numba types it), and the functions
-below test the other entries as their own arguments (`if moe is not None`), which numba's
-dead-branch pruning resolves before typing, so a model's step never types or compiles the
-other kernels (a step with every entry set runs every program). The kernel cache keeps
-one step per feature set.
+type (kv_*), MoE (ROUTE, MOE), LoRA (LORA_A, LORA_B) and x16 matrices, each None where the
+program has none, else an array (any; a flat tuple: numba's parallel region does not take a
+nested one holding None). `matvec_rows` dispatches a matrix by its code over the codes
+`kinds` holds (family.by_kind: the chain of branches is made while numba types it), and the
+functions below test the other entries as their own arguments (`if moe is not None`), which
+numba's dead-branch pruning resolves before typing, so a model's step never types or
+compiles the other kernels (a step with every entry set runs every program). The kernel
+cache keeps one step per feature set.
 """
 
 from __future__ import annotations
@@ -107,9 +108,10 @@ from .ops import (
 KINDS = tuple(n for n in quant.MATRIX_TYPES if quant.TYPES[n].quantized or n == "f32")
 KIND_CODE = {name: quant.TYPES[name].code for name in KINDS}
 F32, F16 = quant.TYPES["f32"].code, quant.TYPES["f16"].code
-# mats[m] = (offset in the file, rows, row bytes, kind, block size)
-MAT_OFF, MAT_ROWS, MAT_ROW_BYTES, MAT_KIND, MAT_BLOCK = range(5)
-MAT_WIDTH = 5
+# mats[m] = (offset in the file, rows, row bytes, kind, block size, layout: 0 rows, 1 x16)
+MAT_OFF, MAT_ROWS, MAT_ROW_BYTES, MAT_KIND, MAT_BLOCK, MAT_LAYOUT = range(6)
+MAT_WIDTH = 6
+LAYOUT_X16 = 1  # modelfile/layout.py's x16: rows r0..r1 (multiples of 16) at r0 * row bytes
 # layers[l] = (first cache slot, slots, window, slot of this token, slots written)
 LAYER_START, LAYER_CAP, LAYER_WINDOW, LAYER_SLOT, LAYER_FILLED = range(5)
 LAYER_WIDTH = 5
@@ -127,8 +129,8 @@ KIND_FEATURES = tuple(sorted(quant.TYPES, key=lambda n: quant.TYPES[n].code))
 assert [quant.TYPES[n].code for n in KIND_FEATURES] == list(range(len(KIND_FEATURES)))
 N_KINDS = len(KIND_FEATURES)
 KV_FEATURES = ("f32", "f16", "q8_0")
-FEATURES = (*KIND_FEATURES, *("kv_" + k for k in KV_FEATURES), "moe", "lora")
-KV_F32, KV_F16, KV_Q8_0, F_MOE, F_LORA = range(N_KINDS, len(FEATURES))  # their places
+FEATURES = (*KIND_FEATURES, *("kv_" + k for k in KV_FEATURES), "moe", "lora", "x16")
+KV_F32, KV_F16, KV_Q8_0, F_MOE, F_LORA, F_X16 = range(N_KINDS, len(FEATURES))  # their places
 
 
 @kernel
@@ -240,14 +242,55 @@ def _matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1)
     return impl
 
 
+def _x16_case(c: int):
+    """Type c's rows of an x16 matrix (x16.py): integer or float activations."""
+    k = KERNELS[c]
+    mv, mvp = k["x16_mv_rows"], k["x16_mvp_rows"]
+
+    @njit(**GLUE)
+    def rows(float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
+        if float_acts:
+            mvp(wi, h, out, r0, r1)
+        else:
+            mv(wi, xq, xd, xs, xds, out, r0, r1)
+    return rows
+
+
+@njit(**GLUE)
+def _no_x16(float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
+    pass
+
+
+def x16_rows(kinds, kind, float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
+    """out[0, r0:r1] = W[r0:r1] @ h[0] for W in the x16 layout (wi [rows / 16, 16 row
+    bytes]), type code `kind` among the codes kinds holds; r0, r1 multiples of 16."""
+    raise NotImplementedError("x16_rows runs in kernels only")
+
+
+@overload(x16_rows, jit_options=GLUE)
+def _x16_rows(kinds, kind, float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
+    chain = by_kind([c for c in codes_of(kinds) if "x16_mv_rows" in KERNELS.get(c, {})],
+                    _x16_case, _no_x16)
+
+    def impl(kinds, kind, float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
+        chain(kind, float_acts, wi, h, xq, xd, xs, xds, out, r0, r1)
+    return impl
+
+
 @kernel
-def _mv(blob, m, row0, rows, h, xq, xd, xds, out, r0, r1, float_acts, kinds):
+def _mv(blob, m, row0, rows, h, xq, xd, xs, xds, out, r0, r1, float_acts, kinds, x16):
     """out[0, r0:r1] = W[row0 + r0:row0 + r1] @ h[0] for matrix table entry m; kinds:
-    feats' matrix types (indexed by code, None for a type the model has not)."""
+    feats' matrix types (indexed by code, None for a type the model has not); x16: feats'
+    "x16" (None where no matrix is in the x16 layout: its kernels are not compiled)."""
     off, rb, kind, block = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES], m[MAT_KIND], \
         m[MAT_BLOCK]
-    w = blob[off:off + rows * rb].reshape((rows, rb))
-    matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1)
+    if m[MAT_LAYOUT] == LAYOUT_X16:
+        if x16 is not None:  # row0, rows, r0, r1: multiples of 16 (step/fused.py)
+            wi = blob[off:off + rows * rb].reshape((rows // 16, 16 * rb))
+            x16_rows(kinds, kind, float_acts, wi, h, xq, xd, xs, xds, out, r0, r1)
+    else:
+        w = blob[off:off + rows * rb].reshape((rows, rb))
+        matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1)
 
 
 def sb_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
@@ -275,7 +318,7 @@ def _mv_sb(blob, m, row0, rows, xq, xd, xb, out, r0, r1, kinds):
 
 
 @kernel
-def _proj_row(blob, m, o, h, xq, xd, xs, xds, ints, slot, out, r0, r1, precise, kinds):
+def _proj_row(blob, m, o, h, xq, xd, xs, xds, ints, slot, out, r0, r1, precise, kinds, x16):
     """PROJ o's rows r0..r1-1 for one token: its slot as the op says (blocks of 32 or
     super-blocks), or float h where precise / float_acts."""
     if o.sb != 0 and not precise:
@@ -283,8 +326,8 @@ def _proj_row(blob, m, o, h, xq, xd, xs, xds, ints, slot, out, r0, r1, precise, 
         _mv_sb(blob, m, o.row0, o.rows, aq, ad, ab, out, r0, r1, kinds)
     else:
         aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, slot, o.cols)
-        _mv(blob, m, o.row0, o.rows, h, aq, ad, ads, out, r0, r1,
-            precise or o.float_acts != 0, kinds)
+        _mv(blob, m, o.row0, o.rows, h, aq, ad, asum, ads, out, r0, r1,
+            precise or o.float_acts != 0, kinds, x16)
 
 
 @kernel
@@ -482,7 +525,7 @@ def _attend_rows(tid, nt, op, model, bufs, kv, k_all, v_all, p):
 
 
 @kernel
-def _moe(tid, nt, op, model, bufs, precise, kinds):
+def _moe(tid, nt, op, model, bufs, precise, kinds, x16):
     """The MOE op of worker tid: the selected experts, in ascending order, as the
     per-operation path adds them up (arch/moe.py). kinds: feats' matrix types."""
     prog, mats, consts, params, ints, blob, lora = model
@@ -509,14 +552,14 @@ def _moe(tid, nt, op, model, bufs, precise, kinds):
         last = e
         m = o.mat + 3 * e
         r0, r1 = _split(F, tid, nt)
-        _mv(blob, mats[m], row0, F, h, hq, hd, hds, gate, r0, r1, precise, kinds)
-        _mv(blob, mats[m + 1], row0, F, h, hq, hd, hds, up, r0, r1, precise, kinds)
+        _mv(blob, mats[m], row0, F, h, hq, hd, hs, hds, gate, r0, r1, precise, kinds, x16)
+        _mv(blob, mats[m + 1], row0, F, h, hq, hd, hs, hds, up, r0, r1, precise, kinds, x16)
         _act_rows(o.act, gate[:, r0:r1], up[:, r0:r1], ffn[:, r0:r1])
         barrier(state, nt)
         if not precise:
             quantize_rows(ffn, fq, fd, fs, fds, 0, 1)
         r0, r1 = _split(D, tid, nt)
-        _mv(blob, mats[m + 2], row0, D, ffn, fq, fd, fds, y, r0, r1, precise, kinds)
+        _mv(blob, mats[m + 2], row0, D, ffn, fq, fd, fs, fds, y, r0, r1, precise, kinds, x16)
         if r1 > r0:
             scatter_add(x[0, r0:r1].reshape((1, r1 - r0)), zero, wts[j:j + 1],
                         y[0, r0:r1].reshape((1, r1 - r0)))
@@ -590,8 +633,8 @@ def _act_op(op, mem, shared, private, tid, nt):
 
 @kernel
 def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0, moe,
-            lora_ops):
-    """Worker tid's run of the whole program (see the module docstring); kinds .. lora_ops:
+            lora_ops, x16):
+    """Worker tid's run of the whole program (see the module docstring); kinds .. x16:
     feats (kinds its first N_KINDS entries; lora_ops: its "lora", not to be confused with
     the model's LoRA table)."""
     prog, mats, consts, params, ints, blob, lora = model
@@ -613,7 +656,7 @@ def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0
             h = _row(mem, shared, private, tid, o.src, o.cols)
             out = _row(mem, shared, private, tid, o.dst, o.rows)
             _proj_row(blob, mats[o.mat], o, h, xq, xd, xs, xds, ints, tid * SLOTS + o.slot,
-                      out, r0, r1, precise, kinds)
+                      out, r0, r1, precise, kinds, x16)
             if o.bias >= 0:
                 b = params[o.bias:o.bias + o.rows]
                 for r in range(r0, r1):
@@ -645,7 +688,7 @@ def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0
                   ints[o.idx + tid * k:o.idx + (tid + 1) * k].reshape((1, k)),
                   _row(mem, shared, private, tid, o.weights, k))
         elif code == MOE and moe is not None:
-            _moe(tid, nt, op, model, bufs, precise, kinds)
+            _moe(tid, nt, op, model, bufs, precise, kinds, x16)
         elif code == LORA_A and lora_ops is not None:
             o = operands(op, LORA_A)
             r0, r1 = _heads(o.rank, tid, nt) if o.split else (0, o.rank)
@@ -663,9 +706,9 @@ def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0
 
 @kernel
 def _split_feats(feats):
-    """(kinds, kv_f32, kv_f16, kv_q8_0, moe, lora): _worker's feature arguments."""
+    """(kinds, kv_f32, kv_f16, kv_q8_0, moe, lora, x16): _worker's feature arguments."""
     return (feats[:N_KINDS], feats[KV_F32], feats[KV_F16], feats[KV_Q8_0], feats[F_MOE],
-            feats[F_LORA])
+            feats[F_LORA], feats[F_X16])
 
 
 @kernel(parallel=True)

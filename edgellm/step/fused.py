@@ -28,6 +28,7 @@ from ..cache.kv_types import kv_row_bytes
 from ..kernels.jit import is_cached
 from ..kernels.linear import embedding
 from ..kernels.sync import new_state
+from ..modelfile import layout as layouts
 from . import decode_step as ds
 from . import ops
 from .schedule import StepScheduler
@@ -122,8 +123,9 @@ class Program:
         packed = self.model.packed
         info = packed.tensors[t.name]
         offset = packed.data_start + info.offset
-        row_bytes = t.data.shape[1] * t.data.itemsize
         N, K = t.shape
+        x16 = info.layout == layouts.X16  # [N / 16, 16 row bytes]: PROJ rows split by 16s
+        row_bytes = t.data.shape[1] * t.data.itemsize // (layouts.GROUP_ROWS if x16 else 1)
         if (rows is not None and N != rows) or (cols is not None and K != cols):
             raise Unsupported(f"{t.name} has shape {list(t.shape)}")
         if N * row_bytes != info.nbytes or offset + info.nbytes > packed.file_size:
@@ -135,8 +137,8 @@ class Program:
         if kind == "f32" and offset % 4:
             raise Unsupported(f"{t.name}: unaligned f32 data")
         self.kmax = max(self.kmax, K)
-        self.mats.append(np.array([offset, N, row_bytes, ds.KIND_CODE[kind], t.block_size],
-                                  np.int64))
+        self.mats.append(np.array([offset, N, row_bytes, ds.KIND_CODE[kind], t.block_size,
+                                   ds.LAYOUT_X16 if x16 else 0], np.int64))
         self.mat_index[key] = len(self.mats) - 1
         return len(self.mats) - 1
 
@@ -242,6 +244,8 @@ class Program:
             widths = s.widths if len(outs) > 1 else (N,)
             if sum(widths) != N:
                 raise Unsupported(f"{s.w.name}: outputs {widths} of {N} rows")
+            if self.mats[mat][ds.MAT_LAYOUT] and any(w % layouts.GROUP_ROWS for w in widths):
+                raise Unsupported(f"{s.w.name}: outputs {widths} split its x16 row groups")
             float_acts = s.float_acts or s.w.type == "f32"
             sb = int(self.superblock and not float_acts and s.w.type in SB_TYPES)
             slot = 0 if float_acts else self.quantized(s.src, K, sb)
@@ -393,6 +397,8 @@ def features(prog: Program, kv_type: str) -> tuple:
     """decode_step's feats for this program on a cache of kv_type: what it runs, None for
     the rest (so that numba neither types nor compiles that)."""
     have = {ds.KIND_FEATURES[int(m[ds.MAT_KIND])] for m in prog.mats}  # by type code
+    if any(m[ds.MAT_LAYOUT] for m in prog.mats):
+        have.add("x16")
     codes = {row[0] for row in prog.ops}
     have.add("kv_" + kv_type)
     if codes & {ops.ROUTE, ops.MOE}:

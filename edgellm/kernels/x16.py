@@ -1,0 +1,145 @@
+"""Kernels on matrices stored in the x16 layout (modelfile/layout.py: 16 rows a group, one
+row a lane): the batched step's interleaved tiles (interleave.py, "i1" "i2" "i4" of the
+type's recipe) read the file's bytes in place, for decode, the batched step and prefill.
+
+    make_x16(code) -> {  (each role prefixed "x16_" in KERNELS[code]: registry.py)
+      "mv_rows"(wi, xq, xd, xs, xds, out, r0, r1)   integer activations, rows r0..r1-1
+                                                    (multiples of 16), serial: one "i1"
+                                                    tile a group
+      "mv"(wi, xq, xd, xs, xds, out)                the same, groups split between threads
+      "mm"(wi, xq, xd, xs, xds, out, T)             prefill: each group meets the T tokens
+                                                    four, two, then one at a time
+      "mvp_rows"(wi, x, out, r0, r1), "mvp"(wi, x, out), "mmp"(wi, x, out)
+                                                    float activations ("precise"): each
+                                                    row's blocks dequantized as it goes
+      "embed"(wi, ids, out)                         rows ids dequantized
+    }
+wi is the tensor's data, uint8 [rows / 16, 16 * row_bytes]; out[t, r] as linear.py's. Each
+row's integer-activation result is the same whichever tile ("i1", "i2", "i4") had it
+(interleave.py), so prefill, decode and the batched step agree bit for bit. The float
+kernels sum each row's products in column order (not the rows layout's tile order: equal
+within float rounding). Callers validate shapes (linear.py, step/fused.py): no bounds checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from ..modelfile import quant
+from .family import kern, name_of, tile
+from .jit import kernel
+from .kquant import F16
+from .matvec import named
+
+ROWS = 16  # rows a group (layout.GROUP_ROWS)
+
+
+@kernel
+def _dequant_block(wi, g, l, base, hdr, zero, affine, vals):
+    """Row l of group g's block at byte base -> vals [32] float32: d (q - zero), or d q + m."""
+    o = base + 2 * l
+    d = F16[np.int32(wi[g, o]) | (np.int32(wi[g, o + 1]) << 8)]
+    m = np.float32(0.0)
+    if affine:
+        o = base + 32 + 2 * l
+        m = F16[np.int32(wi[g, o]) | (np.int32(wi[g, o + 1]) << 8)]
+    q0 = base + 16 * hdr + 4 * l
+    for c in range(4):
+        for k in range(4):
+            byte = np.int32(wi[g, q0 + 64 * c + k])
+            lo, hi = (byte & 15) - zero, (byte >> 4) - zero
+            vals[8 * c + k] = d * np.float32(lo) + m
+            vals[8 * c + 4 + k] = d * np.float32(hi) + m
+
+
+def make_x16(code: int) -> dict:
+    """Type `code`'s x16 kernels (the module docstring), each closing over the code alone."""
+    name = name_of(code)
+    t = quant.TYPES[name]
+    hdr, BB = t.header_bytes, t.block_bytes(32)
+    GB = ROWS * BB  # bytes of a group's block
+    zero = t.packing.zero
+    affine = t.packing.affine
+
+    @kernel
+    @named(f"mv_rows_x16_{name}")
+    def mv_rows(wi, xq, xd, xs, xds, out, r0, r1):
+        for g in range(r0 // ROWS, r1 // ROWS):
+            tile(code, "i1", wi, g, xq, xd, xs, xds, 0, out, g * ROWS)
+
+    @kernel(parallel=True)
+    @named(f"mv_x16_{name}")
+    def mv(wi, xq, xd, xs, xds, out):
+        for g in prange(wi.shape[0]):
+            tile(code, "i1", wi, g, xq, xd, xs, xds, 0, out, g * ROWS)
+
+    @kernel
+    @named(f"tokens_x16_{name}")
+    def tokens(wi, g, xq, xd, xs, xds, out, T):
+        """out[:T, 16g:16g + 16]: four, two, then one token a tile."""
+        t = 0
+        while t + 4 <= T:
+            tile(code, "i4", wi, g, xq, xd, xs, xds, t, out, g * ROWS)
+            t += 4
+        if t + 2 <= T:
+            tile(code, "i2", wi, g, xq, xd, xs, xds, t, out, g * ROWS)
+            t += 2
+        if t < T:
+            tile(code, "i1", wi, g, xq, xd, xs, xds, t, out, g * ROWS)
+
+    @kernel(parallel=True)
+    @named(f"mm_x16_{name}")
+    def mm(wi, xq, xd, xs, xds, out, T):
+        for g in prange(wi.shape[0]):
+            kern(code, "x16_tokens", wi, g, xq, xd, xs, xds, out, T)
+
+    @kernel
+    @named(f"dot_rows_x16_{name}")
+    def dot_rows(wi, x, out, t, r0, r1, vals):
+        """out[t, r] = row r . x[t] for r in r0..r1-1, blocks dequantized into vals [32]."""
+        nb = x.shape[1] // 32
+        for r in range(r0, r1):
+            g, lane = r // ROWS, r % ROWS
+            acc = np.float32(0.0)
+            for bi in range(nb):
+                _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, vals)
+                s = np.float32(0.0)
+                for j in range(32):
+                    s += vals[j] * x[t, 32 * bi + j]
+                acc += s
+            out[t, r] = acc
+
+    @kernel
+    @named(f"mvp_rows_x16_{name}")
+    def mvp_rows(wi, x, out, r0, r1):
+        kern(code, "x16_dot_rows", wi, x, out, 0, r0, r1, np.empty(32, np.float32))
+
+    @kernel(parallel=True)
+    @named(f"mvp_x16_{name}")
+    def mvp(wi, x, out):
+        for g in prange(wi.shape[0]):
+            kern(code, "x16_dot_rows", wi, x, out, 0, g * ROWS, g * ROWS + ROWS,
+                 np.empty(32, np.float32))
+
+    @kernel(parallel=True)
+    @named(f"mmp_x16_{name}")
+    def mmp(wi, x, out):
+        for g in prange(wi.shape[0]):
+            vals = np.empty(32, np.float32)
+            for t in range(x.shape[0]):
+                kern(code, "x16_dot_rows", wi, x, out, t, g * ROWS, g * ROWS + ROWS, vals)
+
+    @kernel
+    @named(f"embed_x16_{name}")
+    def embed(wi, ids, out):
+        nb = out.shape[1] // 32
+        for t in range(ids.shape[0]):
+            g, lane = ids[t] // ROWS, ids[t] % ROWS
+            for bi in range(nb):
+                _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine,
+                               out[t, 32 * bi:32 * bi + 32])
+
+    return {"x16_" + k: f for k, f in dict(
+        mv_rows=mv_rows, mv=mv, mm=mm, mvp_rows=mvp_rows, mvp=mvp, mmp=mmp, embed=embed,
+        tokens=tokens, dot_rows=dot_rows).items()}

@@ -1,0 +1,89 @@
+"""How a quantized matrix's blocks are ordered in the file: by rows, or interleaved 16 rows a
+group (`X16`), the layout the integer kernels read fastest (kernels/interleave.py's tiles:
+one weight row a <16 x i32> lane, so no horizontal sums).
+
+  rows  (""; every file before version 3) uint8 [rows, nb * BB]: ggml's blocks, rows
+        contiguous (quant.py)
+  x16   uint8 [rows / 16, nb * 16 * BB], for q4_0 and q4_1 with blocks of 32 and rows a
+        multiple of 16; group g holds rows 16g..16g+15, per block of 32 columns:
+          the 16 rows' f16 d (32 bytes), (q4_1) their 16 f16 m (32 bytes), then
+          4 chunks of 64 bytes: byte 4l + k of chunk c holds row l's codes at columns
+          8c + k (low nibble) and 8c + 4 + k (high nibble), k = 0..3
+        So a chunk loaded as <16 x i32> is, lane l, row l's codes at 8 columns: masked
+        to its low nibbles, four unsigned bytes for columns 8c..8c+3 (one vpdpbusd /
+        sdot with four int8 activations); its words masked to 0x000F000F, i16 pairs of
+        columns (8c + k, 8c + k + 2) for vpdpwssd on int16 activations (the tile reads
+        the activation pairs in that order). The bytes are the rows' bytes rearranged:
+        the same codes and scales, the same values bit for bit (`to_rows` undoes it).
+Rows r0..r1 (multiples of 16) of an x16 matrix lie at bytes r0 * BB * nb .. r1 * BB * nb,
+where the rows layout keeps them too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import quant
+
+ROWS, X16 = "", "x16"
+LAYOUTS = (ROWS, X16)
+GROUP_ROWS = 16
+X16_TYPES = ("q4_0", "q4_1")  # the types the x16 tiles read (kernels/interleave.py)
+
+
+def fits_x16(type_name: str, shape: tuple[int, ...], block_size: int) -> bool:
+    """Whether a tensor of this type, shape and block size can be stored in x16."""
+    return (type_name in X16_TYPES and block_size == 32 and len(shape) == 2
+            and shape[0] % GROUP_ROWS == 0 and shape[1] % 32 == 0)
+
+
+def data_shape(type_name: str, shape: tuple[int, ...], block_size: int, layout: str
+               ) -> tuple[int, int]:
+    """The uint8 array a quantized tensor's bytes are viewed as in `layout`."""
+    rb = quant.TYPES[type_name].row_bytes(shape[-1], block_size)
+    rows = int(np.prod(shape[:-1]))
+    if layout == X16:
+        return rows // GROUP_ROWS, GROUP_ROWS * rb
+    return rows, rb
+
+
+def to_x16(w: np.ndarray, kind: str) -> np.ndarray:
+    """q4_0 / q4_1 rows (uint8 [rows, nb * BB], rows a multiple of 16) -> uint8
+    [rows / 16, nb * 16 * BB] (the module docstring)."""
+    hdr = quant.TYPES[kind].header_bytes
+    BB = quant.TYPES[kind].block_bytes(32)
+    rows, nb = w.shape[0], w.shape[1] // BB
+    if rows % GROUP_ROWS or w.shape[1] != nb * BB:
+        raise ValueError(f"x16: {kind} rows {list(w.shape)} are not groups of 16 rows of "
+                         "whole blocks")
+    G = rows // GROUP_ROWS
+    blk = np.asarray(w, np.uint8).reshape(G, GROUP_ROWS, nb, BB)
+    parts = [blk[..., f:f + 2].transpose(0, 2, 1, 3).reshape(G, nb, 32)
+             for f in range(0, hdr, 2)]  # the 16 rows' d, then (q4_1) their m
+    q = blk[..., hdr:]  # byte i: columns i (low nibble), 16 + i (high)
+    cb = np.concatenate([q & 15, q >> 4], axis=-1).reshape(G, GROUP_ROWS, nb, 4, 2, 4)
+    quads = (cb[..., 0, :] | cb[..., 1, :] << 4).transpose(0, 2, 3, 1, 4)  # g, b, c, l, k
+    parts.append(quads.reshape(G, nb, 256))
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
+
+
+def to_rows(wi: np.ndarray, kind: str) -> np.ndarray:
+    """The inverse of to_x16: uint8 [G, nb * 16 * BB] -> the rows [16 G, nb * BB]."""
+    hdr = quant.TYPES[kind].header_bytes
+    BB = quant.TYPES[kind].block_bytes(32)
+    G = wi.shape[0]
+    nb = wi.shape[1] // (GROUP_ROWS * BB)
+    grp = np.asarray(wi, np.uint8).reshape(G, nb, GROUP_ROWS * BB)
+    heads = [grp[..., 32 * f:32 * f + 32].reshape(G, nb, GROUP_ROWS, 2)
+             for f in range(hdr // 2)]
+    quads = grp[..., 16 * hdr:].reshape(G, nb, 4, GROUP_ROWS, 4)  # g, b, c, l, k
+    cols = np.stack([quads & 15, quads >> 4], axis=3)  # g, b, c, half, l, k: 8c + 4 half + k
+    cols = cols.transpose(0, 4, 1, 2, 3, 5).reshape(G, GROUP_ROWS, nb, 32)
+    codes = cols[..., :16] | cols[..., 16:] << 4
+    blk = np.concatenate([h.transpose(0, 2, 1, 3) for h in heads] + [codes], axis=-1)
+    return np.ascontiguousarray(blk.reshape(G * GROUP_ROWS, nb * BB))
+
+
+def rows_of(data: np.ndarray, type_name: str, layout: str) -> np.ndarray:
+    """A tensor's stored bytes as rows (a copy for x16: for tests, tools, small tensors)."""
+    return to_rows(data, type_name) if layout == X16 else data

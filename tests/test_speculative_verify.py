@@ -11,7 +11,7 @@ from speculative_models import gemma3, smollm2
 from edgellm import loader
 from edgellm.modelfile.format import PackedModel
 from edgellm.step.batched import BatchDecoder
-from edgellm.step.fused import FusedDecoder
+from edgellm.speculative.verify import EXACT_INTERLEAVED
 
 SPARE = 7  # rows of a verify step: up to 8
 
@@ -38,7 +38,7 @@ def _verified(m, prompt, tokens, k, stepper=None):
     """The same logits, k rows of the sequence a step (the verify step)."""
     m.reset()
     m.forward(prompt, want="none")
-    stepper = stepper or BatchDecoder(m, [m.cache], interleave=False, rows=k)
+    stepper = stepper or BatchDecoder(m, [m.cache], interleave=EXACT_INTERLEAVED, rows=k)
     out = []
     for s in range(0, len(tokens), k):
         part = tokens[s:s + k]

@@ -49,7 +49,8 @@ class BatchDecoder:
 
     def __init__(self, model, caches: list, interleave: bool = True, rows: int | None = None):
         self.model = model
-        self.interleave = interleave  # keep interleaved copies (on VNNI; _interleaved)
+        # keep interleaved copies (on VNNI; _interleaved): True, or only of these type names
+        self.interleave = interleave
         self.R = max(len(caches), rows or 0)  # rows a step carries at most
         C = len(caches)
         c0 = caches[0]
@@ -104,9 +105,11 @@ class BatchDecoder:
         at = np.full(mats.shape[0], -1, np.int64)
         if not VNNI or self.model.precise or not self.interleave:
             return at, np.zeros(0, np.uint8)
+        kinds = set(_ILV.values()) if self.interleave is True else set(self.interleave)
         size = 0
         for k, m in enumerate(mats):
-            if m[ds.MAT_KIND] in _ILV and m[ds.MAT_BLOCK] == 32 and m[ds.MAT_ROWS] % ILV_ROWS == 0:
+            if m[ds.MAT_KIND] in _ILV and _ILV[m[ds.MAT_KIND]] in kinds and \
+                    m[ds.MAT_BLOCK] == 32 and m[ds.MAT_ROWS] % ILV_ROWS == 0:
                 kind = _ILV[m[ds.MAT_KIND]]
                 nb = m[ds.MAT_ROW_BYTES] // quant.TYPES[kind].block_bytes(32)
                 at[k] = size

@@ -82,6 +82,13 @@ class CachedTokens:
         self.cache.reset()
         self.tokens.clear()
 
+    def take_back(self, n: int) -> None:
+        """Forget the last n tokens (a verify step's rows past the accepted ones), exactly:
+        KVCache.take_back."""
+        if n:
+            self.cache.take_back(n)
+            del self.tokens[-n:]
+
     def truncate(self, n: int) -> None:
         """Keep only the first n tokens of the cache (reset when that cannot be done)."""
         if n >= len(self.tokens):

@@ -212,6 +212,20 @@ class KVCache:
         self.next_pos = self.n_tokens = n
         return True
 
+    def take_back(self, n: int) -> None:
+        """Forget the last n tokens written (a verify step's rejected positions), after a
+        shift too. Exact where they were written since the last shift, and on a sliding
+        layer as long as n <= spare + 1: the slots they overwrote held positions no later
+        query sees (KVCache's `spare`); an emptied slot is masked as those were."""
+        if not 0 <= n <= min(self.n_tokens, min(layer.written for layer in self.layers)):
+            raise ValueError(f"cannot take back {n} of {self.n_tokens} tokens")
+        for layer in self.layers:
+            for i in range(1, n + 1):
+                layer.pos[(layer.written - i) % layer.cap] = -1
+            layer.written -= n
+        self.next_pos -= n
+        self.n_tokens -= n
+
     def state(self, copy: bool = True) -> CacheState:
         """What the cache holds: each layer's written slots (copies, or views)."""
         take = np.array if copy else np.asarray

@@ -548,6 +548,8 @@ class LLM:
         self.lifetime.close(self._release)
 
     def _release(self) -> None:
+        if self.speculation is not None and self.speculation.draft is not None:
+            self.speculation.draft.close()
         self.prompt_cache = None
         self.model = None
         self.packed.close()

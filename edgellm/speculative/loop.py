@@ -26,26 +26,59 @@ class Speculation:
         self.tuner = Tuner(rows)
         self.proposed = self.accepted = 0  # this generation's
 
+    draft = None  # the draft model's LLM (draft.py), closed with the target
+
     @classmethod
     def lookup(cls, model, rows: int = ROWS) -> Speculation | None:
         """Prompt lookup on `model` (None where it has no fused step to verify with)."""
         if not Verifier.usable(model) or model.kv_spare < rows - 1:
             return None
-        return cls(model, LookupProposer, rows)
+        return cls(model, lambda sampler: LookupProposer(), rows)
 
-    def start(self):
-        """A new generation: its proposer, and counts from zero."""
+    def start(self, sampler, measured: bool = True):
+        """A new generation sampled by `sampler`: its proposer, and counts from zero
+        (measured: see Tuner.start)."""
         self.proposed = self.accepted = 0
-        self.tuner.start()
-        return self.make_proposer()
+        self.tuner.start(measured)
+        return self.make_proposer(sampler)
 
 
-def _pick(logits, sampler, history, constraint) -> int:
-    """One token as generate_step samples it: the constraint's mask, then the sampler."""
+def _pick(logits, sampler, history, constraint, keyed=None) -> int:
+    """One token as generate_step samples it: the constraint's mask, then the sampler
+    (keyed: the seed whose rng at this position it draws with, draft.py)."""
+    _key(sampler, history, keyed)
     if constraint is not None:
         constraint.fill()
         mask_logits(logits, constraint.mask)
     token = sampler.sample(logits, history)
+    if constraint is not None:
+        constraint.advance(token)
+    history.append(token)
+    return token
+
+
+def _key(sampler, history, keyed) -> None:
+    if keyed is not None:
+        sampler.rng = np.random.default_rng([keyed, len(history)])
+
+
+def _accept(logits, sampler, history, constraint, guess: int, q: np.ndarray,
+            keyed=None) -> int:
+    """Speculative sampling of a guess drawn from the draft's distribution q: the guess
+    with probability min(1, p/q) (p: what _pick would draw from), else a draw from the
+    residual max(0, p - q) normalized; the result is distributed as p."""
+    _key(sampler, history, keyed)
+    if constraint is not None:
+        constraint.fill()
+        mask_logits(logits, constraint.mask)
+    p = sampler.distribution(logits, history)
+    if sampler.rng.random() * q[guess] < p[guess]:
+        token = guess
+    else:
+        r = np.maximum(p - q, 0.0)
+        total = r.sum()
+        token = int(sampler.rng.choice(r.size, p=r / total if total > 0 else p))
+    sampler.record(token)
     if constraint is not None:
         constraint.advance(token)
     history.append(token)
@@ -68,12 +101,16 @@ def speculative_steps(model, prompt: np.ndarray, sampler, history: list[int],
     generate_step samples it, so the ids are generate_step's. The rows run past the
     last id yielded are taken back off the cache as soon as the sample leaves the guesses,
     or when the caller stops (a stop string, the limit, an end of sequence)."""
-    proposer = spec.start()
+    params = sampler.params
+    # a draft model's seeded sampling: every draw keyed by its position, the guess
+    # lengths independent of timings (draft.py)
+    keyed = params.seed if spec.draft is not None and params.temperature > 0 else None
+    proposer = spec.start(sampler, measured=keyed is None)
     tuner, verifier = spec.tuner, spec.verifier
     if constraint is not None:
         constraint.fill_async()
     logits = model.forward(prompt, want="last", shift=shift)
-    token = _pick(logits, sampler, history, constraint)
+    token = _pick(logits, sampler, history, constraint, keyed)
     produced = 1
     yield token
     while True:
@@ -90,17 +127,22 @@ def speculative_steps(model, prompt: np.ndarray, sampler, history: list[int],
                 constraint.fill_async()
             logits = model.forward(np.array([token], np.int64), want="last", shift=shift)
             tuner.timed(1, time.perf_counter() - t0)
-            token = _pick(logits, sampler, history, constraint)
+            token = _pick(logits, sampler, history, constraint, keyed)
             produced += 1
             yield token
             continue
         rows = [token, *guesses]
+        qs = getattr(proposer, "qs", None)  # the draft's distributions, or point masses
         n = len(rows)
         logits = verifier.run(rows)
         tuner.timed(n, time.perf_counter() - t0)
         spec.proposed += len(guesses)
         for j in range(n):
-            token = _pick(logits[j], sampler, history, constraint)
+            if qs is not None and j < n - 1:
+                token = _accept(logits[j], sampler, history, constraint, rows[j + 1], qs[j],
+                                keyed)
+            else:
+                token = _pick(logits[j], sampler, history, constraint, keyed)
             produced += 1
             taken = j < n - 1 and token == rows[j + 1]
             if taken:

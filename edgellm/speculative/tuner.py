@@ -29,8 +29,11 @@ class Tuner:
         self.seen: set[int] = set()
         self.start()
 
-    def start(self) -> None:
-        """A new generation: its acceptance is its own (the costs carry over)."""
+    def start(self, measured: bool = True) -> None:
+        """A new generation: its acceptance is its own (the costs carry over). measured=
+        False: the prior costs, not the timings (a draft model's seeded sampling: its
+        guess lengths then follow the acceptance alone, and so does its output)."""
+        self.measured = measured
         self.taken, self.missed = 1.0, 1.0  # decayed counts: guesses taken, steps that missed
         self.skip, self.backoff = 0, 2
 
@@ -40,7 +43,7 @@ class Tuner:
 
     def cost(self, n: int) -> float:
         """A step of n rows against a one-row step (measured where both are)."""
-        if n in self.secs and 1 in self.secs:
+        if self.measured and n in self.secs and 1 in self.secs:
             return max(self.secs[n] / self.secs[1], 1.0)
         return 1.0 + PRIOR * (n - 1)
 

@@ -416,8 +416,8 @@ class LLM:
         timeout (waiting for another thread's generation); parse_special: chat messages'
         special-token text read as the tokens (default: as text; see encode_chat);
         speculative=False: decode one token a step although the model was loaded with a
-        draft (the output is the same either way). The stream holds the model until it is exhausted or closed: README "Threads and
-        lifetimes"."""
+        draft (the output is the same either way). The stream holds the model until it
+        is exhausted or closed: README "Threads and lifetimes"."""
         return self.stream_ids(self.encode_prompt(prompt, parse_special), **kwargs)
 
     def generate(self, prompt, **kwargs) -> str:

@@ -10,8 +10,8 @@ from speculative_models import gemma3, smollm2
 
 from edgellm import loader
 from edgellm.modelfile.format import PackedModel
-from edgellm.step.batched import BatchDecoder
 from edgellm.speculative.verify import EXACT_INTERLEAVED
+from edgellm.step.batched import BatchDecoder
 
 SPARE = 7  # rows of a verify step: up to 8
 

@@ -98,7 +98,11 @@ class LLM:
         self.lora: list[tuple[str, float]] = []  # the active adapters: (path, scale)
         self.draft = draft
         if draft is not None:
-            self.speculation = self._speculation(draft)
+            try:
+                self.speculation = self._speculation(draft)
+            except BaseException:
+                self.close()
+                raise
         if lora is not None:
             try:
                 self._set_lora(lora)

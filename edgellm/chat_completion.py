@@ -74,7 +74,8 @@ def _plan(llm, messages, tools, tool_choice, response_format, max_tokens, stop,
     # the sampling arguments as stream_ids will take them: refused here, at the call (a
     # stream's first chunk would otherwise come before its error)
     wait = {k: sampling[k] for k in ("blocking", "timeout") if k in sampling}
-    llm.sampler(**{k: v for k, v in sampling.items() if k not in wait})
+    llm.sampler(**{k: v for k, v in sampling.items() if k not in wait and k != "speculative"})
+    arguments.flag(sampling.get("speculative", True), "speculative")
     wait_arguments(wait.get("blocking", True), wait.get("timeout"))
     template = llm.packed.chat_template
     fmt = tool_calls.detect_format(template)

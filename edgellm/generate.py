@@ -31,6 +31,8 @@ class Stats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     ttft_s: float = 0.0
+    proposed_tokens: int = 0  # speculative decoding: tokens guessed, and those accepted
+    accepted_tokens: int = 0
 
     @property
     def prefill_tok_s(self) -> float:
@@ -42,10 +44,17 @@ class Stats:
         steps = max(self.generated_tokens - 1, 0)
         return steps / self.decode_s if self.decode_s and steps else 0.0
 
+    @property
+    def acceptance(self) -> float:
+        """The share of guessed tokens accepted (speculative decoding; 0 without)."""
+        return self.accepted_tokens / self.proposed_tokens if self.proposed_tokens else 0.0
+
     def line(self) -> str:
+        spec = (f"; guessed {self.proposed_tokens} tokens, accepted {self.accepted_tokens}"
+                if self.proposed_tokens else "")
         return (f"prompt {self.prompt_tokens} tokens, {self.prefill_tok_s:.1f} tok/s; "
                 f"generated {self.generated_tokens} tokens, {self.decode_tok_s:.1f} tok/s; "
-                f"first token after {self.ttft_s * 1000:.0f} ms")
+                f"first token after {self.ttft_s * 1000:.0f} ms{spec}")
 
 
 @dataclass
@@ -134,14 +143,15 @@ def generate_step(model, prompt: np.ndarray, sampler: Sampler, history: list[int
 def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
            max_tokens: int, stop: Sequence[str] = (), shift: bool = True,
            history: list[int] | None = None,
-           constraint: Constraint | None = None) -> Iterator[Chunk]:
+           constraint: Constraint | None = None, spec=None) -> Iterator[Chunk]:
     """Generate from `prompt` (ids to run after the cache's contents), as Chunks.
 
     Ends on an end-of-sequence id ("stop", its text not emitted), a stop string ("stop",
     nothing from the stop string on emitted), a `constraint` that is complete and can take
     no more ("stop"), `max_tokens` ("length": constrained output may then be incomplete),
     or a full context when `shift` is False ("length"). The last sampled id is never run through the model:
-    `model.tokens` lists what the cache holds afterwards.
+    `model.tokens` lists what the cache holds afterwards. `spec`: a speculative.Speculation
+    to decode with (the same ids, several a step; Stats counts its guesses).
     """
     prompt = np.asarray(prompt, dtype=np.int64)
     if not shift and model.cache.room() < prompt.size + 1:
@@ -156,8 +166,20 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
     detok = StreamingDetokenizer(tokenizer)
     stopper = StopMatcher(stop)
     t0 = time.perf_counter()
-    steps = generate_step(model, prompt, sampler, history, shift, constraint, max_tokens,
-                          tokenizer.eos_ids)
+    if spec is not None:
+        from .speculative import speculative_steps
+
+        steps = speculative_steps(model, prompt, sampler, history, shift, constraint,
+                                  max_tokens, tokenizer.eos_ids, spec)
+    else:
+        steps = generate_step(model, prompt, sampler, history, shift, constraint, max_tokens,
+                              tokenizer.eos_ids)
+
+    def counted(st: Stats) -> Stats:
+        if spec is not None:
+            st.proposed_tokens, st.accepted_tokens = spec.proposed, spec.accepted
+        return st
+
     finish = "length"
     t_first = t0
     if max_tokens <= 0:
@@ -188,7 +210,8 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
             text += tail if stopped else tail + stopper.flush()
             stats.decode_s = time.perf_counter() - t_first
             steps.close()
-            yield Chunk(text, token, "stop" if stopped else "length", stats, stopper.hit)
+            yield Chunk(text, token, "stop" if stopped else "length", counted(stats),
+                        stopper.hit)
             return
         yield Chunk(text, token)  # one chunk per token; text may be "" (an unfinished char)
     stats.decode_s = time.perf_counter() - t_first
@@ -197,4 +220,4 @@ def stream(model, tokenizer: Tokenizer, prompt: Sequence[int], sampler: Sampler,
         text, _ = stopper.feed(detok.flush())
         text += stopper.flush()
     steps.close()
-    yield Chunk(text, None, finish, stats, stopper.hit)
+    yield Chunk(text, None, finish, counted(stats), stopper.hit)

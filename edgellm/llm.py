@@ -34,6 +34,7 @@ from .memory_plan import CHUNK
 from .modelfile.format import PackedModel
 from .runtime.guard import native
 from .sampling import Sampler, SamplingParams
+from .speculative.loop import ROWS
 from .text.tokenizer import Tokenizer
 from .validate import check_model
 
@@ -50,7 +51,7 @@ class LLM:
     def __init__(self, path: str | os.PathLike, threads: int | None = None,
                  context: int | None = None, precise: bool = False, chunk: int = CHUNK,
                  kv_type: str = DEFAULT_KV_TYPE, prompt_cache_bytes: int = 0, fused: bool = True,
-                 lora=None, act_type: str = "int16"):
+                 lora=None, act_type: str = "int16", draft: str | None = None):
         import numba
 
         from .runtime.numba_setup import set_threads
@@ -63,6 +64,7 @@ class LLM:
         fused = arguments.flag(fused, "fused")
         chunk = arguments.integer(chunk, "chunk", 1)
         prompt_cache_bytes = arguments.integer(prompt_cache_bytes, "prompt_cache_bytes", 0)
+        draft = _draft_argument(draft)
         self.threads = numba.config.NUMBA_NUM_THREADS if threads is None else threads
         try:
             set_threads(self.threads)
@@ -76,7 +78,8 @@ class LLM:
             self._check_context(context)
             self.model = loader.build(self.packed, precise=precise, context=context,
                                       chunk=chunk, kv_type=kv_type, fused=fused,
-                                      act_dtype=arch.ACT_TYPES[act_type], args=args)
+                                      act_dtype=arch.ACT_TYPES[act_type], args=args,
+                                      kv_spare=ROWS - 1 if draft is not None else 0)
         except (MemoryError, OSError) as e:
             self.packed.close()
             if isinstance(e, OSError) and e.errno != errno.ENOMEM:
@@ -94,12 +97,32 @@ class LLM:
         self._embedder = None
         self._heads = None  # heads.Heads, made on first use
         self.lora: list[tuple[str, float]] = []  # the active adapters: (path, scale)
+        self.draft = draft
+        if draft is not None:
+            try:
+                self.speculation = self._speculation(draft)
+            except BaseException:
+                self.close()
+                raise
         if lora is not None:
             try:
                 self._set_lora(lora)
             except BaseException:
                 self.close()
                 raise
+
+    speculation = None  # speculative.Speculation: how this model guesses tokens (draft=)
+
+    def _speculation(self, draft: str):
+        """The Speculation `draft` asks for: "lookup" (None where the model has no fused
+        step to verify with: generation is then plain), or a draft model's file."""
+        from .speculative import Speculation
+
+        if draft == "lookup":
+            return Speculation.lookup(self.model)
+        from .speculative.draft import draft_speculation
+
+        return draft_speculation(self, draft)
 
     def _check_context(self, context: int | None) -> None:
         """Warn of a context beyond the positions the model was trained for (its output
@@ -329,6 +352,7 @@ class LLM:
         (ChatSession), else one is taken (blocking, timeout)."""
         model = self._model()
         asked = {k: sampling.pop(k) for k in CONSTRAINT_KEYS if k in sampling}
+        speculative = arguments.flag(sampling.pop("speculative", True), "speculative")
         ids = arguments.token_ids(ids, model.args.vocab_size, "prompt token ids")
         if max_tokens is None:
             max_tokens = int(self.packed.generation_config.get("max_new_tokens")
@@ -349,24 +373,26 @@ class LLM:
         tokenizer = self.tokenizer
         if not ids:
             raise ContextError("empty prompt")
+        spec = self.speculation if speculative else None
         if _turn is not None:  # the caller's turn: it wraps the chunks in its own Stream
             return self._chunks(model, tokenizer, ids, sampler, max_tokens, stop, shift,
-                                keep_cache, constraint)
+                                keep_cache, constraint, spec)
         turn = self.lifetime.acquire(blocking, timeout)
         return self.lifetime.stream(turn, self._chunks(model, tokenizer, ids, sampler,
                                                        max_tokens, stop, shift, keep_cache,
-                                                       constraint))
+                                                       constraint, spec))
 
     def _chunks(self, model, tokenizer, ids, sampler, max_tokens, stop, shift,
-                keep_cache, constraint=None) -> Iterator[Chunk]:
+                keep_cache, constraint=None, spec=None) -> Iterator[Chunk]:
         """The generation itself (runs under a turn: its first step sets up the cache,
-        reusing the longest prefix of `ids` it or the prompt cache holds)."""
+        reusing the longest prefix of `ids` it or the prompt cache holds); `spec`: the
+        Speculation to decode with, or None."""
         if not keep_cache:
             ids = self.prompt_cache.prepare(ids)
         history = list(model.tokens) + list(ids)
         yield from self._naming_the_file(self.prompt_cache.watch(
             stream(model, tokenizer, ids, sampler, max_tokens, stop, shift, history,
-                   constraint)))
+                   constraint, spec)))
 
     def _naming_the_file(self, chunks: Iterator[Chunk]) -> Iterator[Chunk]:
         """`chunks`, with NaN or infinite logits blamed on the LoRA adapters when some are
@@ -393,9 +419,10 @@ class LLM:
         presence_penalty, frequency_penalty, logit_bias, seed; one constraint of
         response_format, json_schema, regex, grammar (Lark or GBNF), choices; blocking,
         timeout (waiting for another thread's generation); parse_special: chat messages'
-        special-token text read as the tokens (default: as text; see encode_chat). The
-        stream holds the model until it is exhausted or closed: README "Threads and
-        lifetimes"."""
+        special-token text read as the tokens (default: as text; see encode_chat);
+        speculative=False: decode one token a step although the model was loaded with a
+        draft (the output is the same either way). The stream holds the model until it
+        is exhausted or closed: README "Threads and lifetimes"."""
         return self.stream_ids(self.encode_prompt(prompt, parse_special), **kwargs)
 
     def generate(self, prompt, **kwargs) -> str:
@@ -526,6 +553,8 @@ class LLM:
         self.lifetime.close(self._release)
 
     def _release(self) -> None:
+        if self.speculation is not None and self.speculation.draft is not None:
+            self.speculation.draft.close()
         self.prompt_cache = None
         self.model = None
         self.packed.close()
@@ -554,9 +583,19 @@ def _chat_message(i: int, m: dict) -> dict:
     return m
 
 
+def _draft_argument(draft) -> str | None:
+    """draft=: None, "lookup" or a draft model file's path (as a str)."""
+    if draft is None or draft == "lookup":
+        return draft
+    if isinstance(draft, (str, os.PathLike)):
+        return str(arguments.file_path(draft))
+    raise arguments.ArgumentError(f"draft must be \"lookup\" or a model file's path, got "
+                                  f"{type(draft).__name__}")
+
+
 def load(path: str | os.PathLike, threads: int | None = None, context: int | None = None,
          precise: bool = False, kv_type: str = DEFAULT_KV_TYPE, prompt_cache_bytes: int = 0,
-         fused: bool = True, lora=None, act_type: str = "int16") -> LLM:
+         fused: bool = True, lora=None, act_type: str = "int16", draft=None) -> LLM:
     """Open a packed model file. threads: Numba threads (default: all cores); context:
     KV cache length in tokens (default: the model's, at most 4096); precise: float
     activations for quantized weights (matches the float model; slower); kv_type: how
@@ -570,10 +609,13 @@ def load(path: str | os.PathLike, threads: int | None = None, context: int | Non
     time (a PEFT directory or adapter file, or a list of them or of (path, scale) pairs;
     LLM.set_lora switches them). act_type: the integer activations of quantized weights
     where not precise: "int16" (keeps the float model's greedy answers) or "int8"
-    (llama.cpp's: faster batched decoding in `edgellm serve`; flips near-ties)."""
+    (llama.cpp's: faster batched decoding in `edgellm serve`; flips near-ties).
+    draft: speculative decoding, several tokens a step with the same output: "lookup"
+    (guesses from n-grams of the prompt and the output so far) or a smaller model file
+    with the same tokenizer; a call's speculative=False turns it off."""
     return LLM(path, threads=threads, context=context, precise=precise, kv_type=kv_type,
                prompt_cache_bytes=prompt_cache_bytes, fused=fused, lora=lora,
-               act_type=act_type)
+               act_type=act_type, draft=draft)
 
 
 __all__ = ["LLM", "load", "EdgeLLMError"]

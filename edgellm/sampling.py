@@ -222,6 +222,36 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         """logits [V] (float), history = ids so far (prompt + generated) -> next id."""
         token = self._choose(self.process(logits, history))
+        self.record(token)
+        return token
+
+    def distribution(self, logits: np.ndarray, history: Sequence[int] = ()) -> np.ndarray:
+        """The probabilities [V] (float64) `sample` draws the next id from: steps 1-7
+        (greedy: all on the argmax). Speculative sampling compares two of them."""
+        x = self.process(logits, history).astype(np.float64)
+        p = self.params
+        out = np.zeros(x.size)
+        m = float(x.max())
+        _check_max(m)
+        if p.temperature == 0 or 1.0 / p.temperature > _F32_MAX:
+            out[int(np.argmax(x))] = 1.0
+            return out
+        ids = _top_k_ids(x, p.top_k) if 0 < p.top_k < x.size else np.flatnonzero(x > -np.inf)
+        xs = x[ids]
+        e = np.exp((xs - m) / p.temperature)
+        if p.top_p < 1:  # the smallest most likely set with mass >= top_p (as _draw_among)
+            order = np.argsort(-xs, kind="stable")
+            ids, xs, e = ids[order], xs[order], e[order]
+            keep = int(np.searchsorted(np.cumsum(e), p.top_p * e.sum())) + 1
+            ids, xs, e = ids[:keep], xs[:keep], e[:keep]
+        if p.min_p > 0:
+            sel = xs >= self._min_p_cutoff(m)
+            ids, e = ids[sel], e[sel]
+        out[ids] = e / e.sum()
+        return out
+
+    def record(self, token: int) -> None:
+        """Count `token` as returned (the presence/frequency penalties), as sample does."""
         if self._penalize:
             if self._counts[token] == 0:
                 if self._n_seen == self._seen.size:
@@ -229,7 +259,6 @@ class Sampler:
                 self._seen[self._n_seen] = token
                 self._n_seen += 1
             self._counts[token] += 1
-        return token
 
     def _choose(self, x: np.ndarray) -> int:
         p = self.params

@@ -196,9 +196,12 @@ def test_bad_rows_are_refused(converted):
     with edgellm.load(converted("llama", "q8_0")) as llm:
         m = llm.model
         stepper = BatchDecoder.build(m, [m.new_cache() for _ in range(2)])
-        for slots, tokens in (([0, 0], [1, 2]), ([0, 1, 1], [1, 2, 3]), ([], []), ([0], [1, 2])):
+        for slots, tokens in (([0, 2], [1, 2]), ([0, 1, 1], [1, 2, 3]), ([], []), ([0], [1, 2])):
             with pytest.raises(ValueError, match="rows"):
                 stepper.step(slots, tokens)
+        # a slot named twice: its next two positions (a speculative verify step)
+        assert stepper.step([0, 0], [1, 2]).shape[0] == 2
+        assert stepper.caches[0].next_pos == 2
 
 
 def test_batch_serves_slots_through_the_batched_step(converted):

@@ -83,6 +83,13 @@ class CachedTokens:
         self.cache.reset()
         self.tokens.clear()
 
+    def take_back(self, n: int) -> None:
+        """Forget the last n tokens (a verify step's rows past the accepted ones), exactly:
+        KVCache.take_back."""
+        if n:
+            self.cache.take_back(n)
+            del self.tokens[-n:]
+
     def truncate(self, n: int) -> None:
         """Keep only the first n tokens of the cache (reset when that cannot be done)."""
         if n >= len(self.tokens):
@@ -101,6 +108,7 @@ class Transformer(CachedTokens):
     attn_softcap = 0.0  # > 0: attention scores soft-capped (cap * tanh(s / cap))
     logit_softcap = 0.0  # > 0: output logits soft-capped
     logit_scale = 1.0  # output logits multiplied by this (granite: 1 / logits_scaling)
+    kv_spare = 0  # sliding layers' slots beyond the window (KVCache spare: speculation)
 
     def __init__(self, packed: PackedModel, args: ModelArgs, precise: bool = False,
                  context: int | None = None, chunk: int = CHUNK, n_keep: int = 4,
@@ -141,7 +149,7 @@ class Transformer(CachedTokens):
         a = self.args
         return KVCache([a.layer_window(i) for i in range(a.num_hidden_layers)], self.context,
                        a.num_key_value_heads, a.head_dim, [inv for inv, _ in self.rope],
-                       n_keep=self.n_keep, kv_type=self.kv_type)
+                       n_keep=self.n_keep, kv_type=self.kv_type, spare=self.kv_spare)
 
     # weights --------------------------------------------------------------------
     def matrix(self, name: str) -> Tensor:

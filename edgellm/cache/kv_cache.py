@@ -4,7 +4,9 @@ Policy (as llama.cpp's context shift):
 - Every cache slot remembers the position of the token it holds (-1 = empty); attention
   reads slots by position, so slot order does not matter.
 - A sliding-window layer of window W keeps W slots and overwrites the oldest: a query at p
-  only ever sees positions p-W+1..p, so nothing it needs is lost.
+  only ever sees positions p-W+1..p, so nothing it needs is lost. With `spare` S it keeps
+  W + S: a speculative verify step runs up to S + 1 positions at once and takes the
+  rejected ones back (take_back), and the window of every position stays whole.
 - A full-attention layer keeps `context` slots. When a chunk would not fit, `shift()`
   drops the oldest tokens after the first `n_keep` (the attention sinks: half of the rest,
   or more if the chunk needs it), moves every kept token that follows them `n_discard`
@@ -190,13 +192,14 @@ class KVCache:
     """All layers' caches plus the next position; see the module docstring for the policy."""
 
     def __init__(self, layer_windows: list[int], context: int, n_kv: int, head_dim: int,
-                 inv_freqs: list[np.ndarray], n_keep: int = 4, kv_type: str = DEFAULT_KV_TYPE):
+                 inv_freqs: list[np.ndarray], n_keep: int = 4, kv_type: str = DEFAULT_KV_TYPE,
+                 spare: int = 0):
         self.kv_type = check_kv_type(kv_type, head_dim)
         dtype, width = KV_DTYPE[kv_type], kv_row_width(kv_type, head_dim)
         self.context = context
         self.n_keep = n_keep
         self.inv_freqs = inv_freqs
-        caps = [min(w, context) if w else context for w in layer_windows]
+        caps = [min(w + spare, context) if w else context for w in layer_windows]
         self.caps = np.array(caps, dtype=np.int64)
         self.windows = np.array(layer_windows, dtype=np.int64)
         # One array of slots for all layers, layer i's at starts[i]..starts[i] + caps[i]
@@ -246,6 +249,20 @@ class KVCache:
             layer.written = min(layer.written, n)
         self.next_pos = self.n_tokens = n
         return True
+
+    def take_back(self, n: int) -> None:
+        """Forget the last n tokens written (a verify step's rejected positions), after a
+        shift too. Exact where they were written since the last shift, and on a sliding
+        layer as long as n <= spare + 1: the slots they overwrote held positions no later
+        query sees (KVCache's `spare`); an emptied slot is masked as those were."""
+        if not 0 <= n <= min(self.n_tokens, min(layer.written for layer in self.layers)):
+            raise ValueError(f"cannot take back {n} of {self.n_tokens} tokens")
+        for layer in self.layers:
+            for i in range(1, n + 1):
+                layer.pos[(layer.written - i) % layer.cap] = -1
+            layer.written -= n
+        self.next_pos -= n
+        self.n_tokens -= n
 
     def state(self, copy: bool = True) -> CacheState:
         """What the cache holds: each layer's written slots (copies, or views)."""

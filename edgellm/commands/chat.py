@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..errors import INTERRUPTS, ArgumentError
 from .common import (
+    add_draft_argument,
     add_lora_argument,
     add_model_arguments,
     add_sampling_arguments,
@@ -30,6 +31,7 @@ HELP = "commands: /reset (forget the conversation), /exit (or Ctrl-D), /help"
 def add_arguments(p) -> None:
     add_model_arguments(p)
     add_lora_argument(p)
+    add_draft_argument(p)
     p.add_argument("--system", default=None, type=text_argument("the system message"),
                    help="system message")
     p.add_argument("-n", "--max-tokens", type=int_at_least(0), default=None,

@@ -132,6 +132,14 @@ def add_act_type_argument(p) -> None:
                         "server batches streams, and flips near-ties (default: int16)")
 
 
+def add_draft_argument(p) -> None:
+    p.add_argument("--draft", default=None, metavar="lookup|MODEL",
+                   help="speculative decoding, several tokens a step with the same output: "
+                        "'lookup' (guesses from the prompt and the output so far: pays where "
+                        "the answer copies its input) or a smaller model file with the same "
+                        "tokenizer")
+
+
 def add_kv_type_argument(p) -> None:
     from ..cache.kv_types import DEFAULT_KV_TYPE, KV_TYPES
 
@@ -191,7 +199,8 @@ def open_model(args, defer_variants: bool = False, warm: bool = True) -> LLM:
                 llm = LLM(path, threads=args.threads, context=args.ctx, precise=args.precise,
                           kv_type=kv_type_of(args),
                           fused=fused_default(), lora=getattr(args, "lora", None),
-                          act_type=getattr(args, "act_type", "int16"))
+                          act_type=getattr(args, "act_type", "int16"),
+                          draft=getattr(args, "draft", None))
             except ContextWarning as w:
                 raise ContextError(str(w)) from None
         if llm.packed.has_tokenizer:  # built before the kernels load: its build's transient

@@ -17,6 +17,7 @@ import sys
 
 from ..errors import EdgeLLMError
 from .common import (
+    add_draft_argument,
     add_lora_argument,
     add_model_arguments,
     add_sampling_arguments,
@@ -32,6 +33,7 @@ from .common import (
 def add_arguments(p) -> None:
     add_model_arguments(p)
     add_lora_argument(p)
+    add_draft_argument(p)
     p.add_argument("-p", "--prompt", required=True, type=text_argument("the prompt"),
                    help="the prompt; '-' reads stdin (UTF-8; invalid UTF-8 is refused)")
     p.add_argument("-n", "--max-tokens", type=int_at_least(0), default=None,

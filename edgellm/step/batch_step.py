@@ -234,7 +234,11 @@ def _attend_units(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n):
     it there). A unit is the only reader of its row's cache rows of its KV head, so it
     stores this token's k, v there at once; after the one barrier, the owner of each row's
     KV head 0 records the slot's position (which every unit of the row reads).
+    Rows of one cache (a verify step) go through _attend_chain instead.
     k_all, v_all [R, slots, Hkv, width] as stored (kv_rows)."""
+    if _repeats(slots, n):
+        _attend_chain(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n)
+        return
     prog, mats, consts, params, ints_all, blob, lora = model
     mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
     _, _, pos_all, layers, cos_all, sin_all = kv
@@ -263,6 +267,64 @@ def _attend_units(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n):
         if u % Hkv == 0:
             lt = layers[r, o.layer]
             pos_all[slots[r], lt[0] + lt[3]] = pos[r]
+
+
+@kernel
+def _repeats(slots, n):
+    """Whether a cache has several of rows 0..n-1 (a sequence's next positions)."""
+    for a in range(1, n):
+        for b in range(a):
+            if slots[a] == slots[b]:
+                return True
+    return False
+
+
+@kernel
+def _attend_chain(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n):
+    """_attend_units where rows share a cache, row j of a cache at its next position + j
+    (its layer table's slot and filled count those of the single step there). Every
+    unit first stores its row's k, v and position in its slot; after a barrier every unit
+    attends, row j over its filled slots: the rows before it are there as the single step
+    stored them, the rows after it (positions past its own) masked as the slots they
+    overwrote would have been (batched.check_rows: out of the window), so each row
+    attends as the single step at its position, bit for bit. A second barrier ends the op,
+    as the first ends _attend_units."""
+    prog, mats, consts, params, ints_all, blob, lora = model
+    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    _, _, pos_all, layers, cos_all, sin_all = kv
+    Hkv = k_all.shape[2]
+    o, scale, softcap, group, Hq, Dh, kbuf, qbuf, tile, sc, stats = _attend_scratch(
+        tid, op, consts, kq, scores, Hkv)
+    u0, u1 = _heads(n * Hkv, tid, nt)
+    for u in range(u0, u1):
+        r, kvh = u // Hkv, u % Hkv
+        c = slots[r]
+        lt = layers[r, o.layer]
+        start, cap, slot = lt[0], lt[1], lt[3]
+        kc, vc = k_all[c, start:start + cap], v_all[c, start:start + cap]
+        cos, sin = cos_all[r, o.rope:o.rope + 1], sin_all[r, o.rope:o.rope + 1]
+        q, k, v, out = _attend_vectors(o, mem[r], shared, private, tid, Hq, Hkv, Dh)
+        _prep_heads(o, consts, params, ints_all[r], q, k, kvh, kvh * group, 0, kbuf, qbuf,
+                    cos, sin)
+        store_kv_row(kbuf, kc[slot, kvh], tile)
+        store_kv_row(v[kvh * Dh:(kvh + 1) * Dh], vc[slot, kvh], tile)
+        if kvh == 0:
+            pos_all[c, start + slot] = pos[r]
+    barrier(state, nt)
+    for u in range(u0, u1):
+        r, kvh = u // Hkv, u % Hkv
+        c, p = slots[r], pos[r]
+        lt = layers[r, o.layer]
+        start, cap, window, filled = lt[0], lt[1], lt[2], lt[4]
+        kc, vc = k_all[c, start:start + cap], v_all[c, start:start + cap]
+        cpos = pos_all[c, start:start + cap]
+        cos, sin = cos_all[r, o.rope:o.rope + 1], sin_all[r, o.rope:o.rope + 1]
+        q, k, v, out = _attend_vectors(o, mem[r], shared, private, tid, Hq, Hkv, Dh)
+        hq = kvh * group
+        _prep_heads(o, consts, params, ints_all[r], q, k, kvh, hq, group, kbuf, qbuf, cos, sin)
+        _attend_group(qbuf, group, kbuf, v[kvh * Dh:(kvh + 1) * Dh], kc[:filled], vc[:filled],
+                      cpos[:filled], kvh, p, window, scale, softcap, sc, stats, out, hq, tile)
+    barrier(state, nt)
 
 
 @kernel

@@ -13,7 +13,11 @@ on AVX-512 VNNI, the step reads its q4_0, q4_1 and q8_0 matrices from interleave
 (kernels/interleave.py), made once here: several times faster than from the rows layout,
 for the matrices' size in memory once more.
 A row's logits are the step's for that sequence alone (one row), bit for bit, whatever
-else the step carries; against the single fused step (LLM.generate's) they are bit for bit
+else the step carries;
+several rows may run one sequence (a speculative verify step: `rows` > caches, a slot
+repeated): a cache's rows are its next positions in row order, each the single step's
+logits at its position, bit for bit (batch_step._attend_chain; the check_rows
+conditions); against the single fused step (LLM.generate's) they are bit for bit
 too where no q8_0 matrix is interleaved (the q4 tiles add as its 8x1 tile does), else
 within rounding (a q8_0 block's 32 products summed in another order).
 """
@@ -39,20 +43,23 @@ class BatchDecoder:
     """The fused step of `model` over up to len(caches) rows (see the module docstring)."""
 
     @classmethod
-    def build(cls, model, caches: list, interleave: bool = True) -> BatchDecoder | None:
+    def build(cls, model, caches: list, interleave: bool = True,
+              rows: int | None = None) -> BatchDecoder | None:
         if getattr(model, "fused", None) is None:
             return None
-        return cls(model, caches, interleave)
+        return cls(model, caches, interleave, rows)
 
-    def __init__(self, model, caches: list, interleave: bool = True):
+    def __init__(self, model, caches: list, interleave: bool = True, rows: int | None = None):
         self.model = model
-        self.interleave = interleave  # keep interleaved copies (on VNNI; _interleaved)
-        R = len(caches)
+        # keep interleaved copies (on VNNI; _interleaved): True, or only of these type names
+        self.interleave = interleave
+        self.R = max(len(caches), rows or 0)  # rows a step carries at most
+        C = len(caches)
         c0 = caches[0]
-        self.k = lazy_zeros((R, *c0.k_all.shape), c0.k_all.dtype)
-        self.v = lazy_zeros((R, *c0.v_all.shape), c0.v_all.dtype)
-        self.pos = np.full((R, c0.pos_all.shape[0]), -1, np.int64)
-        self.rows = [(self.k[i], self.v[i], self.pos[i]) for i in range(R)]
+        self.k = lazy_zeros((C, *c0.k_all.shape), c0.k_all.dtype)
+        self.v = lazy_zeros((C, *c0.v_all.shape), c0.v_all.dtype)
+        self.pos = np.full((C, c0.pos_all.shape[0]), -1, np.int64)
+        self.rows = [(self.k[i], self.v[i], self.pos[i]) for i in range(C)]
         # the kernel's view, as bytes like the fused step's: its _worker, not a second compile
         self.k_bytes, self.v_bytes = self.k.view(np.uint8), self.v.view(np.uint8)
         self.caches = list(caches)
@@ -63,7 +70,7 @@ class BatchDecoder:
     def _tables(self, fused) -> None:
         """Per-row copies of the fused step's buffers and tables, and the interleaved
         weights (a rebuilt step, LoRA's, gets a new BatchDecoder: Batch._decode)."""
-        R, f32 = len(self.caches), np.float32
+        R, f32 = self.R, np.float32
         self.fused = f = fused
         self.mem = np.zeros((R, f.mem.shape[0]), f32)
         self.xq = np.zeros((R, f.xq.shape[0]), f.xq.dtype)
@@ -107,9 +114,11 @@ class BatchDecoder:
             return at, blob
         if not VNNI or self.model.precise or not self.interleave:
             return at, np.zeros(0, np.uint8)
+        kinds = set(_ILV.values()) if self.interleave is True else set(self.interleave)
         size = 0
         for k, m in enumerate(mats):
-            if m[ds.MAT_KIND] in _ILV and m[ds.MAT_BLOCK] == 32 and m[ds.MAT_ROWS] % ILV_ROWS == 0:
+            if m[ds.MAT_KIND] in _ILV and _ILV[m[ds.MAT_KIND]] in kinds and \
+                    m[ds.MAT_BLOCK] == 32 and m[ds.MAT_ROWS] % ILV_ROWS == 0:
                 kind = _ILV[m[ds.MAT_KIND]]
                 nb = m[ds.MAT_ROW_BYTES] // quant.TYPES[kind].block_bytes(32)
                 at[k] = size
@@ -138,22 +147,29 @@ class BatchDecoder:
         return self.model.fused is self.fused
 
     def step(self, slots: list[int], tokens: list[int]) -> np.ndarray:
-        """Run tokens[r] at the next position of cache slots[r] (distinct slots);
-        logits [n, vocab] (a new array)."""
+        """Run tokens[r] at the next position of cache slots[r]; a slot named j times takes
+        its next j positions, in row order (check_rows). Logits [n, vocab] (a new array)."""
         m, f = self.model, self.fused
         n = len(slots)
-        if not 1 <= n <= len(self.caches) or len(set(slots)) != n or len(tokens) != n:
-            raise ValueError(f"{n} rows for {len(self.caches)} caches: slots {slots}")
+        if not 1 <= n <= self.R or len(tokens) != n or \
+                not all(0 <= s < len(self.caches) for s in slots):
+            raise ValueError(f"{n} rows for {self.R} rows of {len(self.caches)} caches: "
+                             f"slots {slots}")
+        ahead = dict.fromkeys(slots, 0)  # rows of each slot so far
+        for s in ahead:
+            check_rows(self.caches[s], slots.count(s))
         for r, s in enumerate(slots):
             cache = self.caches[s]
             if cache.k_all is not self.rows[s][0] or cache.pos_all is not self.rows[s][2]:
                 cache.move_to(*self.rows[s])  # it adopted other arrays (a session)
-            p = cache.next_pos
+            j = ahead[s]
+            ahead[s] += 1
+            p = cache.next_pos + j
             self.positions[r], self.slots[r] = p, s
             ang = float(p) * f.inv_freq  # as FusedDecoder.step computes them
             self.cos[r] = (np.cos(ang) * f.rope_scale).astype(np.float32)
             self.sin[r] = (np.sin(ang) * f.rope_scale).astype(np.float32)
-            written = np.array([layer.written for layer in cache.layers], np.int64)
+            written = np.array([layer.written for layer in cache.layers], np.int64) + j
             caps = self.layers[r, :, ds.LAYER_CAP]  # the fused step's table: each layer's
             self.layers[r, :, ds.LAYER_SLOT] = written % caps
             self.layers[r, :, ds.LAYER_FILLED] = np.minimum(written, caps)
@@ -164,14 +180,30 @@ class BatchDecoder:
         self.schedulers[n].run(bs.batch_parallel, bs.batch_serial,
                                (self.tables, self.bufs, kv, self.positions, self.slots, n,
                                 m.precise, bs.TILE, self.ilv, f.feats))
-        for s in slots:
+        for s, j in ahead.items():
             cache = self.caches[s]
             for layer in cache.layers:
-                layer.written += 1
-            cache.next_pos += 1
-            cache.n_tokens += 1
+                layer.written += j
+            cache.next_pos += j
+            cache.n_tokens += j
         for off, nbytes in f.program.routes:  # MoE: the experts each row read
             for r in range(n):
                 for e in self.ints[r, off:off + m.top_k]:
                     m.expert_bytes_read += nbytes[e]
         return self.mem[:n, self.logits_at:self.logits_at + V].copy()
+
+
+def check_rows(cache, n: int) -> None:
+    """ValueError unless n rows of one step can run the next n positions of `cache` as n
+    single steps would: every full-attention layer has room for them (no shift between
+    them), and a sliding layer that overwrites slots on the way keeps cap - window >= n - 1
+    spare slots (KVCache's `spare`): the slot row j overwrites then holds a position the
+    rows before it would not have seen either (out of their window)."""
+    for layer in cache.layers:
+        if not layer.window:
+            if layer.written + n > layer.cap:
+                raise ValueError(f"{n} rows do not fit the cache ({layer.cap - layer.written}"
+                                 " slots left): make room first")
+        elif n > 1 and layer.written + n > layer.cap and layer.cap - layer.window < n - 1:
+            raise ValueError(f"{n} rows of one sequence need {n - 1} spare slots beside the "
+                             f"window of {layer.window} (KVCache spare)")

@@ -487,6 +487,12 @@ class Constraint:
             raise ConstraintError(f"token {token} is not allowed by the {self.kind} constraint"
                                   f": {_first_line(self._m.get_error())}")
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of `tokens`, consumed in turn from the current state, the grammar allows
+        (the state unchanged)."""
+        self.wait()
+        return int(self._m.validate_tokens([int(t) for t in tokens]))
+
     def is_done(self) -> bool:
         """The grammar is complete and can take nothing more (only EOS)."""
         return self._m.is_stopped()

@@ -1,0 +1,144 @@
+"""Prompt lookup decoding against plain decoding on SmolLM2-135M: decode tokens/s of the
+same greedy answers (identical, checked), alternating plain and lookup in one process per
+thread count (medians of --rounds), with the acceptance rate.
+
+    python benchmarks/speculative.py [--model FILE] [--threads 1 2] [--rounds 2]
+                                     [--max-tokens 160] [--json OUT]
+
+Tasks: input-grounded (a rename in a 60-line function, JSON fields from a ~400-token
+document, a summary that quotes it) and open-ended chat. Decode tok/s is Stats'
+(tokens after the first over the time after the first), so the prefill is left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout
+
+DEFAULT_MODEL = Path.home() / ".cache" / "edgellm" / "models" / "smollm2-135m-instruct.edgellm"
+
+
+def _function() -> str:
+    """A 60-line Python function."""
+    lines = ["def summarize_orders(orders, tax_rate, discount_codes):",
+             '    """Totals, taxes and discounts of a list of orders."""',
+             "    totals = {}", "    taxes = {}", "    discounts = {}", "    count = 0"]
+    for i in range(9):
+        lines += [f"    for order in orders[{i}::9]:",
+                  f"        key = order['customer'] + '-{i}'",
+                  "        amount = order['price'] * order['quantity']",
+                  "        code = order.get('code')",
+                  "        if code in discount_codes:",
+                  "            amount -= amount * discount_codes[code]"]
+    lines += ["    return totals, taxes, discounts, count"]
+    assert len(lines) == 61
+    return "\n".join(lines[:60])
+
+
+DOCUMENT = (
+    "Northwind Traders, quarterly supplier review, prepared by the purchasing office on 14 "
+    "January 2025. Supplier: Exotic Liquids Ltd., 49 Gilbert St., London EC1 4SD, United "
+    "Kingdom. Contact: Charlotte Cooper, purchasing manager, phone (171) 555-2222, email "
+    "ccooper@exoticliquids.co.uk. Account number: EL-30481. Contract started on 1 March 2019 "
+    "and renews every two years; the next renewal is due on 1 March 2025. Products supplied: "
+    "Chai (10 boxes x 20 bags) at 18.00 per unit, Chang (24 bottles of 12 oz) at 19.00 per "
+    "unit, and Aniseed Syrup (12 bottles of 550 ml) at 10.00 per unit. Orders this quarter: "
+    "42, of which 39 arrived on time and 3 arrived late by two to five days. Returned goods: "
+    "one shipment of Chang, 6 bottles, damaged in transit on 2 December 2024, refunded in "
+    "full. Total spend this quarter: 18,420.00 GBP, up 6 percent on the previous quarter. "
+    "Payment terms: net 30 days; all invoices were paid within terms. Quality audits: the "
+    "audit on 5 November 2024 found no major issues and two minor ones (labels printed in "
+    "the wrong language on one batch, and a missing certificate of origin), both fixed by "
+    "20 November 2024. Risk rating: low. Recommendation of the purchasing office: renew the "
+    "contract for two more years, ask for a 3 percent volume discount on Chai, and move the "
+    "Chang shipments to the sea freight service to reduce breakage. Next review: April 2025.")
+
+TASKS = {
+    "code_edit": ("grounded", "Rename the variable amount to line_total everywhere in this "
+                  "function and give back the whole function, nothing else:\n\n"
+                  + _function()),
+    "extraction": ("grounded", DOCUMENT + "\n\nExtract these fields as JSON: supplier, "
+                   "address, contact, phone, email, account_number, contract_start, "
+                   "renewal_date, products, total_spend, risk_rating, next_review."),
+    "quoting_summary": ("grounded", DOCUMENT + "\n\nSummarize this review in five bullet "
+                        "points, each quoting the document's own words."),
+    "chat": ("open", "Tell me a story about a lighthouse keeper who finds a message in a "
+             "bottle."),
+    "chat_advice": ("open", "What should I think about when choosing my first programming "
+                    "language?"),
+}
+
+
+def child(args) -> dict:
+    import edgellm
+
+    plain = edgellm.load(args.model, threads=args.threads)
+    spec = edgellm.load(args.model, threads=args.threads, draft="lookup")
+    out = {}
+    for name, (kind, text) in TASKS.items():
+        msgs = [{"role": "user", "content": text}]
+        for llm in (plain, spec):  # warm: compiled kernels, the tuner's first timings
+            llm.generate(msgs, max_tokens=8, temperature=0)
+        runs = {"plain": [], "lookup": []}
+        tokens, acc = {}, []
+        for _ in range(args.rounds):
+            for label, llm in (("plain", plain), ("lookup", spec)):
+                with llm.stream(msgs, max_tokens=args.max_tokens, temperature=0) as chunks:
+                    chunks = list(chunks)
+                st = chunks[-1].stats
+                runs[label].append(st.decode_tok_s)
+                tokens[label] = [c.token for c in chunks]
+                if label == "lookup":
+                    acc.append((st.proposed_tokens, st.accepted_tokens))
+        p, a = sum(x for x, _ in acc), sum(y for _, y in acc)
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        out[name] = {"kind": kind, "plain_tok_s": med["plain"], "lookup_tok_s": med["lookup"],
+                     "speedup": med["lookup"] / med["plain"], "proposed": p, "accepted": a,
+                     "acceptance": a / p if p else 0.0, "tokens": len(tokens["plain"]),
+                     "identical": tokens["plain"] == tokens["lookup"]}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        args.threads = args.threads[0]
+        print(json.dumps(child(args)))
+        return
+    results = {}
+    for t in args.threads:
+        proc = subprocess.run([sys.executable, __file__, "--child", "--model", args.model,
+                               "--threads", str(t), "--rounds", str(args.rounds),
+                               "--max-tokens", str(args.max_tokens)],
+                              capture_output=True, text=True, check=True)
+        results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[0]
+    print(f"load average {load}")
+    print(f"{'task':16} {'threads':>7} {'plain':>8} {'lookup':>8} {'x':>6} {'accept':>7} "
+          f"{'tokens':>6} same")
+    for t, res in results.items():
+        for name, r in res.items():
+            print(f"{name:16} {t:>7} {r['plain_tok_s']:8.1f} {r['lookup_tok_s']:8.1f} "
+                  f"{r['speedup']:6.2f} {r['acceptance']:7.2f} {r['tokens']:6} "
+                  f"{r['identical']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"load": load, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

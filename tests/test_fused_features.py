@@ -32,6 +32,8 @@ def test_features_name_what_the_program_runs(converted, name, quant, kv_type):
         ops = {row[0] for row in prog.ops}
         if ds.MOE in ops:
             want.add("moe")
+        if any(m[ds.MAT_LAYOUT] == ds.LAYOUT_X16 for m in prog.mats):  # q4_0/q4_1 as converted
+            want.add("x16")
         assert _named(fused.features(prog, kv_type)) == want
         assert ("moe" in want) == (name == "qwen3-moe")
         assert _named(fused.ALL_FEATURES) == set(ds.FEATURES)
@@ -39,15 +41,16 @@ def test_features_name_what_the_program_runs(converted, name, quant, kv_type):
 
 
 def test_pruned_step_computes_the_full_steps_logits(converted, monkeypatch):
-    """llama at q4_1 (q4_1 and q8_0 matrices, an f32 cache, no MoE or LoRA): its pruned
-    serial step, in both precisions, gives the full step's logits bit for bit."""
+    """llama at q4_1 (q4_1 matrices in the x16 layout and q8_0 ones, an f32 cache, no MoE or
+    LoRA): its pruned serial step, in both precisions, gives the full step's logits bit for
+    bit."""
     ids = [int(t) for t in reference("llama")["input_ids"][:5]]
     with edgellm.load(converted("llama", "q4_1"), threads=1, kv_type="f32") as llm:
         m = llm.model
         full = m.fused
         monkeypatch.setattr(fused.FusedDecoder, "prune", True)
         pruned = fused.FusedDecoder.build(m, 1, m.act_dtype)
-        assert _named(pruned.feats) <= {"q4_1", "q8_0", "kv_f32"}
+        assert _named(pruned.feats) <= {"q4_1", "q8_0", "kv_f32", "x16"}
         for precise in (False, True):
             m.precise = precise
             out = []

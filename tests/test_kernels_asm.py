@@ -405,7 +405,8 @@ def test_q5_row_group_tiles(kind):
 @pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0"])
 def test_interleaved_tiles(kind, dtype):
     """The batched step's interleaved tiles (interleave.itile_<kind>_16x4): on AVX-512 VNNI
-    16 vpdpwssd a block and token for int16 activations, 8 vpdpbusd for int8 ones (inline
+    16 vpdpwssd a block and token for int16 activations (q4: on words permuted in registers,
+    the x16 layout being vpdpbusd's), 8 vpdpbusd for int8 ones (inline
     assembly: not split into vpmaddwd + vpaddd), each activation pair or quadruple the
     instruction's broadcast memory operand (ir.vpdpwssd_bcast, vpdpbusd_bcast: no separate
     broadcast), and no horizontal sums; elsewhere vpmaddwd."""
@@ -423,7 +424,13 @@ def test_interleaved_tiles(kind, dtype):
         tile(w, 0, xq, xd, xs, xds, 0, out, 0)
 
     asm = probe_asm(probe, w, xq, f, xs, f, out)
-    if simd.SIMD_PATH == "vnni":
+    if simd.SIMD_PATH == "vnni" and dtype == np.int16 and kind != "q8_0":
+        # the x16 byte layout (vpdpbusd's): the block's activations permuted in registers
+        # to meet the nibble pairs, each pair a broadcast word: 16 vpdpwssd a block and token
+        dots = re.findall(r"vpdpwssd\s+[^\n]*%zmm\d+, %zmm\d+", asm)
+        assert len(dots) >= 64 and asm.count("vpmaddwd") == 0, kind
+        assert "vphaddd" not in asm, kind
+    elif simd.SIMD_PATH == "vnni":
         op, per = ("vpdpwssd", 64) if dtype == np.int16 else ("vpdpbusd", 32)
         folded = re.findall(op + r"\s+-?\d*\(%\w+\)\{1to16\}, %zmm\d+, %zmm\d+", asm)
         assert len(folded) >= per and asm.count("vpmaddwd") == 0, kind

@@ -58,14 +58,15 @@ def check_against_peft(llm, r: dict, tol: float = 1e-3) -> None:
 @pytest.mark.parametrize("case", ["llama", "llama-rslora", "llama-subset", "phi3"])
 def test_f32_run_time_matches_peft(base, case):
     arch = "phi3" if case == "phi3" else "llama"
-    with edgellm.load(base(arch), lora=LORA / case) as llm:
+    with edgellm.load(base(arch), lora=LORA / case, kv_type="f32") as llm:
         assert llm.model.fused is None  # f32 matrices: the per-operation path
         check_against_peft(llm, ref(case))
 
 
 def test_two_adapters_at_once(base):
     """llama at scale 1 and llama-subset at 0.5 together, as peft computes them."""
-    with edgellm.load(base("llama"), lora=[LORA / "llama", (LORA / "llama-subset", 0.5)]) as llm:
+    with edgellm.load(base("llama"), lora=[LORA / "llama", (LORA / "llama-subset", 0.5)],
+                      kv_type="f32") as llm:
         check_against_peft(llm, ref("llama-pair"))
 
 
@@ -112,7 +113,8 @@ def test_fused_step_adds_the_adapter(base, case, threads, fold):
     arch = "phi3" if case == "phi3" else "llama"
     ids = ref(case)["input_ids"]
     path = base(arch, "q8_0", fold)
-    with edgellm.load(path, lora=LORA / case, precise=True, threads=threads) as llm:
+    with edgellm.load(path, lora=LORA / case, precise=True, threads=threads,
+                      kv_type="f32") as llm:
         m = llm.model
         assert m.fused is not None and m.fused.program.lora
         fused = decode_fused_or_not(llm, ids, True)
@@ -130,7 +132,7 @@ def test_q8_0_base_effect_agrees_with_peft(base, fold):
     with np.load(TINY / "llama" / "reference.npz") as z:
         peft_effect = r["logits"] - z["logits"]
     ids = r["input_ids"]
-    with edgellm.load(base("llama", "q8_0", fold)) as llm:
+    with edgellm.load(base("llama", "q8_0", fold), kv_type="f32") as llm:
         assert bool(llm.packed.header["quantization"].get("norms_folded")) == fold
         without = decode_steps(llm, ids)
         llm.set_lora(LORA / "llama")
@@ -376,7 +378,7 @@ def test_folded_f32_is_exact(tmp_path, monkeypatch):
     monkeypatch.setattr(norm_fold, "TYPES", frozenset({"f32"}))
     out = tmp_path / "folded-f32.edgellm"
     convert(open_hf(TINY / "llama"), out, "f32", progress=False)
-    with edgellm.load(out, lora=LORA / "llama") as llm:
+    with edgellm.load(out, lora=LORA / "llama", kv_type="f32") as llm:
         assert llm.packed.header["quantization"]["norms_folded"] == 6
         check_against_peft(llm, ref("llama"))
 

@@ -74,7 +74,8 @@ def test_matches_transformers_reference(converted):
     nll = np.array([-logp[t, ids[t + 1]] for t in range(10, 19)])
     ppl = np.exp(nll.mean())
     stderr = ppl * np.sqrt(((nll ** 2).mean() - nll.mean() ** 2) / (nll.size - 1))
-    with LLM(converted("llama", "f32"), context=20, precise=True, chunk=4) as llm:
+    with LLM(converted("llama", "f32"), context=20, precise=True, chunk=4,
+             kv_type="f32") as llm:
         res = evaluate(lambda c: scored_logits(llm, c), make_chunks(ids, 20, 1))
     assert (res.tokens, res.chunks, res.ctx) == (9, 1, 20)
     assert res.ppl == pytest.approx(ppl, rel=1e-4)

@@ -154,9 +154,12 @@ def test_close_stops_a_prefault_under_way(converted):
 
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="one core: never parallel")
-def test_variants_cover_the_one_row_kernels_of_both_thread_counts(converted, monkeypatch):
+@pytest.mark.parametrize("layout", ["rows", "x16"])
+def test_variants_cover_the_one_row_kernels_of_both_thread_counts(converted, monkeypatch,
+                                                                   layout):
     """A first run at -t 1 also compiles the one-row kernels a later run on more threads
-    calls (the prefill's last row through the output head: parallel), in both precisions."""
+    calls (the prefill's last row through the output head: parallel), in both precisions,
+    for the head's layout: rows (INT8 / FLOAT tables) or x16 (X16's mv / mvp_rows / mvp)."""
     from edgellm.kernels import registry
 
     calls = []
@@ -172,9 +175,24 @@ def test_variants_cover_the_one_row_kernels_of_both_thread_counts(converted, mon
         monkeypatch.setitem(table, name, kernels._replace(
             **{f: wrap(f) for f in ("rows", "parallel")}))
 
-    spy(registry.INT8, "q4_1")
-    spy(registry.FLOAT, "q4_1")
-    with edgellm.load(converted("llama", "q4_1"), threads=1) as llm:
+    def spy_x16(name):
+        kernels = dict(registry.X16[name])
+
+        def wrap(role):
+            def run(*args):
+                calls.append((not role.startswith("mvp"), "rows" if role.endswith("_rows")
+                              else "parallel"))
+                return kernels[role](*args)
+            return run
+        monkeypatch.setitem(registry.X16, name, {**kernels, **{
+            r: wrap(r) for r in ("mv_rows", "mv", "mvp_rows", "mvp")}})
+
+    if layout == "rows":
+        spy(registry.INT8, "q4_1")
+        spy(registry.FLOAT, "q4_1")
+    else:
+        spy_x16("q4_1")
+    with edgellm.load(converted("llama", "q4_1", layout=layout), threads=1) as llm:
         assert llm.model.head.type == "q4_1"
         llm.model.warm_variants()
         assert numba.get_num_threads() == 1  # restored

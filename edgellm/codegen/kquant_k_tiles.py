@@ -2,8 +2,9 @@
 (ggml's 256-value super-blocks, as stored) x int16 or int8 activations quantized per 256
 values (kernels/act_quant_k.py: one float scale dx per super-block, int32 sums per 16).
 
-`make_kktile(kind, RT)` makes the intrinsic kktile_<kind>_1x<RT>(W, block, i, xq, xd, xb, t,
-out): out[t + s, i] = W[i] . x[t + s] for s < RT (block is ignored).
+`kk_codegen(kind, RT)` is the code of kquant_tiles.make_ktile's intrinsic
+ktile_<kind>_1x<RT>(W, block, i, xq, xd, xb, t, out) where xb is int32 (block is ignored):
+out[t + s, i] = W[i] . x[t + s] for s < RT.
 
 With one activation scale per super-block, a super-block's sum is an integer times d dx,
 so the weights' per-block scales are multiplied in integers and the 8 blocks summed in one
@@ -28,28 +29,12 @@ from numba import types
 from ..runtime.simd import VNNI
 from . import ir as irh
 from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
-from .kquant_tiles import SUPER_BYTES, _codes, _codes16
+from .kquant_tiles import SUPER_BYTES, _codes, _codes16, _sc_min_bytes
 
-__all__ = ["make_kktile"]
+__all__ = ["kk_codegen"]
 
 _MINS = ("q4_k", "q5_k")
 NACC = 2  # integer accumulators a super-block (summed at its end)
-
-
-def _sc_mins_k4(b, p):
-    """q4_k/q5_k: the 12 bytes at p + 4 -> <16 x i8>: lanes 0-7 the blocks' 6-bit scales,
-    8-15 their minima (ggml's get_scale_min_k4 on 32-bit words, its utmp trick)."""
-    u0, u1, u2 = (_load(b, p, 4 + 4 * k, I32) for k in range(3))
-    m6, m4, m2 = _c(I32, 0x3F3F3F3F), _c(I32, 0x0F0F0F0F), _c(I32, 0x03030303)
-    sc_lo = b.and_(u0, m6)
-    sc_hi = b.or_(b.and_(u2, m4), b.shl(b.and_(b.lshr(u0, _c(I32, 6)), m2), _c(I32, 4)))
-    mn_lo = b.and_(u1, m6)
-    mn_hi = b.or_(b.and_(b.lshr(u2, _c(I32, 4)), m4),
-                  b.shl(b.and_(b.lshr(u1, _c(I32, 6)), m2), _c(I32, 4)))
-    v = _c(_v(I32, 4), [0] * 4)
-    for k, word in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
-        v = b.insert_element(v, word, _c(I32, k))
-    return b.bitcast(v, _v(I8, 16))
 
 
 def _dot16(b, acc, w16, x, wssd):
@@ -62,7 +47,8 @@ def _dot16(b, acc, w16, x, wssd):
     return b.add(acc, b.add(_pick(b, p, range(0, 32, 2)), _pick(b, p, range(1, 32, 2))))
 
 
-def _kk_codegen(kind, RT):
+def kk_codegen(kind, RT):
+    """The tile's codegen (make_ktile's on int32 sums: the module docstring)."""
     SB = SUPER_BYTES[kind]
     mins = kind in _MINS
     v16f, v16i = _v(F32, 16), _v(I32, 16)
@@ -86,7 +72,7 @@ def _kk_codegen(kind, RT):
             p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
             if mins:
                 d, dmin = irh._f16(b, p, 0), irh._f16(b, p, 2)
-                sm = _sc_mins_k4(b, p)
+                sm = _sc_min_bytes(b, p)
                 sc16 = b.zext(sm, _v(I16, 16))  # lanes 0-7 sc, 8-15 m
                 # a block's scale on its 32 values (int16 path), or on 16 pair sums (int8)
                 scale = [_pick(b, sc16, [g] * (16 if busd else 32)) for g in range(8)]
@@ -149,12 +135,3 @@ def _kk_codegen(kind, RT):
         return ctx.get_dummy_value()
 
     return codegen
-
-
-def make_kktile(kind, RT):
-    """The intrinsic kktile_<kind>_1x<RT>(W, block, i, xq, xd, xb, t, out) (the module
-    docstring); xq int8 or int16, xb int32 sums per 16."""
-    arrays = {0: types.uint8, 3: (types.int8, types.int16), 4: types.float32, 5: types.int32,
-              7: types.float32}
-    return irh._typed(f"kktile_{kind}_1x{RT}", irh._drop_block(_kk_codegen(kind, RT)), arrays,
-                      ints=(1, 2, 6))

@@ -47,9 +47,9 @@ def _splat8(b, v, n):
     return _c(_v(I8, n), [v] * n)
 
 
-def _scales_k4(b, p):
-    """q4_k/q5_k: the 12 bytes at p + 4 -> (<8 x f32> sc, <8 x f32> m), ggml's
-    get_scale_min_k4 done on 32-bit words (its utmp trick)."""
+def _sc_min_bytes(b, p):
+    """q4_k/q5_k: the 12 bytes at p + 4 -> <16 x i8>: lanes 0-7 the blocks' 6-bit scales,
+    8-15 their minima (ggml's get_scale_min_k4 on 32-bit words, its utmp trick)."""
     u0, u1, u2 = (_load(b, p, 4 + 4 * k, I32) for k in range(3))
     m6, m4, m2 = _c(I32, 0x3F3F3F3F), _c(I32, 0x0F0F0F0F), _c(I32, 0x03030303)
     sc_lo = b.and_(u0, m6)
@@ -60,7 +60,12 @@ def _scales_k4(b, p):
     v = _c(_v(I32, 4), [0] * 4)
     for k, word in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
         v = b.insert_element(v, word, _c(I32, k))
-    f = b.uitofp(b.bitcast(v, _v(I8, 16)), _v(F32, 16))
+    return b.bitcast(v, _v(I8, 16))
+
+
+def _scales_k4(b, p):
+    """q4_k/q5_k: the 12 bytes at p + 4 -> (<8 x f32> sc, <8 x f32> m)."""
+    f = b.uitofp(_sc_min_bytes(b, p), _v(F32, 16))
     return _pick(b, f, range(8)), _pick(b, f, range(8, 16))
 
 
@@ -364,12 +369,22 @@ def _q5_codegen(kind, RT):
 
 def make_ktile(kind, RT):
     """The intrinsic ktile_<kind>_1x<RT>(W, block, i, xq, xd, xds, t, out): out[t + s, i] =
-    W[i] . x[t + s] for s < RT (block is ignored: the type fixes it), xq int8 or int16."""
+    W[i] . x[t + s] for s < RT (block is ignored: the type fixes it), xq int8 or int16.
+    q4_k, q5_k, q6_k also take super-block activations (act_quant_k's ActK): xd a scale per
+    256 and, for xds, int32 sums per 16 (their dtype picks kquant_k_tiles.py's code)."""
     arrays = {0: types.uint8, 3: (types.int8, types.int16), 4: types.float32, 5: types.float32,
               7: types.float32}
-    gen = _q5_codegen if kind in ("q5_0", "q5_1") else _kq_codegen
-    return irh._typed(f"ktile_{kind}_1x{RT}", irh._drop_block(gen(kind, RT)), arrays,
-                  ints=(1, 2, 6))
+    if kind in ("q5_0", "q5_1"):
+        gen = _q5_codegen(kind, RT)
+    else:
+        from .kquant_k_tiles import kk_codegen  # it builds on this module's helpers
+
+        blocks, supers = _kq_codegen(kind, RT), kk_codegen(kind, RT)
+        arrays[5] = (types.float32, types.int32)
+
+        def gen(ctx, b, sig, args):
+            return (supers if sig.args[4].dtype == types.int32 else blocks)(ctx, b, sig, args)
+    return irh._typed(f"ktile_{kind}_1x{RT}", irh._drop_block(gen), arrays, ints=(1, 2, 6))
 
 
 def make_q5_group_tile(kind):

@@ -37,6 +37,7 @@ from ..codegen.ir import (
     _splat,
     _v,
 )
+from .act_buffers import Act
 from .jit import kernel
 
 __all__ = ["ActK", "QK", "quant_row_k", "quantize_k", "quantize_rows_k",
@@ -44,39 +45,20 @@ __all__ = ["ActK", "QK", "quant_row_k", "quantize_k", "quantize_rows_k",
 
 QK = 256  # values per super-block (the K-quants' and q8_K's)
 SUM = 16  # values per sum in xb
-ACT_DTYPES = (np.dtype(np.int8), np.dtype(np.int16))
 PARALLEL_T = 16  # quantize with the parallel kernel from this many rows
 
 
-class ActK:
+class ActK(Act):
     """Preallocated super-block activations for up to T_max rows of K features
     (K % 256 == 0): xq int8 or int16 [T_max, K], xd float32 [T_max, K/256], xb int32
     [T_max, K/16]; `T` the rows the last quantize_k filled."""
 
-    __slots__ = ("xq", "xd", "xb", "T")
+    __slots__ = ("xb",)
+    BLOCK = QK
 
     def __init__(self, T_max: int, K: int, dtype=np.int16):
-        if int(T_max) < 1 or int(K) < QK or int(K) % QK:
-            raise ValueError(f"ActK needs T_max >= 1 and K a positive multiple of {QK}, "
-                             f"got T_max={T_max}, K={K}")
-        if np.dtype(dtype) not in ACT_DTYPES:
-            raise ValueError(f"ActK dtype must be int8 or int16, got {np.dtype(dtype)}")
-        T_max, K = int(T_max), int(K)
-        self.xq = np.zeros((T_max, K), dtype)
-        self.xd = np.zeros((T_max, K // QK), np.float32)
-        self.xb = np.zeros((T_max, K // SUM), np.int32)
-        self.T = 0
-
-    @property
-    def T_max(self) -> int:
-        return self.xq.shape[0]
-
-    @property
-    def K(self) -> int:
-        return self.xq.shape[1]
-
-    def __repr__(self) -> str:
-        return f"ActK(T_max={self.T_max}, K={self.K}, T={self.T}, {self.xq.dtype})"
+        super().__init__(T_max, K, dtype)
+        self.xb = np.zeros((self.T_max, self.K // SUM), np.int32)
 
 
 def _quant_row_k_codegen(ctx, b, sig, args):
@@ -154,12 +136,7 @@ def quantize_k(x: np.ndarray, act: ActK, threads: int = 1) -> ActK:
     """Quantize x float32 [T, K] (C-contiguous) into the first T rows of `act`; returns act."""
     if not isinstance(act, ActK):
         raise ValueError(f"act must be an ActK, got {type(act).__name__}")
-    if not (isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 2
-            and x.flags.c_contiguous):
-        raise ValueError("x must be a C-contiguous 2-D float32 array")
-    T, K = x.shape
-    if K != act.K or T > act.T_max:
-        raise ValueError(f"x {list(x.shape)} does not fit ActK(T_max={act.T_max}, K={act.K})")
+    T = act.rows_of(x)
     if T >= PARALLEL_T and threads > 1:
         quantize_rows_k_parallel(x, act.xq, act.xd, act.xb, T)
     elif T:

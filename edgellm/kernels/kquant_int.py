@@ -10,8 +10,10 @@ generated family: tiles.py's recipe.)
                                                   q4_k, q5_k on q4_1's panels, q6_k
                                                   on its own (panel.py)
 kind is the type's code (quant.TYPES[name].code, KQ_CODES); the tiles are
-codegen_kquant.py's. Callers validate shapes (linear.py, step/fused.py): these kernels do not
-check bounds. q2_k and q3_k have kquant.py's float-activation kernels only.
+codegen/kquant_tiles.py's. The decode rows also take act_quant_k's super-block activations
+(xds then ActK's int32 xb: kquant_kact.py). Callers validate shapes (linear.py,
+step/fused.py): these kernels do not check bounds. q2_k and q3_k have kquant.py's
+float-activation kernels only.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from ..modelfile import layout as layouts
 from ..modelfile import quant
 from ..runtime import numba_setup
 from . import act_quant, registry
+from .act_buffers import Act, check_x
 
 try:  # for _threads(); numba.get_num_threads() is the fallback
     from numba.np.ufunc import parallel as _parallel
@@ -51,15 +52,13 @@ except ImportError:  # pragma: no cover
 __all__ = ["ActQ8", "quantize_act", "linear", "gemm", "embedding"]
 
 BLOCK_SIZES = quant.BLOCK_SIZES
-_F32 = np.dtype(np.float32)
 _U8 = np.dtype(np.uint8)
 PARALLEL_QUANT_T = 16  # quantize activations with a parallel kernel from this many rows
-ACT_DTYPES = (np.dtype(np.int8), np.dtype(np.int16))
 DECODE_ROWS = 8  # decode=True: up to this many rows (beams) on mvb, which beat the packed
 # panels (mm) at 5 and 8 rows on whisper-base's q8_0 matrices; more rows go to the panels
 
 
-class ActQ8:
+class ActQ8(Act):
     """Preallocated integer activations for up to T_max rows of K features (K % 32 == 0).
 
     xq int8 (or int16: dtype=np.int16) [T_max, K]; per block of 32: xd float32 scale, xs
@@ -67,49 +66,19 @@ class ActQ8:
     last quantize_act filled.
     """
 
-    __slots__ = ("xq", "xd", "xs", "xds", "T")
+    __slots__ = ("xs", "xds")
 
     def __init__(self, T_max: int, K: int, dtype=np.int8):
-        if int(T_max) < 1 or int(K) < 32 or int(K) % 32:
-            raise ValueError(f"ActQ8 needs T_max >= 1 and K a positive multiple of 32, "
-                             f"got T_max={T_max}, K={K}")
-        if np.dtype(dtype) not in ACT_DTYPES:
-            raise ValueError(f"ActQ8 dtype must be int8 or int16, got {np.dtype(dtype)}")
-        T_max, K = int(T_max), int(K)
-        self.xq = np.zeros((T_max, K), dtype)
-        self.xd = np.zeros((T_max, K // 32), np.float32)
-        self.xs = np.zeros((T_max, K // 32), np.int32)
-        self.xds = np.zeros((T_max, K // 32), np.float32)
-        self.T = 0
-
-    @property
-    def T_max(self) -> int:
-        return self.xq.shape[0]
-
-    @property
-    def K(self) -> int:
-        return self.xq.shape[1]
-
-    def __repr__(self) -> str:
-        return f"ActQ8(T_max={self.T_max}, K={self.K}, T={self.T}, {self.xq.dtype})"
-
-
-def _check_x(x, what: str = "x") -> None:
-    if not isinstance(x, np.ndarray):
-        raise ValueError(f"{what} must be a numpy array, got {type(x).__name__}")
-    if x.dtype != _F32 or x.ndim != 2 or not x.flags.c_contiguous:
-        raise ValueError(f"{what} must be a C-contiguous 2-D float32 array, got "
-                         f"{x.dtype} {x.ndim}-D{'' if x.flags.c_contiguous else ' non-contiguous'}")
+        super().__init__(T_max, K, dtype)
+        self.xs = np.zeros(self.xd.shape, np.int32)
+        self.xds = np.zeros(self.xd.shape, np.float32)
 
 
 def quantize_act(x: np.ndarray, act: ActQ8) -> ActQ8:
     """Quantize x float32 [T, K] into the first T rows of `act` (T <= act.T_max); returns act."""
-    _check_x(x)
     if not isinstance(act, ActQ8):
         raise ValueError(f"act must be an ActQ8, got {type(act).__name__}")
-    T, K = x.shape
-    if K != act.K or T > act.T_max:
-        raise ValueError(f"x {list(x.shape)} does not fit ActQ8(T_max={act.T_max}, K={act.K})")
+    T = act.rows_of(x)
     if T >= PARALLEL_QUANT_T and _threads() > 1:
         act_quant.quantize_rows_parallel(x, act.xq, act.xd, act.xs, act.xds, T)
     elif T:
@@ -214,8 +183,8 @@ def check_product(w, x: np.ndarray, out: np.ndarray) -> tuple:
     """ValueError unless out[T, N] = x[T, K] @ W[N, K].T can be computed as given (linear()
     and gemm); returns the weight's (kind, N, K, block, data)."""
     kind, N, K, block, data = _weight(w)
-    _check_x(x)
-    _check_x(out, "out")
+    check_x(x)
+    check_x(out, "out")
     if x.shape[1] != K:
         raise ValueError(f"x {list(x.shape)} does not match weight {w.name} [N={N}, K={K}]")
     if out.shape != (x.shape[0], N):
@@ -326,7 +295,7 @@ def embedding(w, ids: np.ndarray, out: np.ndarray) -> None:
     ids = np.asarray(ids)
     if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"ids must be a 1-D integer array, got {ids.dtype} {ids.ndim}-D")
-    _check_x(out, "out")
+    check_x(out, "out")
     if out.shape != (ids.shape[0], D):
         raise ValueError(f"out {list(out.shape)} must be [{ids.shape[0]}, {D}]")
     if not out.flags.writeable:

@@ -303,6 +303,27 @@ def test_vnni_int16_q4_k_decode_tile_widens_64_codes_at_a_time():
 
 @pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
 @pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
+def test_vnni_int16_superblock_tiles_split_into_vpdpbusd(kind):
+    """The decode tile on int16 super-block activations (act_quant_k.SPLIT: low and high
+    bytes): two vpdpbusd per 64 values (q6_k: three), no codes widened to 16 bits and
+    multiplied by their scale (vpmullw), no vpdpwssd."""
+    t = quant.TYPES[kind]
+    w = np.zeros((4, t.block_bytes(256)), np.uint8)
+    w.flags.writeable = False
+    xq, xd = np.zeros((4, 256), np.int16), np.zeros((4, 1), np.float32)
+    xb, out = np.zeros((4, 16), np.int32), np.zeros((4, 4), np.float32)
+    tile = TILES[t.code]["1"]
+
+    def probe(w, xq, xd, xb, out):
+        tile(w, 256, 0, xq, xd, xb, 0, out)
+
+    asm = probe_asm(probe, w, xq, xd, xb, out)
+    assert asm.count("vpdpbusd") >= (12 if kind == "q6_k" else 8)
+    assert "vpmullw" not in asm and "vpdpwssd" not in asm
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+@pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
 def test_vnni_int8_kquant_tiles_emit_vpdpbusd(kind):
     """The K-quant tiles on int8 activations (decode's 1x1, prefill's 1x4): one vpdpbusd per
     two blocks of 32 (q6_k: and one for its -32 offset), no widening to 16 bits."""

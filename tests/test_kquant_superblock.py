@@ -31,14 +31,14 @@ def test_quantizer_is_the_oracle(dtype):
     a = act_quant_k.quantize_k(x, act_quant_k.ActK(5, 768, dtype))
     q, d, s = quantize_activations_k(x, dtype)
     assert a.T == 4
-    np.testing.assert_array_equal(a.xq[:4], q)
+    np.testing.assert_array_equal(act_quant_k.values(a.xq[:4]), q)
     np.testing.assert_array_equal(a.xd[:4], d)
     np.testing.assert_array_equal(a.xb[:4], s)
     assert (a.xd[0, 0] == 0) and not a.xq[0, :256].any()
     # and the parallel kernel's rows are the serial one's
     big = np.repeat(x, 5, axis=0)
     p = act_quant_k.quantize_k(big, act_quant_k.ActK(20, 768, dtype), threads=2)
-    np.testing.assert_array_equal(p.xq, np.repeat(q, 5, axis=0))
+    np.testing.assert_array_equal(act_quant_k.values(p.xq), np.repeat(q, 5, axis=0))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -53,7 +53,8 @@ def test_rows_match_the_quantized_product(kind, adversarial, dtype):
     x = rng.standard_normal((1, K)).astype(np.float32)
     x[0, :64] *= 1e4  # two blocks far larger than the rest of their super-block
     a = act_quant_k.quantize_k(x, act_quant_k.ActK(1, K, dtype))
-    xr = (a.xq.astype(np.float64).reshape(1, K // 256, 256) * a.xd[..., None]).reshape(1, K)
+    xv = act_quant_k.values(a.xq).astype(np.float64)
+    xr = (xv.reshape(1, K // 256, 256) * a.xd[..., None]).reshape(1, K)
     ref, scale = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
     code = quant.TYPES[kind].code
     rows = np.full((1, N), np.nan, np.float32)
@@ -90,6 +91,35 @@ def test_int16_superblocks_keep_float_precision(kind):
         err[np.dtype(dtype).name] = np.abs(out - exact).max() / scale
     assert err["int16"] < 1e-4
     assert err["int8"] < 3e-2
+
+
+@pytest.mark.parametrize("kind", SB)
+def test_int16_rows_are_exact_over_the_whole_int16_range(kind):
+    """Rows on int16 integers at both ends of the range (-32768, 32767: the split into low
+    and high bytes, act_quant_k.SPLIT) against the exact integer product: each super-block's
+    integer sum is exact, so only the float scaling rounds (one scale d dx a super-block)."""
+    N, K = 24, 1024
+    rng = np.random.default_rng(11)
+    raw = raw_blocks(kind, N * K // 256, rng, True).reshape(N, -1)
+    raw.flags.writeable = False
+    wd = quant.dequantize(raw, kind, (N, K)).astype(np.float64)
+    q = rng.integers(-32768, 32768, (4, K)).astype(np.int16)
+    q[0, rng.integers(0, K, 200)] = -32768
+    q[0, rng.integers(0, K, 200)] = 32767
+    q[1] = -32768
+    q[2] = 32767
+    q[3] = np.where(rng.random(K) < 0.5, -32768, 32767)
+    xq = act_quant_k.pack(q)
+    np.testing.assert_array_equal(act_quant_k.values(xq), q)
+    xd = np.full((4, K // 256), 1e-3, np.float32)
+    xb = q.astype(np.int32).reshape(4, -1, 16).sum(-1, dtype=np.int32)
+    code = quant.TYPES[kind].code
+    for t in range(4):
+        out = np.full((1, N), np.nan, np.float32)
+        kquant_kact.mv_rows_kk(code, raw, xq[t:t + 1], xd[t:t + 1], xb[t:t + 1], out, 0, N)
+        xr = q[t].astype(np.float64) * 1e-3
+        ref, scale = wd @ xr, np.abs(wd) @ np.abs(xr)
+        assert (np.abs(out[0] - ref) <= 2e-6 * scale + 1e-30).all(), (t, out[0] - ref)
 
 
 def test_actk_and_quantize_k_refuse_what_does_not_fit():

@@ -10,10 +10,18 @@ With one activation scale per super-block, a super-block's sum is an integer tim
 so the weights' per-block scales are multiplied in integers and the 8 blocks summed in one
 <16 x i32> vector, converted to float once per super-block (no per-block reduction or
 float work; llama.cpp's q4_K x q8_K, ggml-cpu's x86 quants.c):
-  int16 x   the codes widened to 16 bits times the block's scale (q4_k/q5_k: 6-bit sc,
-            q6_k: its int8 scale per 16 on the signed code q - 32; |code sc| <= 4096), then
-            a pair-sum dot with x (vpdpwssd on AVX-512 VNNI, vpmaddwd elsewhere). A lane
-            sums 16 products a super-block: |16 x 4096 x 32767| < 2^31
+  int16 x   on AVX-512 VNNI (act_quant_k.SPLIT: x as low bytes lo = x & 255 and high bytes
+            hi = x >> 8, x = 256 hi + lo): per 64 values two vpdpbusd (u8 x s8, 4 products
+            a lane), 256 (codes . hi) + lo . codes, exact over all of int16 (q4_k/q5_k
+            codes 0..31 pass as u8 and as s8; q6_k's q - 32 on the low bytes, and on the
+            high bytes q . hi - 32 . hi, a third vpdpbusd: a lane holds only its own
+            values), then the lane times its block's scale (vpmulld), where widening the
+            codes to 16 bits and multiplying them by the scale cost a vpmullw per 32.
+            A lane sums 16 products a super-block: |16 x 4096 x 32768| <= 2^31. Elsewhere
+            the codes widened to 16 bits times the block's scale, then a pair-sum dot with
+            x (vpmaddwd). The lanes group the products differently on the two paths (4
+            neighbours, or pairs of each block), so their float results may differ in the
+            last bits; the integers a super-block sums are the same
   int8 x    on AVX-512 VNNI: two blocks' unsigned codes . x in one vpmaddubsw (16-bit
             pair sums: |2 x 63 x 128| < 2^15), then one vpdpwssd with the scales (q6_k's
             codes unsigned 0..63: 32 sum(sc_h xb_h) is taken off the lanes); elsewhere the
@@ -29,7 +37,7 @@ from numba import types
 from ..runtime.simd import VNNI
 from . import ir as irh
 from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
-from .kquant_tiles import SUPER_BYTES, _codes, _codes16, _sc_min_bytes
+from .kquant_tiles import SUPER_BYTES, _codes, _sc_min_bytes
 
 __all__ = ["kk_codegen"]
 
@@ -37,12 +45,9 @@ _MINS = ("q4_k", "q5_k")
 NACC = 2  # integer accumulators a super-block (summed at its end)
 
 
-def _dot16(b, acc, w16, x, wssd):
-    """acc <16 x i32> + the pair sums of <32 x i16> w16 . <32 x i8|i16> x: one vpdpwssd on
-    AVX-512 VNNI with int16 x, else the sign-extended products' pair sums (vpmaddwd)."""
-    if wssd:
-        v16i = _v(I32, 16)
-        return irh.vpdpwssd(b, acc, b.bitcast(w16, v16i), b.bitcast(x, v16i))
+def _dot16(b, acc, w16, x):
+    """acc <16 x i32> + the pair sums of <32 x i16> w16 . <32 x i8|i16> x: the
+    sign-extended products' pair sums (vpmaddwd)."""
     p = b.mul(b.sext(w16, _v(I32, 32)), b.sext(x, _v(I32, 32)))
     return b.add(acc, b.add(_pick(b, p, range(0, 32, 2)), _pick(b, p, range(1, 32, 2))))
 
@@ -59,7 +64,7 @@ def kk_codegen(kind, RT):
         A = I16 if sig.args[2].dtype == types.int16 else I8
         AB = A.width // 8
         busd = VNNI and A == I8  # vpmaddubsw + vpdpwssd
-        wssd = VNNI and A == I16
+        split = VNNI and A == I16  # vpdpbusd on the low and high bytes (act_quant_k.SPLIT)
         wrow = w.row(i)
         toks = [b.add(t, _i64(s)) for s in range(RT)]
         xrow, drow, brow = ([a.row(tk) for tk in toks] for a in (xq, xd, xb))
@@ -67,6 +72,9 @@ def kk_codegen(kind, RT):
         if busd:
             mubs = irh._llvm_fn(b, "llvm.x86.avx512.pmaddubs.w.512", _v(I16, 32),
                                 [_v(I8, 64), _v(I8, 64)])
+        if split:
+            dpb = irh._llvm_fn(b, "llvm.x86.avx512.vpdpbusd.512", v16i, [v16i] * 3)
+            c32 = b.bitcast(_c(_v(I8, 64), [32] * 64), v16i)
 
         def body(sb, st):
             p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
@@ -75,24 +83,37 @@ def kk_codegen(kind, RT):
                 sm = _sc_min_bytes(b, p)
                 sc16 = b.zext(sm, _v(I16, 16))  # lanes 0-7 sc, 8-15 m
                 # a block's scale on its 32 values (int16 path), or on 16 pair sums (int8)
-                scale = [_pick(b, sc16, [g] * (16 if busd else 32)) for g in range(8)]
+                if split:  # on the i32 lanes of two blocks (8 lanes each)
+                    sc32 = b.zext(sm, v16i)
+                    scale = [_pick(b, sc32, [2 * k + j // 8 for j in range(16)])
+                             for k in range(4)]
+                else:
+                    scale = [_pick(b, sc16, [g] * (16 if busd else 32)) for g in range(8)]
                 mn = b.zext(_pick(b, sm, [8 + j // 2 for j in range(16)]), v16i)
             else:
                 d = irh._f16(b, p, 208)
                 sc8 = _load(b, p, 192, _v(I8, 16))
                 sc16 = b.sext(sc8, _v(I16, 16))
-                scale = [_pick(b, sc16, [2 * g + j // (8 if busd else 16)
-                                         for j in range(16 if busd else 32)]) for g in range(8)]
-            if busd:
+                if split:  # on the i32 lanes of 16 values (4 lanes each)
+                    sc32 = b.sext(sc8, v16i)
+                    scale = [_pick(b, sc32, [4 * k + j // 4 for j in range(16)])
+                             for k in range(4)]
+                else:
+                    scale = [_pick(b, sc16, [2 * g + j // (8 if busd else 16)
+                                             for j in range(16 if busd else 32)])
+                             for g in range(8)]
+            if busd or split:
                 codes = _codes(b, kind, p, signed=False)
                 w16 = None
             else:
-                if wssd and kind == "q4_k":
-                    codes = _codes16(b, p)
-                else:
-                    codes = [(b.zext if mins else b.sext)(c, _v(I16, 32))
-                             for c in _codes(b, kind, p, signed=not mins)]
+                codes = [(b.zext if mins else b.sext)(c, _v(I16, 32))
+                         for c in _codes(b, kind, p, signed=not mins)]
                 w16 = [b.mul(codes[g], scale[g]) for g in range(8)]
+            if split:  # 64 codes a vector, unsigned; q6_k's signed (q - 32) for the low bytes
+                c8 = [_pick(b, codes[2 * k], range(64), codes[2 * k + 1]) for k in range(4)]
+                cu = [b.bitcast(c, v16i) for c in c8]
+                cs = cu if mins else [b.bitcast(b.sub(c, _c(_v(I8, 64), [32] * 64)), v16i)
+                                      for c in c8]
             new = list(st)
             x0 = b.mul(sb, _i64(256 * AB))
             for s in range(RT):
@@ -105,10 +126,19 @@ def kk_codegen(kind, RT):
                         sc2 = _pick(b, scale[2 * k], range(32), scale[2 * k + 1])
                         accs[k % NACC] = irh.vpdpwssd(b, accs[k % NACC], b.bitcast(p16, v16i),
                                                       b.bitcast(sc2, v16i))
+                elif split:
+                    for k in range(4):
+                        lo, hi = (b.bitcast(_load(b, xrow[s], b.add(x0, _i64(256 * h + 64 * k)),
+                                                  _v(I8, 64)), v16i) for h in range(2))
+                        dot = b.call(dpb, [zero16, cu[k], hi])  # codes (u8) . high bytes (s8)
+                        if not mins:  # q6_k: (q - 32) . hi, each lane its own 4 values'
+                            dot = b.sub(dot, b.call(dpb, [zero16, c32, hi]))
+                        dot = b.call(dpb, [b.shl(dot, _c(v16i, [8] * 16)), lo, cs[k]])
+                        accs[k % NACC] = b.add(accs[k % NACC], b.mul(dot, scale[k]))
                 else:
                     for g in range(8):
                         xv = _load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
-                        accs[g % NACC] = _dot16(b, accs[g % NACC], w16[g], xv, wssd)
+                        accs[g % NACC] = _dot16(b, accs[g % NACC], w16[g], xv)
                 while len(accs) > 1:
                     accs = [b.add(accs[k], accs[k + 1]) for k in range(0, len(accs), 2)]
                 acc = accs[0]

@@ -8,11 +8,14 @@ One scale per 256 values lets a K-quant tile multiply its 6-bit (8-bit) scales i
 sum a super-block's 8 blocks in one integer vector (codegen/kquant_k_tiles.py), where ActQ8's
 scale per 32 makes it scale and reduce each block apart. The rounding is act_quant's (and
 llama.cpp's q8_K's): q = sign(v) floor(|v| + 0.5), v = x / d, in float32.
-Bit for bit quant_k.quantize_activations_k: compiled without fastmath.
+Bit for bit quant_k.quantize_activations_k: compiled without fastmath. With int16 on
+AVX-512 VNNI (SPLIT) each super-block's 512 bytes of xq hold its 256 low bytes q & 255, then
+its 256 high bytes q >> 8 (values(xq) reads the integers back, pack(q) writes them).
 
     ActK(T_max, K, dtype)         the buffers (xq, xd, xb) and T, the rows last filled
     quantize_k(x, act)            x [T, K] into act's first T rows (validated)
     quant_row_k(x, t, xq, xd, xb) the intrinsic: row t, as the decode step calls it
+    values(xq), pack(q)           the stored layout to integers [T, K] and back (numpy)
 """
 
 from __future__ import annotations
@@ -37,15 +40,19 @@ from ..codegen.ir import (
     _splat,
     _v,
 )
+from ..runtime.simd import VNNI
 from .act_buffers import Act
 from .jit import kernel
 
-__all__ = ["ActK", "QK", "quant_row_k", "quantize_k", "quantize_rows_k",
-           "quantize_rows_k_parallel"]
+__all__ = ["SPLIT", "ActK", "QK", "pack", "quant_row_k", "quantize_k", "quantize_rows_k",
+           "quantize_rows_k_parallel", "values"]
 
 QK = 256  # values per super-block (the K-quants' and q8_K's)
 SUM = 16  # values per sum in xb
 PARALLEL_T = 16  # quantize with the parallel kernel from this many rows
+# int16 on AVX-512 VNNI: a super-block as its low bytes, then its high bytes, which the
+# tiles multiply by the codes in vpdpbusd (u8 x s8: kquant_k_tiles.py)
+SPLIT = VNNI
 
 
 class ActK(Act):
@@ -67,6 +74,7 @@ def _quant_row_k_codegen(ctx, b, sig, args):
     t = args[1]
     A = I16 if sig.args[2].dtype == types.int16 else I8
     qmax = 32767.0 if A == I16 else 127.0
+    split = SPLIT and A == I16
     xr, qr, dr, br = (a.row(t) for a in (x, xq, xd, xb))
     v32 = _v(F32, 32)
     fabs = _llvm_fn(b, "llvm.fabs.v32f32", v32, [v32])
@@ -90,9 +98,16 @@ def _quant_row_k_codegen(ctx, b, sig, args):
             sv = b.fmul(v, iv)
             r = b.call(floor, [b.fadd(b.call(fabs, [sv]), _c(v32, [0.5] * 32))])
             q = b.fptosi(b.call(copysign, [r, sv]), _v(A, 32))
-            off = b.add(b.mul(s, _i64(QK * A.width // 8)), _i64(32 * g * A.width // 8))
-            p = b.gep(qr, [off], inbounds=True)
-            b.store(q, b.bitcast(p, q.type.as_pointer()), align=1)
+            base = b.mul(s, _i64(QK * A.width // 8))
+            if split:  # the low bytes, then the high ones (SPLIT)
+                parts = ((0, b.trunc(q, _v(I8, 32))),
+                         (QK, b.trunc(b.ashr(q, _c(_v(I16, 32), [8] * 32)), _v(I8, 32))))
+            else:
+                parts = ((0, q),)
+            for at, v in parts:
+                p = b.gep(qr, [b.add(base, _i64(at + 32 * g * v.type.element.width // 8))],
+                          inbounds=True)
+                b.store(v, b.bitcast(p, v.type.as_pointer()), align=1)
             w = b.sext(q, _v(I32, 32))
             for h in range(2):
                 total = b.call(vadd, [_pick(b, w, range(16 * h, 16 * h + 16))])
@@ -130,6 +145,25 @@ def quantize_rows_k_parallel(x, xq, xd, xb, T):
     """quantize_rows_k over rows 0..T-1, split between threads."""
     for t in prange(T):
         quant_row_k(x, t, xq, xd, xb)
+
+
+def values(xq: np.ndarray) -> np.ndarray:
+    """The integers of activations xq [T, K] as the quantizer stored them (SPLIT: int16
+    super-blocks as bytes), int16 or int8 [T, K]."""
+    if not (SPLIT and xq.dtype == np.int16):
+        return xq
+    b = xq.view(np.uint8).reshape(len(xq), -1, 2, QK)
+    hi, lo = b[:, :, 1].view(np.int8).astype(np.int16), b[:, :, 0].astype(np.int16)
+    return ((hi << 8) | lo).reshape(xq.shape)
+
+
+def pack(q: np.ndarray) -> np.ndarray:
+    """int16 or int8 integers q [T, K] in the layout the tiles read (values' inverse)."""
+    if not (SPLIT and q.dtype == np.int16):
+        return q.copy()
+    u = q.view(np.uint16).reshape(len(q), -1, QK)
+    b = np.stack([(u & 255).astype(np.uint8), (u >> 8).astype(np.uint8)], axis=2)
+    return b.reshape(len(q), -1).view(np.int16)
 
 
 def quantize_k(x: np.ndarray, act: ActK, threads: int = 1) -> ActK:

@@ -14,31 +14,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..step.batched import check_rows
 from .lookup import LookupProposer
 from .loop import ROWS, Speculation
+from .verify import Verifier
 
 
-class SlotVerifier:
-    """Verifier's interface on a slot (batch.SlotModel): the rows go to the engine as one
-    job (want="rows"), run in the round's batched step."""
-
-    def __init__(self, view, rows: int):
-        self.model, self.rows = view, rows
-
-    def fits(self, n: int) -> bool:
-        """Whether n rows can run now without a context shift between them."""
-        if not 1 <= n <= self.rows:
-            return False
-        try:
-            check_rows(self.model.cache, n)
-        except ValueError:
-            return False
-        return True
+class SlotVerifier(Verifier):
+    """Verifier on a slot (batch.SlotModel, whose cache fits() checks): the rows go to the
+    engine as one job (want="rows"), run in the round's batched step."""
 
     def run(self, tokens: list[int]) -> np.ndarray:
-        """Logits [n, vocab] (a new array) of tokens at the slot's next n positions; its
-        cache and tokens advance by n (fits(n) must hold)."""
+        """Logits [n, vocab] (rows of the step's new array) of tokens at the slot's next
+        n positions; its cache and tokens advance by n (fits(n) must hold)."""
         return self.model.forward(np.array(tokens, np.int64), want="rows", shift=False)
 
 

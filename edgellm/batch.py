@@ -16,7 +16,10 @@ round the engine runs
     (step/batched.py), each weight block read once for all of them and each row attending
     over its own slot's cache; a row's logits are the step's for that sequence alone, bit
     for bit (step/batched.py: the single fused step's too, but for q8_0 matrices' rounding),
-    so a greedy answer does not depend on what else the server is doing. Without a fused
+    so a greedy answer does not depend on what else the server is doing. A slot that
+    guesses (an LLM loaded with draft="lookup": speculative/served.py) sends its last token
+    and its guesses as one job, its rows its next positions in the same step (want="rows");
+    its request thread samples them as the API's speculative loop does. Without a fused
     step the rows [n, D] go through the per-operation kernels together (whose matrix
     kernels round a row differently with 1, 2-3 or 4 rows: a near-tie can then go either
     way);
@@ -60,6 +63,7 @@ from .cache.prompt_cache import PromptCache, SharedPromptCache, Snapshots
 from .errors import ArgumentError, ClosedError, ContextError, EdgeLLMError
 from .lifetime import Lifetime
 from .llm import LLM
+from .speculative.served import slot_lookup, slot_rows
 from .step.batched import BatchDecoder
 
 GATHER_S = 0.004  # how long a round waits for the rows of slots that are mid-generation
@@ -312,8 +316,14 @@ class Batch:
         self.prompt_cache = Snapshots(prompt_cache_bytes) if prompt_cache_bytes else None
         self.slots = [SlotLLM(llm, SlotModel(self, i), self.prompt_cache)
                       for i in range(slots)]
+        # draft="lookup": each slot guesses, its verify rows in the batched step
+        spec_rows = _lookup_rows(llm, self.model, slots)
         self.stepper = BatchDecoder.build(self.model, [s.model.cache for s in self.slots],
-                                          slots > 1 if interleave is None else interleave)
+                                          slots > 1 if interleave is None else interleave,
+                                          rows=slots * spec_rows)
+        if self.stepper is not None and spec_rows > 1:
+            for slot in self.slots:
+                slot.speculation = slot_lookup(slot.model, spec_rows)
         self._cond = threading.Condition()
         self._decodes: list[_Job] = []
         self._prefills: list[_Job] = []  # consumed a chunk at a time, in arrival order
@@ -343,7 +353,9 @@ class Batch:
                 self._calls.append(job)
             else:
                 job.view.expected = False
-                single = job.tokens.size == 1 and job.want in ("last", "none")
+                # a decode row, or a slot's verify rows (want="rows": SlotVerifier)
+                single = job.want == "rows" or \
+                    (job.tokens.size == 1 and job.want in ("last", "none"))
                 # a decode row wakes the engine when it may be idle (nothing queued) or has
                 # gathered every row it waits for; the rows between would only wake it to
                 # count (each wake-up a turn of the GIL while the other slots sample)
@@ -501,13 +513,15 @@ class Batch:
         self.rows += len(jobs)
         if self.stepper is not None and not self.stepper.current:  # the model's step changed
             self.stepper = BatchDecoder.build(self.model, self.stepper.caches,
-                                              self.stepper.interleave)
-        logits = decode_rows(self.model, [j.view for j in jobs],
-                             [int(j.tokens[0]) for j in jobs], [j.shift for j in jobs],
-                             self.stepper)
+                                              self.stepper.interleave, self.stepper.R)
+        views, tokens, shifts, spans = _rows_of(jobs)
+        logits = decode_rows(self.model, views, tokens, shifts, self.stepper)
         answers, queued = [], []
-        for job, row in zip(jobs, logits):
-            chain = job.chain
+        for job, (a, b) in zip(jobs, spans):
+            row, chain = logits[a], job.chain
+            if job.want == "rows":  # a slot's verify rows: their logits [n, vocab]
+                answers.append((job, logits[a:b], True))
+                continue
             if chain is None:
                 answers.append((job, row if job.want == "last" else None, True))
                 continue
@@ -575,6 +589,28 @@ class Batch:
         with self._cond:
             self._prefills.remove(job)
         self._done(job, out)
+
+
+def _lookup_rows(llm: LLM, model, slots: int) -> int:
+    """Rows of a slot's verify step where `llm` was loaded with draft="lookup" (it made
+    room for them: kv_spare) and has a fused step to verify with; else 1 (no guessing)."""
+    if llm.draft != "lookup" or llm.speculation is None:
+        return 1
+    return slot_rows(slots, model.chunk, model.kv_spare)
+
+
+def _rows_of(jobs: list[_Job]):
+    """The decode step's rows of `jobs`: a row each, a verify job's tokens a row each (its
+    slot repeated: its next positions, step/batched.py); (views, tokens, shifts, and each
+    job's rows [a, b))."""
+    views, tokens, shifts, spans = [], [], [], []
+    for job in jobs:
+        n = job.tokens.size if job.want == "rows" else 1
+        spans.append((len(views), len(views) + n))
+        views += [job.view] * n
+        tokens += [int(t) for t in job.tokens[:n]]
+        shifts += [job.shift] * n
+    return views, tokens, shifts, spans
 
 
 def _shares(sizes: list[int], budget: int) -> list[int]:

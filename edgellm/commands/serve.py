@@ -72,6 +72,11 @@ def add_arguments(p) -> None:
                    help="with --parallel 2 or more, read the weights from the file in the "
                         "batched step: slower, without a rearranged copy of the q4_0, q4_1 "
                         "and q8_0 weights in memory")
+    p.add_argument("--draft", choices=("lookup",), default=None,
+                   help="speculative decoding on every slot, the same output: 'lookup' "
+                        "guesses the next tokens from the request's prompt and output so "
+                        "far, verified in the batched step beside the other slots' rows "
+                        "(pays where answers copy their input: extraction, quotes, edits)")
     p.add_argument("--alias", default=None, type=text_argument("alias", empty=False),
                    help="the (first) model's id in the API (default: the -m name)")
     p.add_argument("--max-memory", default=None, type=_size_argument,

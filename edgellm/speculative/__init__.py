@@ -12,6 +12,8 @@ model's guesses are accepted with min(1, p/q) (draft.py). The cache takes the ro
 it back (KVCache.take_back). tuner.py sizes the guesses to the measured acceptance and
 the measured cost of a step's rows, and stops guessing where it does not pay.
 
+A server's slots guess too (served.py: their verify rows in the engine's batched step).
+
     spec = Speculation.lookup(model)           # LLM(draft="lookup") makes one
     for token in speculative_steps(model, prompt, sampler, history, spec=spec): ...
 """

@@ -20,9 +20,10 @@ class Speculation:
     """A model's speculative decoding: its proposer (made per generation by `proposer()`),
     verify step and tuner, and the counts of guessed and accepted tokens."""
 
-    def __init__(self, model, proposer, rows: int = ROWS):
+    def __init__(self, model, proposer, rows: int = ROWS, verifier=None):
         self.model, self.make_proposer = model, proposer
-        self.verifier = Verifier(model, rows)
+        # verifier: Verifier's fits(n) and run(tokens) (a server's slot: served.py's)
+        self.verifier = Verifier(model, rows) if verifier is None else verifier
         self.tuner = Tuner(rows)
         self.proposed = self.accepted = 0  # this generation's
 

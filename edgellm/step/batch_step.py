@@ -239,34 +239,11 @@ def _attend_units(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n):
     if _repeats(slots, n):
         _attend_chain(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n)
         return
-    prog, mats, consts, params, ints_all, blob, lora = model
-    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
-    _, _, pos_all, layers, cos_all, sin_all = kv
-    Hkv = k_all.shape[2]
-    o, scale, softcap, group, Hq, Dh, kbuf, qbuf, tile, sc, stats = _attend_scratch(
-        tid, op, consts, kq, scores, Hkv)
-    u0, u1 = _heads(n * Hkv, tid, nt)
+    scratch, u0, u1 = _attend_setup(tid, nt, op, model, bufs, k_all, n)
     for u in range(u0, u1):
-        r, kvh = u // Hkv, u % Hkv
-        c, p = slots[r], pos[r]
-        lt = layers[r, o.layer]
-        start, cap, window, slot, filled = lt[0], lt[1], lt[2], lt[3], lt[4]
-        kc, vc = k_all[c, start:start + cap], v_all[c, start:start + cap]
-        cpos = pos_all[c, start:start + cap]
-        cos, sin = cos_all[r, o.rope:o.rope + 1], sin_all[r, o.rope:o.rope + 1]
-        q, k, v, out = _attend_vectors(o, mem[r], shared, private, tid, Hq, Hkv, Dh)
-        hq = kvh * group
-        _prep_heads(o, consts, params, ints_all[r], q, k, kvh, hq, group, kbuf, qbuf, cos, sin)
-        _attend_group(qbuf, group, kbuf, v[kvh * Dh:(kvh + 1) * Dh], kc[:filled], vc[:filled],
-                      cpos[:filled], kvh, p, window, scale, softcap, sc, stats, out, hq, tile)
-        store_kv_row(kbuf, kc[slot, kvh], tile)
-        store_kv_row(v[kvh * Dh:(kvh + 1) * Dh], vc[slot, kvh], tile)
-    barrier(state, nt)
-    for u in range(u0, u1):
-        r = u // Hkv
-        if u % Hkv == 0:
-            lt = layers[r, o.layer]
-            pos_all[slots[r], lt[0] + lt[3]] = pos[r]
+        _attend_unit(tid, u, model, bufs, kv, k_all, v_all, pos, slots, scratch, True, True)
+    barrier(bufs[9], nt)
+    _record_positions(scratch[0], kv, k_all, pos, slots, u0, u1)
 
 
 @kernel
@@ -289,42 +266,67 @@ def _attend_chain(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n):
     overwrote would have been (batched.check_rows: out of the window), so each row
     attends as the single step at its position, bit for bit. A second barrier ends the op,
     as the first ends _attend_units."""
-    prog, mats, consts, params, ints_all, blob, lora = model
-    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
-    _, _, pos_all, layers, cos_all, sin_all = kv
+    scratch, u0, u1 = _attend_setup(tid, nt, op, model, bufs, k_all, n)
+    for u in range(u0, u1):  # store
+        _attend_unit(tid, u, model, bufs, kv, k_all, v_all, pos, slots, scratch, False, True)
+    _record_positions(scratch[0], kv, k_all, pos, slots, u0, u1)
+    barrier(bufs[9], nt)
+    for u in range(u0, u1):  # attend
+        _attend_unit(tid, u, model, bufs, kv, k_all, v_all, pos, slots, scratch, True, False)
+    barrier(bufs[9], nt)
+
+
+@kernel
+def _attend_setup(tid, nt, op, model, bufs, k_all, n):
+    """Both forms' start: ATTEND's operands and worker tid's scratch
+    (decode_step._attend_scratch), and the worker's units [u0, u1) of the n * Hkv."""
     Hkv = k_all.shape[2]
-    o, scale, softcap, group, Hq, Dh, kbuf, qbuf, tile, sc, stats = _attend_scratch(
-        tid, op, consts, kq, scores, Hkv)
     u0, u1 = _heads(n * Hkv, tid, nt)
-    for u in range(u0, u1):
-        r, kvh = u // Hkv, u % Hkv
-        c = slots[r]
-        lt = layers[r, o.layer]
-        start, cap, slot = lt[0], lt[1], lt[3]
-        kc, vc = k_all[c, start:start + cap], v_all[c, start:start + cap]
-        cos, sin = cos_all[r, o.rope:o.rope + 1], sin_all[r, o.rope:o.rope + 1]
-        q, k, v, out = _attend_vectors(o, mem[r], shared, private, tid, Hq, Hkv, Dh)
-        _prep_heads(o, consts, params, ints_all[r], q, k, kvh, kvh * group, 0, kbuf, qbuf,
-                    cos, sin)
-        store_kv_row(kbuf, kc[slot, kvh], tile)
-        store_kv_row(v[kvh * Dh:(kvh + 1) * Dh], vc[slot, kvh], tile)
-        if kvh == 0:
-            pos_all[c, start + slot] = pos[r]
-    barrier(state, nt)
-    for u in range(u0, u1):
-        r, kvh = u // Hkv, u % Hkv
-        c, p = slots[r], pos[r]
-        lt = layers[r, o.layer]
-        start, cap, window, filled = lt[0], lt[1], lt[2], lt[4]
-        kc, vc = k_all[c, start:start + cap], v_all[c, start:start + cap]
+    return _attend_scratch(tid, op, model[2], bufs[7], bufs[8], Hkv), u0, u1
+
+
+@kernel
+def _attend_unit(tid, u, model, bufs, kv, k_all, v_all, pos, slots, scratch, attend, store):
+    """Unit u = (row r, KV head kvh) at row r's position: its k rotated (into the scratch's
+    kbuf); with `attend`, its query heads attending over the filled slots of the row's
+    cache (decode_step._attend_group); then, with `store`, its k, v stored in its slot."""
+    prog, mats, consts, params, ints_all, blob, lora = model
+    mem, shared, private = bufs[0], bufs[1], bufs[2]
+    _, _, pos_all, layers, cos_all, sin_all = kv
+    o, scale, softcap, group, Hq, Dh, kbuf, qbuf, tile, sc, stats = scratch
+    Hkv = k_all.shape[2]
+    r, kvh = u // Hkv, u % Hkv
+    c, p = slots[r], pos[r]
+    lt = layers[r, o.layer]
+    start, cap, window, slot, filled = lt[0], lt[1], lt[2], lt[3], lt[4]
+    kc, vc = k_all[c, start:start + cap], v_all[c, start:start + cap]
+    cos, sin = cos_all[r, o.rope:o.rope + 1], sin_all[r, o.rope:o.rope + 1]
+    q, k, v, out = _attend_vectors(o, mem[r], shared, private, tid, Hq, Hkv, Dh)
+    hq = kvh * group
+    vh = v[kvh * Dh:(kvh + 1) * Dh]
+    _prep_heads(o, consts, params, ints_all[r], q, k, kvh, hq, group if attend else 0, kbuf,
+                qbuf, cos, sin)
+    if attend:
         cpos = pos_all[c, start:start + cap]
-        cos, sin = cos_all[r, o.rope:o.rope + 1], sin_all[r, o.rope:o.rope + 1]
-        q, k, v, out = _attend_vectors(o, mem[r], shared, private, tid, Hq, Hkv, Dh)
-        hq = kvh * group
-        _prep_heads(o, consts, params, ints_all[r], q, k, kvh, hq, group, kbuf, qbuf, cos, sin)
-        _attend_group(qbuf, group, kbuf, v[kvh * Dh:(kvh + 1) * Dh], kc[:filled], vc[:filled],
-                      cpos[:filled], kvh, p, window, scale, softcap, sc, stats, out, hq, tile)
-    barrier(state, nt)
+        _attend_group(qbuf, group, kbuf, vh, kc[:filled], vc[:filled], cpos[:filled], kvh,
+                      p, window, scale, softcap, sc, stats, out, hq, tile)
+    if store:
+        store_kv_row(kbuf, kc[slot, kvh], tile)
+        store_kv_row(vh, vc[slot, kvh], tile)
+
+
+@kernel
+def _record_positions(o, kv, k_all, pos, slots, u0, u1):
+    """Each row's position in its slot of ATTEND o's layer, by the owner of the row's KV
+    head 0 among units [u0, u1) (after _attend_units' barrier: every unit of the row read
+    the slot's old position; before _attend_chain's: every unit reads the new one)."""
+    _, _, pos_all, layers, _, _ = kv
+    Hkv = k_all.shape[2]
+    for u in range(u0, u1):
+        r = u // Hkv
+        if u % Hkv == 0:
+            lt = layers[r, o.layer]
+            pos_all[slots[r], lt[0] + lt[3]] = pos[r]
 
 
 @kernel

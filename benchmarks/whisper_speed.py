@@ -35,7 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from child_runs import ROOT, add_child_args, peak_rss_mib, run_child
+
 RATE = 16000
 
 
@@ -73,10 +74,6 @@ def make_clips(work: Path, seconds: list[int]) -> dict[int, Path]:
             subprocess.run(["sox", str(full), str(path), "trim", "0", str(s)], check=True)
         out[s] = path
     return out
-
-
-def peak_rss_mib() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def child(args) -> None:
@@ -161,15 +158,8 @@ def run(label: str, target: str, clip: Path, beam: int, threads: int, args) -> d
         row = run_whispercpp(args, clip, beam, threads)
         row["clip_s"] = int(clip.stem.split("-")[1][:-1])
     else:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS=str(threads),
-                   OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-                   MKL_NUM_THREADS=str(threads))
-        cmd = [sys.executable, __file__, "--child", target, "--label", label, "--threads",
-               str(threads), "--beams", str(beam), "--clip", str(clip), "--ct2", args.ct2]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode:
-            sys.exit(f"{label} failed: {r.stderr.strip().splitlines()[-3:]}")
-        row = json.loads(r.stdout.strip().splitlines()[-1])
+        row = run_child(__file__, label, threads, ["--child", target, "--beams", str(beam),
+                                                   "--clip", str(clip), "--ct2", args.ct2])
     print(json.dumps({k: v for k, v in row.items() if k != "text"}), flush=True)
     return row
 
@@ -199,9 +189,7 @@ def main() -> None:
     ap.add_argument("--whispercpp", default=None, help="whisper.cpp's CLI binary")
     ap.add_argument("--ggml", default=None, help="a ggml file of the same weights")
     ap.add_argument("--workdir", default="/tmp/edgellm-whisper-bench")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--label", help=argparse.SUPPRESS)
-    ap.add_argument("--clip", help=argparse.SUPPRESS)
+    add_child_args(ap, "--clip")
     args = ap.parse_args()
     if args.child:
         args.threads, args.beam = int(args.threads), int(args.beams)

@@ -22,23 +22,10 @@ import numpy as np
 from numba import prange
 
 from .attention import combine
-from .fastexp import exp_shift
+from .encoder import softmax_scaled
 from .jit import kernel
 
-
-@kernel
-def _normalize(row, n):
-    """row[:n] = softmax(row[:n])."""
-    best = np.float32(-3.0e38)
-    for s in range(n):
-        best = max(best, row[s])
-    exp_shift(row, n, best)
-    total = np.float32(0.0)
-    for s in range(n):
-        total += row[s]
-    inv = np.float32(1.0) / total
-    for s in range(n):
-        row[s] *= inv
+ONE = np.float32(1.0)  # softmax_scaled's scale: x * 1 is x, so the weights are unscaled
 
 
 @kernel(parallel=True)
@@ -50,7 +37,7 @@ def _cross(q, kt, v, out):
         row = np.empty(P, dtype=np.float32)
         for b in range(B):
             combine(q[b, t, h], Dh, kt[h], row)  # row[p] = q . k_p: long loops over P
-            _normalize(row, P)
+            softmax_scaled(row, P, ONE)
             combine(row, P, v[h], out[b, t, h])
 
 
@@ -66,7 +53,7 @@ def _self(q, k, v, S, out):
             for i in range(Dh):
                 s += q[b, t, h, i] * k[b, j, h, i]
             row[j] = s
-        _normalize(row, n)
+        softmax_scaled(row, n, ONE)
         o = out[b, t, h]
         for i in range(Dh):
             o[i] = np.float32(0.0)

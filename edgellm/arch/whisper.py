@@ -44,6 +44,7 @@ from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
 from ..kernels.linear import embedding, gemm, linear
 from ..kernels.registry import INT8
 from ..kernels.seq2seq_attention import cross_attention, self_attention
+from ..kernels.whisper_decode import layernorm_rows
 from ..modelfile.config import ModelArgs
 from ..modelfile.format import PackedModel, Tensor
 from .spec import MAT, VEC, ArchSpec
@@ -240,11 +241,8 @@ class Whisper(Uncached):
     # shared pieces -----------------------------------------------------------------------
     def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
         """LayerNorm(x) * w + b as a new [T, D] array (x unchanged: pre-norm)."""
-        if x.shape[0] < 16:  # a decode step's rows: a parallel kernel's launch costs more
-            mean = x.mean(axis=1, keepdims=True)
-            d = x - mean
-            var = (d * d).mean(axis=1, keepdims=True)
-            return d / np.sqrt(var + np.float32(self.eps)) * w + b
+        if x.shape[0] < 16:  # a decode step's rows: numpy's expression, bit for bit, compiled
+            return layernorm_rows(x, w, b, self.eps, np.empty_like(x))
         h = x.copy()
         add_layernorm(h, self._zeros[:x.shape[0]], self._zero_d, w, b, self.eps)
         return h

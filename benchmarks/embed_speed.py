@@ -23,14 +23,13 @@ import json
 import os
 import random
 import re
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from child_runs import ROOT, add_child_args, peak_rss_mib, run_child
 
 
 def sentences(n: int) -> list[str]:
@@ -73,21 +72,13 @@ def child(args) -> None:
     np.save(args.out, emb)
     print(json.dumps({"runtime": args.label, "threads": args.threads,
                       "sentences_per_s": round(len(texts) / dt, 2), "seconds": round(dt, 3),
-                      "cpu_seconds": round(cpu, 3),
-                      "peak_rss_mib": round(resource.getrusage(
-                          resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}), flush=True)
+                      "cpu_seconds": round(cpu, 3), "peak_rss_mib": peak_rss_mib()}), flush=True)
 
 
 def run(label: str, target: str, threads: int, args, out: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS=str(threads),
-               OMP_NUM_THREADS=str(threads))
-    cmd = [sys.executable, __file__, "--child", target, "--label", label, "--threads",
-           str(threads), "--sentences", str(args.sentences), "--batch-size",
-           str(args.batch_size), "--out", str(out)]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(f"{label} failed: {r.stderr.strip().splitlines()[-1:]}")
-    row = json.loads(r.stdout.strip().splitlines()[-1])
+    row = run_child(__file__, label, threads, ["--child", target, "--sentences",
+                                               str(args.sentences), "--batch-size",
+                                               str(args.batch_size), "--out", str(out)])
     print(json.dumps(row), flush=True)
     return row
 
@@ -100,9 +91,7 @@ def main() -> None:
     ap.add_argument("--quants", default="q8_0,f32")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--workdir", default="/tmp/edgellm-embed-bench")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--label", help=argparse.SUPPRESS)
-    ap.add_argument("--out", help=argparse.SUPPRESS)
+    add_child_args(ap, "--out")
     args = ap.parse_args()
     if args.child:
         args.threads = int(args.threads)

@@ -2,6 +2,7 @@
 
     python benchmarks/whisper_speed.py [--rounds 2] [--threads 1,2] [--beams 1,5]
         [--clips 30,300] [--model FILE] [--ct2 DIR] [--whispercpp BIN --ggml FILE]
+        [--step-threads 1]
 
 Clips: English prose (Python's own documentation, pydoc_data.topics: sentences of plain
 words only, in order) spoken by espeak-ng (en-us, 175 words per minute), resampled by sox
@@ -18,8 +19,11 @@ numba kernels are cached, CTranslate2 allocates), times the encoder on one 30 s 
 medians: wall time and its ratio (edgellm / faster-whisper: the target is 0.67 or less),
 CPU-time ratio (steadier on a busy machine), encoder seconds per window, peak RSS, and the
 load average. whisper.cpp's CLI (--whispercpp, with a ggml file of the same weights) is
-run the same way if given: its encoder time is what it prints. Needs faster-whisper,
-espeak-ng and sox (not project dependencies).
+run the same way if given: its encoder time is what it prints. --step-threads 1 runs
+edgellm's decoding steps' layers on one thread (Whisper.step_threads; the output head and
+the encoder on all): on a loaded machine, threads that wait for a descheduled one at each
+of a step's parallel regions spin. Needs faster-whisper, espeak-ng and sox (not project
+dependencies).
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from child_runs import ROOT, add_child_args, peak_rss_mib, run_child
+
 RATE = 16000
 
 
@@ -75,10 +80,6 @@ def make_clips(work: Path, seconds: list[int]) -> dict[int, Path]:
     return out
 
 
-def peak_rss_mib() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
-
 def child(args) -> None:
     """One timed run in this process; prints a JSON line."""
     sys.path.insert(0, str(ROOT))
@@ -108,6 +109,8 @@ def child(args) -> None:
         import edgellm
 
         llm = edgellm.load(args.child, threads=args.threads)
+        if args.step_threads:
+            llm._model().step_threads = args.step_threads
         list(llm.transcribe(warm, **opts)[0])
         whisper = llm._model()
 
@@ -161,15 +164,9 @@ def run(label: str, target: str, clip: Path, beam: int, threads: int, args) -> d
         row = run_whispercpp(args, clip, beam, threads)
         row["clip_s"] = int(clip.stem.split("-")[1][:-1])
     else:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_NUM_THREADS=str(threads),
-                   OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-                   MKL_NUM_THREADS=str(threads))
-        cmd = [sys.executable, __file__, "--child", target, "--label", label, "--threads",
-               str(threads), "--beams", str(beam), "--clip", str(clip), "--ct2", args.ct2]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode:
-            sys.exit(f"{label} failed: {r.stderr.strip().splitlines()[-3:]}")
-        row = json.loads(r.stdout.strip().splitlines()[-1])
+        row = run_child(__file__, label, threads, ["--child", target, "--beams", str(beam),
+                                                   "--clip", str(clip), "--ct2", args.ct2,
+                                                   "--step-threads", str(args.step_threads)])
     print(json.dumps({k: v for k, v in row.items() if k != "text"}), flush=True)
     return row
 
@@ -199,9 +196,9 @@ def main() -> None:
     ap.add_argument("--whispercpp", default=None, help="whisper.cpp's CLI binary")
     ap.add_argument("--ggml", default=None, help="a ggml file of the same weights")
     ap.add_argument("--workdir", default="/tmp/edgellm-whisper-bench")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    ap.add_argument("--label", help=argparse.SUPPRESS)
-    ap.add_argument("--clip", help=argparse.SUPPRESS)
+    ap.add_argument("--step-threads", type=int, default=0,
+                    help="threads of edgellm's decoding steps' layers (default: all)")
+    add_child_args(ap, "--clip")
     args = ap.parse_args()
     if args.child:
         args.threads, args.beam = int(args.threads), int(args.beams)

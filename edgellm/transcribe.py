@@ -50,6 +50,7 @@ from .audio import load_audio, log_mel
 from .audio.mel import window
 from .audio.vad import SpeechAudio, speech_chunks
 from .errors import ArgumentError, FormatError, ModelKindError
+from .kernels.whisper_decode import logit_rules
 from .transcribe_search import beam_search, sample
 from .word_timing import Word, assign, find_alignment
 
@@ -276,12 +277,24 @@ class Transcriber:
 
     def filters(self, row: np.ndarray, tokens: list[int], timestamps: bool) -> None:
         """openai/whisper's logit filters on a float64 logits row after the generated
-        `tokens`, in place: suppress at the beginning, suppress, the timestamp rules."""
+        `tokens`, in place: suppress at the beginning, suppress, the timestamp rules
+        (sampling's; greedy and beam search run them as one kernel: rules())."""
         if not tokens:
             row[self.meta.begin_suppress] = -np.inf
         row[self.meta.suppress] = -np.inf
         if timestamps:
             self.timestamp_rules(row, tokens)
+
+    def rules(self, rows: np.ndarray, history: np.ndarray, k: int, timestamps: bool
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """filters() on float32 logits rows [B, V] in place after each row's `history`
+        [B, n], then each row's k most likely tokens [B, k] and their log-probabilities
+        (kernels/whisper_decode.py: one pass of compiled code over the vocabulary)."""
+        t = self.meta.tokens
+        rules = np.array([int(timestamps), t["no_timestamps"], t["timestamp_begin"], t["eot"],
+                          self.meta.max_initial], np.int64)
+        return logit_rules(rows, history, k, rules, self.meta.suppress,
+                           self.meta.begin_suppress)
 
     def greedy(self, cross, prompt: list[int], max_new_tokens: int, timestamps: bool
                ) -> tuple[list[int], float, float]:
@@ -292,19 +305,18 @@ class Transcriber:
         logits = model.decode(prompt, cache, last_only=False)
         sot_at = prompt.index(m.tokens["sot"])
         no_speech = float(_softmax(logits[sot_at])[m.tokens["no_speech"]])
-        row, tokens, total = logits[-1], [], 0.0
+        rows, tokens, total = logits[-1:].copy(), [], 0.0
         room = model.context - len(prompt)
         while True:
-            row = row.astype(np.float64)
-            self.filters(row, tokens, timestamps)
-            tok = int(np.argmax(row))
-            total += float(row[tok] - _logsumexp(row))
+            idx, logp = self.rules(rows, np.array(tokens, np.int64)[None], 1, timestamps)
+            tok = int(idx[0, 0])
+            total += float(logp[0, 0])
             if tok == eot:
                 break
             tokens.append(tok)
             if len(tokens) >= min(max_new_tokens, room):
                 break
-            row = model.decode([tok], cache)[0]
+            rows = model.decode([tok], cache)
         return tokens, total, no_speech
 
     def search(self, cross, prompt: list[int], max_new_tokens: int, timestamps: bool,
@@ -329,9 +341,12 @@ class Transcriber:
         def filters(row, tokens):
             self.filters(row, tokens, timestamps)
 
+        def rules(rows, history, k):
+            return self.rules(rows, history, k, timestamps)
+
         eot = m.tokens["eot"]
         if temperature == 0:
-            tokens, total = beam_search(logits[-1], step, cache.reorder, filters, eot, n,
+            tokens, total = beam_search(logits[-1], step, cache.reorder, rules, eot, n,
                                         opts.patience, limit, opts.length_penalty)
         else:
             tokens, total = sample(logits[-1], step, filters, eot, n, temperature, limit, rng,

@@ -4,10 +4,13 @@ MaximumLikelihoodRanker).
 
 Both take the logits after the prompt (`first` [vocab]: the prompt is prefilled once and its
 cache copied to every sequence), `step(ids [n]) -> logits [n, vocab]` (one token per
-sequence, the n sequences at the same position), `reorder(source)` (sequence b continues
-sequence source[b]: the self-attention cache rows follow) and `filters(row, tokens)` (the
-suppressed tokens and the timestamp rules, in place on a float64 row). They return
-(tokens without the end token, the sum of their and its log-probabilities).
+sequence, the n sequences at the same position) and `reorder(source)` (sequence b continues
+sequence source[b]: the self-attention cache rows follow). The suppressed tokens and the
+timestamp rules: beam search's `rules(rows [n, vocab] float32, history [n, i], k)` filters
+the rows in place and gives each row's k best tokens and their log-probabilities
+(Transcriber.rules: one kernel); sampling's `filters(row, tokens)` works on one float64 row
+in place. They return (tokens without the end token, the sum of their and its
+log-probabilities).
 
     beam search: each beam's beam_size + 1 best next tokens scored by the summed
         log-probability; the beam_size best unfinished candidates go on (a candidate met
@@ -34,16 +37,6 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
     return row - (top + np.log(np.exp(row - top).sum()))
 
 
-def top(logp: np.ndarray, k: int) -> np.ndarray:
-    """The indices of the k largest entries, largest first, ties by index: the first k of a
-    stable argsort of -logp, without sorting the whole vocabulary at every step."""
-    if k >= logp.size:
-        return np.argsort(-logp, kind="stable")
-    kth = np.partition(logp, logp.size - k)[logp.size - k]  # the k-th largest value
-    idx = np.flatnonzero(logp >= kth)  # ascending: ties keep their order
-    return idx[np.argsort(-logp[idx], kind="stable")[:k]]
-
-
 def rank(candidates: list[tuple[tuple[int, ...], float]], length_penalty: float | None
          ) -> tuple[list[int], float]:
     """The best (tokens, sum of log-probabilities) by length-normalized sum."""
@@ -55,32 +48,29 @@ def rank(candidates: list[tuple[tuple[int, ...], float]], length_penalty: float 
     return list(candidates[best][0]), float(candidates[best][1])
 
 
-def beam_search(first: np.ndarray, step, reorder, filters, eot: int, beam_size: int,
+def beam_search(first: np.ndarray, step, reorder, rules, eot: int, beam_size: int,
                 patience: float, max_new_tokens: int, length_penalty: float | None = None
                 ) -> tuple[list[int], float]:
     max_candidates = max(1, round(beam_size * patience))
-    beams: list[tuple[int, ...]] = [()] * beam_size
-    sums = np.zeros(beam_size)
-    rows = np.repeat(first[None].astype(np.float64), beam_size, axis=0)
+    k = beam_size + 1
+    beams: list[tuple[int, ...]] = [()]  # every beam is the empty one at first: once
+    sums = np.zeros(1)
+    rows = np.ascontiguousarray(first[None], np.float32)
     finished: dict[tuple[int, ...], float] = {}
     for i in range(max_new_tokens):
-        scores: dict[tuple[int, ...], float] = {}
-        sources: dict[tuple[int, ...], int] = {}
-        for j in range(beam_size):
-            row = rows[j].astype(np.float64)
-            filters(row, list(beams[j]))
-            logp = log_softmax(row)
-            for tok in top(logp, beam_size + 1):
-                seq = beams[j] + (int(tok),)
-                scores[seq], sources[seq] = float(sums[j] + logp[tok]), j
+        idx, logp = rules(rows[:len(beams)], np.array(beams, np.int64).reshape(len(beams), i),
+                          k)
+        scores = (sums[:, None] + logp).ravel()  # beam j's candidates at j k .. j k + k - 1
         kept, source, kept_sums, ended = [], [], [], {}
-        for seq in sorted(scores, key=scores.get, reverse=True):
-            if seq[-1] == eot:
-                ended[seq] = scores[seq]
+        for c in np.argsort(-scores, kind="stable").tolist():  # best first, ties in order
+            j, tok = c // k, int(idx.flat[c])
+            seq = beams[j] + (tok,)
+            if tok == eot:
+                ended[seq] = float(scores[c])
             else:
                 kept.append(seq)
-                source.append(sources[seq])
-                kept_sums.append(scores[seq])
+                source.append(j)
+                kept_sums.append(scores[c])
                 if len(kept) == beam_size:
                     break
         for seq in sorted(ended, key=ended.get, reverse=True):

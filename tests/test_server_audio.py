@@ -21,6 +21,7 @@ openai = pytest.importorskip("openai")
 
 from conftest import FIXTURES, name_whisper_segments  # noqa: E402
 from server_helpers import ThreadServer, request  # noqa: E402
+from whisper_base import whisper_base  # noqa: E402
 
 import edgellm  # noqa: E402
 from edgellm.transcript_formats import Writer  # noqa: E402
@@ -402,14 +403,7 @@ def test_edgellm_serve_audio_model(tiny_path, smollm2):
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from realmodel import whisper_base_dir
-
-    from converter.cli import open_source
-    from converter.pack import convert
-
-    out = tmp_path_factory.mktemp("whisper-base") / "whisper-base-f32.edgellm"
-    convert(open_source(str(whisper_base_dir())), out, "f32", progress=False)
-    with edgellm.load(out, threads=1) as llm:
+    with whisper_base(tmp_path_factory, "f32") as llm:
         yield llm
 
 

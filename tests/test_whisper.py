@@ -346,3 +346,34 @@ def test_decoder_attention_kernels_match_numpy(B, T, S):
     assert np.abs(out - want).max() < 1e-5
     with pytest.raises(ValueError, match="positions"):
         self_attention(q, k, v, n_ctx + 1, out)
+
+
+def test_a_steps_small_kernels_run_on_step_threads(tiny, monkeypatch):
+    """A one-token step's layers run on step_threads (1: the ~60 small parallel regions a
+    step makes do not wait on a second thread), its output head and the prompt's rows on
+    all threads; the logits are the same bits either way, and the count is restored."""
+    import numba
+
+    import edgellm.arch.whisper as arch
+
+    with edgellm.load(tiny("q8_0"), threads=2) as llm:
+        model = llm.model
+        cross = model.cross(model.encode(window("fox")))
+        seen = []
+        inner = arch.self_attention
+
+        def spy(*a):
+            seen.append(numba.get_num_threads())
+            return inner(*a)
+
+        monkeypatch.setattr(arch, "self_attention", spy)
+        out = {}
+        for step in (None, 1):
+            model.step_threads = step
+            cache = model.new_cache(cross, batch=3)
+            model.decode(np.array([[50, 51, 52]] * 3), cache)
+            out[step] = [model.decode(np.array([[t], [t + 1], [t + 2]]), cache) for t in (7, 9)]
+            assert numba.get_num_threads() == 2
+        layers = len(model.decoder)
+        assert seen == [2] * layers * 4 + [1] * layers * 2  # prefills: all threads
+        assert all(np.array_equal(a, b) for a, b in zip(out[None], out[1]))

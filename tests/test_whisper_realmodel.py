@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 from conftest import FIXTURES
+from whisper_base import whisper_base
 
-import edgellm
 from edgellm.audio import load_audio, log_mel
 from edgellm.audio.mel import window
 from edgellm.errors import ModelKindError
@@ -21,27 +21,13 @@ REFS = json.loads((CLIPS / "base.json").read_text("utf-8"))
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from realmodel import whisper_base_dir
-
-    from converter.cli import open_source
-    from converter.pack import convert
-
-    out = tmp_path_factory.mktemp("whisper-base") / "whisper-base-f32.edgellm"
-    convert(open_source(str(whisper_base_dir())), out, "f32", progress=False)
-    with edgellm.load(out, threads=1) as llm:  # a shared CPU: parallel regions wait
+    with whisper_base(tmp_path_factory, "f32") as llm:
         yield llm
 
 
 @pytest.fixture(scope="module")
 def base_q8(tmp_path_factory):
-    from realmodel import whisper_base_dir
-
-    from converter.cli import open_source
-    from converter.pack import convert
-
-    out = tmp_path_factory.mktemp("whisper-base") / "whisper-base-q8_0.edgellm"
-    convert(open_source(str(whisper_base_dir())), out, "q8_0", progress=False)
-    with edgellm.load(out, threads=1) as llm:
+    with whisper_base(tmp_path_factory, "q8_0") as llm:
         yield llm
 
 

@@ -73,14 +73,44 @@ def test_sampling_is_seeded_and_cold_sampling_is_greedy(t, windows):
 
 def test_top_is_a_stable_argsorts_first_k():
     """Beam search's candidates without sorting the vocabulary: ties by index, -inf too."""
-    from edgellm.transcribe_search import top
+    from edgellm.kernels.whisper_decode import _top
 
     rng = np.random.default_rng(3)
     for _ in range(500):
-        x = rng.integers(-3, 3, size=int(rng.integers(1, 40))).astype(np.float64)
+        x = rng.integers(-3, 3, size=int(rng.integers(1, 40))).astype(np.float32)
         x[rng.random(x.size) < 0.3] = -np.inf
-        k = int(rng.integers(1, 8))
-        assert top(x, k).tolist() == np.argsort(-x, kind="stable")[:k].tolist()
+        k = int(rng.integers(1, min(8, x.size) + 1))
+        idx = np.empty(k, np.int64)
+        _top(x, k, idx)
+        assert idx.tolist() == np.argsort(-x, kind="stable")[:k].tolist()
+
+
+def test_the_rules_kernel_is_the_numpy_rules(t):
+    """Transcriber.rules (one kernel over float32 rows) against Transcriber.filters (numpy,
+    float64) on random logits after random histories: the same entries suppressed, the
+    same best tokens in the same order, log-probabilities within 1e-6."""
+    from edgellm.transcribe import _logsumexp
+
+    rng = np.random.default_rng(5)
+    begin, V = t.meta.tokens["timestamp_begin"], t.model.args.vocab_size
+    for case in range(300):
+        rows = (rng.standard_normal((3, V)) * 3).astype(np.float32)
+        rows[:, begin:] += rng.uniform(-4, 6, (3, 1)).astype(np.float32)  # either may win
+        n = int(rng.integers(0, 5))
+        hist = np.where(rng.random((3, n)) < 0.4, rng.integers(begin, V, (3, n)),
+                        rng.integers(0, begin - 10, (3, n)))
+        timestamps, k = case % 4 != 0, int(rng.integers(1, 7))
+        want = rows.astype(np.float64)
+        for row, h in zip(want, hist):
+            t.filters(row, h.tolist(), timestamps)
+        idx, logp = t.rules(rows, hist.astype(np.int64), k, timestamps)
+        assert np.array_equal(np.isinf(rows), np.isinf(want))
+        for b in range(3):
+            best = np.argsort(-want[b], kind="stable")[:k]
+            assert idx[b].tolist() == best.tolist()
+            ref = want[b][best] - _logsumexp(want[b])
+            assert np.allclose(logp[b], ref, atol=1e-6, rtol=0) or \
+                np.array_equal(logp[b], ref)  # -inf where every entry is
 
 
 def test_sampling_draws_from_the_tempered_distribution():

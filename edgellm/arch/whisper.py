@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from ..errors import ContextError, FormatError, ModelKindError
@@ -44,8 +45,10 @@ from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
 from ..kernels.linear import embedding, gemm, linear
 from ..kernels.registry import INT8
 from ..kernels.seq2seq_attention import cross_attention, self_attention
+from ..kernels.whisper_decode import layernorm_rows
 from ..modelfile.config import ModelArgs
 from ..modelfile.format import PackedModel, Tensor
+from ..runtime.numba_setup import set_threads
 from .spec import MAT, VEC, ArchSpec
 from .uncached import Uncached
 
@@ -208,6 +211,12 @@ class Whisper(Uncached):
         self.scale = 1.0 / float(np.sqrt(self.Dh))
         self._zeros = np.zeros((2 * self.P, self.D), np.float32)  # add_layernorm's "y"
         self._zero_d = np.zeros(self.D, np.float32)
+        # threads of a one-token step's layers (~60 small parallel regions; the output head
+        # always gets all): None, all of them. 1 stops a descheduled thread from keeping the
+        # others spinning at every region on a loaded machine (4-5x less CPU and wall at 2
+        # threads there), but the layers are memory-bound: a step with both cores free took
+        # 1.25x as long with them on one thread, so it is not the default
+        self.step_threads: int | None = None
 
     # weights ---------------------------------------------------------------------------
     def _vector(self, name: str) -> np.ndarray:
@@ -240,11 +249,8 @@ class Whisper(Uncached):
     # shared pieces -----------------------------------------------------------------------
     def _norm(self, x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
         """LayerNorm(x) * w + b as a new [T, D] array (x unchanged: pre-norm)."""
-        if x.shape[0] < 16:  # a decode step's rows: a parallel kernel's launch costs more
-            mean = x.mean(axis=1, keepdims=True)
-            d = x - mean
-            var = (d * d).mean(axis=1, keepdims=True)
-            return d / np.sqrt(var + np.float32(self.eps)) * w + b
+        if x.shape[0] < 16:  # a decode step's rows: numpy's expression, bit for bit, compiled
+            return layernorm_rows(x, w, b, self.eps, np.empty_like(x))
         h = x.copy()
         add_layernorm(h, self._zeros[:x.shape[0]], self._zero_d, w, b, self.eps)
         return h
@@ -343,12 +349,34 @@ class Whisper(Uncached):
         ids = np.asarray(ids, np.int64)
         single = ids.ndim == 1
         ids = ids.reshape(1, -1) if single else ids
-        (B, T), p0, H, Dh = ids.shape, cache.length, self.H, self.Dh
+        (B, T), p0 = ids.shape, cache.length
         if B != cache.batch:
             raise ContextError(f"{B} sequences for a cache of {cache.batch}")
         if p0 + T > min(self.context, cache.k.shape[2]):
             raise ContextError(f"{p0 + T} decoder positions do not fit the model's "
                                f"{self.context} (or the cache's {cache.k.shape[2]})")
+        # a step's ~60 small kernels on step_threads (the head, one large kernel, on all)
+        narrow = T == 1 and self.step_threads is not None and \
+            numba.get_num_threads() > self.step_threads
+        threads = set_threads(self.step_threads) if narrow else 0
+        try:
+            x = self._layers(ids, cache, cross_scores)
+        finally:
+            if narrow:
+                set_threads(threads)
+        h = x.reshape(B, T, self.D)
+        h = self._norm(np.ascontiguousarray(h[:, -1] if last_only else h.reshape(B * T, -1)),
+                       *self.dec_ln)
+        logits = np.empty((h.shape[0], self.args.vocab_size), np.float32)
+        linear(self.embed, h, logits, precise=self.precise, act_dtype=self.act_dtype,
+               decode=T == 1)
+        if single or last_only:
+            return logits
+        return logits.reshape(B, T, -1)
+
+    def _layers(self, ids: np.ndarray, cache: DecoderCache, cross_scores) -> np.ndarray:
+        """The decoder's layers over ids [B, T] after the cache's positions: x [B T, D]."""
+        (B, T), p0, H, Dh = ids.shape, cache.length, self.H, self.Dh
         x = np.empty((B * T, self.D), np.float32)
         embedding(self.embed, ids.reshape(-1), x)
         x.reshape(B, T, self.D)[:] += self.dec_pos[p0:p0 + T]
@@ -382,15 +410,7 @@ class Whisper(Uncached):
             x += lin(c.o, att, c.o_bias)
             self._mlp(blk, x, False, T == 1)
         cache.length = S
-        h = x.reshape(B, T, self.D)
-        h = self._norm(np.ascontiguousarray(h[:, -1] if last_only else h.reshape(B * T, -1)),
-                       *self.dec_ln)
-        logits = np.empty((h.shape[0], self.args.vocab_size), np.float32)
-        linear(self.embed, h, logits, precise=self.precise, act_dtype=self.act_dtype,
-               decode=T == 1)
-        if single or last_only:
-            return logits
-        return logits.reshape(B, T, -1)
+        return x
 
     # what LLM calls on every model -------------------------------------------------------
     def forward(self, tokens, want: str = "all", shift: bool = True):

@@ -152,7 +152,9 @@ def _softmax_fast(row, n):
 
 
 @kernel
-def _softmax(row, n, scale):
+def softmax_scaled(row, n, scale):
+    """row[:n] = softmax(row[:n] * scale), exact (fastexp's exp_shift: libm's expf), the
+    sum in float32; also the decoder attention's of seq2seq_attention.py (scale 1)."""
     best = np.float32(-3.0e38)
     for s in range(n):
         row[s] *= scale
@@ -308,7 +310,7 @@ def _packed_attention(q, k, v, offsets, scale, out):
         row = np.empty(L, dtype=np.float32)
         for t in range(t0, t1):
             combine(q[t, h], Dh, kt, row)  # row[j] = q_t . k_j
-            _softmax(row, L, sc)
+            softmax_scaled(row, L, sc)
             combine(row, L, vals, out[t, h])
 
 

@@ -11,8 +11,9 @@
 
 Self-attention: each (sequence, row, head) is one work item (numpy's batched matmul ran
 them one small product at a time, with a copy of the cache's strided keys per call).
-Cross-attention: each (row, head), the sequences in turn, so a head's encoder keys and
-values come from memory once for all the beams. The softmax is exact (fastexp's
+Cross-attention: each (row, head) one item, all the sequences together, each group of
+four keys (then values) read once for all the beams, which a step of beam search spends
+most of its attention time reading. The softmax is exact (fastexp's
 exp_shift: libm's expf), summed in float32 as numpy's was.
 """
 
@@ -22,36 +23,61 @@ import numpy as np
 from numba import prange
 
 from .attention import combine
-from .fastexp import exp_shift
+from .encoder import softmax_scaled
 from .jit import kernel
+
+ONE = np.float32(1.0)  # softmax_scaled's scale: x * 1 is x, so the weights are unscaled
 
 
 @kernel
-def _normalize(row, n):
-    """row[:n] = softmax(row[:n])."""
-    best = np.float32(-3.0e38)
-    for s in range(n):
-        best = max(best, row[s])
-    exp_shift(row, n, best)
-    total = np.float32(0.0)
-    for s in range(n):
-        total += row[s]
-    inv = np.float32(1.0) / total
-    for s in range(n):
-        row[s] *= inv
+def _combine_rows(coef, rows, out):
+    """out[b, :] = sum over j of coef[b, j] rows[j, :] for every b: attention.combine's
+    sums (four rows a pass, the same order), each group of four rows read once for all b
+    (from cache after the first)."""
+    B, nc = coef.shape
+    m = out.shape[1]
+    out[:] = 0.0
+    j = 0
+    while j + 4 <= nc:
+        r0, r1, r2, r3 = rows[j], rows[j + 1], rows[j + 2], rows[j + 3]
+        for b in range(B):
+            c0, c1, c2, c3 = coef[b, j], coef[b, j + 1], coef[b, j + 2], coef[b, j + 3]
+            o = out[b]
+            for s in range(m):
+                o[s] += c0 * r0[s] + c1 * r1[s] + c2 * r2[s] + c3 * r3[s]
+        j += 4
+    while j < nc:
+        r = rows[j]
+        for b in range(B):
+            c, o = coef[b, j], out[b]
+            for s in range(m):
+                o[s] += c * r[s]
+        j += 1
 
 
 @kernel(parallel=True)
 def _cross(q, kt, v, out):
     B, T, H, Dh = q.shape
     P = kt.shape[2]
-    for item in prange(T * H):  # the sequences inside: a head's keys and values read
-        t, h = item // H, item % H  # from memory once for all of them, then from cache
-        row = np.empty(P, dtype=np.float32)
+    for item in prange(T * H):  # the sequences inside: each block of a head's encoder
+        t, h = item // H, item % H  # keys and values read once for all of them
+        if B == 1:  # one sequence: no copies in and out
+            row = np.empty(P, dtype=np.float32)
+            combine(q[0, t, h], Dh, kt[h], row)
+            softmax_scaled(row, P, ONE)
+            combine(row, P, v[h], out[0, t, h])
+            continue
+        qs = np.empty((B, Dh), dtype=np.float32)
+        rows = np.empty((B, P), dtype=np.float32)
+        ob = np.empty((B, Dh), dtype=np.float32)
         for b in range(B):
-            combine(q[b, t, h], Dh, kt[h], row)  # row[p] = q . k_p: long loops over P
-            _normalize(row, P)
-            combine(row, P, v[h], out[b, t, h])
+            qs[b] = q[b, t, h]
+        _combine_rows(qs, kt[h], rows)  # rows[b, p] = q_b . k_p: long loops over P
+        for b in range(B):
+            softmax_scaled(rows[b], P, ONE)
+        _combine_rows(rows, v[h], ob)
+        for b in range(B):
+            out[b, t, h] = ob[b]
 
 
 @kernel(parallel=True)
@@ -66,7 +92,7 @@ def _self(q, k, v, S, out):
             for i in range(Dh):
                 s += q[b, t, h, i] * k[b, j, h, i]
             row[j] = s
-        _normalize(row, n)
+        softmax_scaled(row, n, ONE)
         o = out[b, t, h]
         for i in range(Dh):
             o[i] = np.float32(0.0)

@@ -91,7 +91,10 @@ PAIR_SHIFT = (0, 8, 4, 12)
 PAIR_PERM = [4 * q + r for q in range(8) for r in (0, 2, 1, 3)]  # a block's activations
 # in the pairs' order: word 4c + h = activations 8c + k, 8c + k + 2
 PF = 2048  # bytes a tile prefetches ahead of its block (measured best from memory
-# against 1024 and 4096)
+# against 1024 and 4096 for the several-token tiles)
+PF_DECODE = 8192  # the q4 one-token tiles' (decode's): they run faster per byte, and
+# from memory 8192 beat 2048 and 4096 on one thread, on both activation types (into L1:
+# into L2 was slower)
 # the layouts this module writes, and bytes of a group's block: the 16 rows' scales (and
 # minima), then their codes: the 16 rows' blocks of 32, rearranged
 ILV_BLOCK = {n: ILV_ROWS * quant.TYPES[n].block_bytes(32) for n in ("q4_0", "q4_1", "q8_0")}
@@ -162,6 +165,7 @@ def _itile_codegen(kind, RT):
     L = ILV_ROWS
     v16i, v32w = _v(I32, L), _v(I16, 2 * L)
     chains = 2 if RT > 1 else 4  # integer chains a token (any split: the same sums)
+    pf = PF_DECODE if RT == 1 and kind != "q8_0" else PF
 
     def codegen(ctx, b, sig, args):
         w, xq, xd, xs, xds, out = (_Rows(ctx, b, sig.args[k], args[k])
@@ -191,7 +195,7 @@ def _itile_codegen(kind, RT):
         def body(bi, st):
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
             for c in range(0, BB, 64):  # the stream PF bytes ahead (a hint: may pass the end)
-                _prefetch(b, b.gep(p, [_i64(PF + c)]))
+                _prefetch(b, b.gep(p, [_i64(pf + c)]))
             dw = _h2f(b, _load(b, p, 0, _v(I16, L)))
             mw = _h2f(b, _load(b, p, 32, _v(I16, L))) if kind == "q4_1" else None
             xoff, foff = b.mul(bi, _i64(32 * AB)), b.mul(bi, _i64(4))

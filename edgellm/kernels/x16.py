@@ -36,25 +36,28 @@ from .kquant import F16
 from .matvec import named
 
 ROWS = 16  # rows a group (layout.GROUP_ROWS)
+HALVES = ("q4_0", "q4_1")  # the types whose tiles take int16 activations as halves()
 
 
-def tile_acts(xq):
-    """The integer activations xq [T, K] as the "i" tiles read them fastest: int16 ones on
-    AVX-512 VNNI as interleave.halves() (a new uint8 [T, 2K], made once for all the
-    matrix's groups: vpdpbusd where the int16 words would take vpdpwssd on codes widened
-    to 16 bits), else xq itself. The same dot products, so the same results bit for bit."""
+def tile_acts(code, xq):
+    """The integer activations xq [T, K] as type `code`'s "i" tiles read them fastest: for
+    q4_0 / q4_1, int16 ones on AVX-512 VNNI as interleave.halves() (a new uint8 [T, 2K],
+    made once for all the matrix's groups: vpdpbusd on bytes where the int16 words take
+    vpdpwssd on codes widened to 16 bits), else xq itself. The same integer dot products,
+    so the same results bit for bit. code: a compile-time constant."""
     raise NotImplementedError("tile_acts runs in kernels only")
 
 
 @overload(tile_acts, jit_options=GLUE)
-def _tile_acts(xq):
-    if VNNI and xq.dtype == types.int16:
-        def impl(xq):
+def _tile_acts(code, xq):
+    q4 = isinstance(code, types.IntegerLiteral) and name_of(code.literal_value) in HALVES
+    if VNNI and q4 and xq.dtype == types.int16:
+        def impl(code, xq):
             xh = np.empty((xq.shape[0], 2 * xq.shape[1]), np.uint8)
             halves(xq, xh)
             return xh
         return impl
-    return lambda xq: xq
+    return lambda code, xq: xq
 
 
 @kernel
@@ -87,14 +90,14 @@ def make_x16(code: int) -> dict:
     @kernel
     @named(f"mv_rows_x16_{name}")
     def mv_rows(wi, xq, xd, xs, xds, out, r0, r1):
-        xa = tile_acts(xq)
+        xa = tile_acts(code, xq)
         for g in range(r0 // ROWS, r1 // ROWS):
             tile(code, "i1", wi, g, xa, xd, xs, xds, 0, out, g * ROWS)
 
     @kernel(parallel=True)
     @named(f"mv_x16_{name}")
     def mv(wi, xq, xd, xs, xds, out):
-        xa = tile_acts(xq)
+        xa = tile_acts(code, xq)
         for g in prange(wi.shape[0]):
             tile(code, "i1", wi, g, xa, xd, xs, xds, 0, out, g * ROWS)
 
@@ -115,7 +118,7 @@ def make_x16(code: int) -> dict:
     @kernel(parallel=True)
     @named(f"mm_x16_{name}")
     def mm(wi, xq, xd, xs, xds, out, T):
-        xa = tile_acts(xq[:T])
+        xa = tile_acts(code, xq[:T])
         for g in prange(wi.shape[0]):
             kern(code, "x16_tokens", wi, g, xa, xd, xs, xds, out, T)
 

@@ -189,6 +189,7 @@ def test_int16_halves_on_vpdpbusd_are_the_int16_words_bit_for_bit(kind):
     activations over the whole int16 range, -32768 and 32767 in every block, 13 blocks (two
     chains of unequal length); and the x16 kernels (decode's rows, prefill) take them."""
     from edgellm.kernels import registry
+    from edgellm.kernels.x16 import tile_acts
 
     N, K, T = 48, 416, 4
     rng = np.random.default_rng(11)
@@ -213,6 +214,12 @@ def test_int16_halves_on_vpdpbusd_are_the_int16_words_bit_for_bit(kind):
         _sixteen(kind, RT)(wi, xh, xd, xs, xds, got)
         np.testing.assert_array_equal(got.view(np.int32), words.view(np.int32),
                                       err_msg=f"RT={RT}")
+    code = quant.TYPES[kind].code
+
+    @njit
+    def acts(xq):  # as the x16 kernels and the batched step call it: code a closure constant
+        return tile_acts(code, xq)
+    assert acts(xq).dtype == np.uint8 and acts(xq.astype(np.int8)).dtype == np.int8
     x16 = registry.X16[kind]
     got = np.full((1, N), np.nan, np.float32)
     x16["mv_rows"](wi, xq[:1], xd[:1], xs[:1], xds[:1], got, 16, 48)

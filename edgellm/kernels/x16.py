@@ -48,7 +48,7 @@ def tile_acts(code, xq):
     raise NotImplementedError("tile_acts runs in kernels only")
 
 
-@overload(tile_acts, jit_options=GLUE)
+@overload(tile_acts, jit_options=GLUE, prefer_literal=True)
 def _tile_acts(code, xq):
     q4 = isinstance(code, types.IntegerLiteral) and name_of(code.literal_value) in HALVES
     if VNNI and q4 and xq.dtype == types.int16:

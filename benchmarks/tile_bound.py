@@ -9,9 +9,11 @@ issue 24's 4 rows / 1 row at the default (int16 activation) precision.
 to 16 bits, the tiles' path before the halves) against halves() (vpdpbusd) and int8
 activations: from L3 (one matrix again and again) and from memory (copies filling 400 MB),
 CPU time, the variants alternating each round; the medians. 2026-12-05, the same Zen 4 but
-loaded (load 15-16, 7 helpers on 2 cores): from L3 words 46-52 GB/s, halves 65-73 (1.4-1.5x);
-from memory words 27.5-32.6 GB/s, halves 29-35 with the 2048-byte prefetch distance and
-35-38 with 8192 (int8: 37-39).
+loaded (load 15-23, 7 helpers on 2 cores): from L3 words 46-52 GB/s, halves 65-73 (1.4-1.5x);
+from memory, with the one-token tiles' prefetch 2048 bytes ahead: words 27.5-32.6 GB/s,
+halves 28-34, int8 31-36; 8192 ahead (interleave.PF_DECODE): words 33-39, halves 30-37.5,
+int8 32-39. So decode keeps the words (x16.DECODE_HALVES); the 2- and 4-token tiles
+(prefill, the batched step) gain 1.35-1.47x from halves.
 
 Prints one core's vpdpwssd peak (ten independent chains of the instruction alone; then eight
 with two float FMAs an iteration: eight cycles an iteration if the FMAs issue beside it, ten

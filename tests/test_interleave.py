@@ -187,7 +187,7 @@ def test_int16_halves_on_vpdpbusd_are_the_int16_words_bit_for_bit(kind):
     """The q4 tiles on halves() (int16 activations split into a u8 and an s8 byte) compute
     the same integers as on the int16 words (vpdpwssd), so the same floats: random codes and
     activations over the whole int16 range, -32768 and 32767 in every block, 13 blocks (two
-    chains of unequal length); and the x16 kernels (decode's rows, prefill) take them."""
+    chains of unequal length); and prefill takes them (decode, the words: x16.DECODE_HALVES)."""
     from edgellm.kernels import registry
     from edgellm.kernels.x16 import tile_acts
 

@@ -29,8 +29,13 @@ and token. int16 activations: the lanes shifted right by 0, 8, 4, 12 bits and ma
 0x000F000F are i16 pairs of row l's codes at columns (8c + k, 8c + k + 2), k = 0, 1, 4, 5;
 the tile permutes the token's block of activations within fours (0, 2, 1, 3) in registers
 so that those pairs are its words 4c..4c+3, and one vpdpwssd with a word broadcast adds a
-pair into each lane: 16 a block and token. q8_0's int16 chunk j sign-extended is the pairs
-(2j, 2j + 1) as stored, against the activations' pair j broadcast from memory.
+pair into each lane: 16 a block and token. Or, on VNNI, the int16 activations q as
+halves() (per block 32 bytes lo = q & 255, then 32 bytes hi = q >> 8): a code n (0..15) is a
+valid u8 and s8, so sum n q = 256 sum n hi + sum lo n is two vpdpbusd per masked chunk
+(codes x hi broadcast from memory, lo broadcast x codes): the same integers as the words'
+with no code widened to 16 bits (_halves_dots; tile_acts in x16.py makes them once a
+call). q8_0's int16 chunk j sign-extended is the pairs (2j, 2j + 1) as stored, against the
+activations' pair j broadcast from memory.
 Either way each lane holds its row's block dot product: for q4 the integer the 8x1 tile
 reduces to, with the float work per block the 8x1 tile's as it is compiled (_scale), on 16
 lanes, with the blocks in group_blocks' two chains: lane by lane the 8x1 tile's operations
@@ -41,8 +46,9 @@ differs from the single step's by rounding), with no horizontal sums.
 
   itile_<q4_0|q4_1|q8_0>_16x<RT>(wi, g, xq, xd, xs, xds, t, out, i)
       out[t + s, i + r] = row 16g + r of W . token t + s, r < 16, s < RT
-xq int16 (the default path's: vpdpwssd) or int8 (vpdpbusd; xs is read only there) on
-AVX-512 VNNI; elsewhere the generic multiply-add IR (vpmaddwd on x86). Callers validate
+xq int16 (the default path's: vpdpwssd), its halves() as uint8 [T, 2K] (q4 on VNNI only:
+vpdpbusd) or int8 (vpdpbusd; xs is read only there) on AVX-512 VNNI; elsewhere the generic
+multiply-add IR (vpmaddwd on x86). Callers validate
 shapes (step/batched.py builds wi from a matrix the fused step checked): no bounds checks.
 """
 

@@ -14,7 +14,9 @@ type's recipe) read the file's bytes in place, for decode, the batched step and 
                                                     row's blocks dequantized as it goes
       "embed"(wi, ids, out)                         rows ids dequantized
     }
-wi is the tensor's data, uint8 [rows / 16, 16 * row_bytes]; out[t, r] as linear.py's. Each
+wi is the tensor's data, uint8 [rows / 16, 16 * row_bytes]; out[t, r] as linear.py's. On
+AVX-512 VNNI prefill's int16 activations reach the tiles as interleave.halves() (tile_acts:
+made once a call, shared by every group; decode's where DECODE_HALVES). Each
 row's integer-activation result is the same whichever tile ("i1", "i2", "i4") had it
 (interleave.py), so prefill, decode and the batched step agree bit for bit. The float
 kernels sum each row's products in column order (not the rows layout's tile order: equal
@@ -37,6 +39,11 @@ from .matvec import named
 
 ROWS = 16  # rows a group (layout.GROUP_ROWS)
 HALVES = ("q4_0", "q4_1")  # the types whose tiles take int16 activations as halves()
+# Decode's matvec (one token) on halves: from L3 1.4-1.5x the int16 words' speed, but from
+# memory on one thread (the 1.7B shapes, a loaded host, benchmarks/tile_bound.py --matvec)
+# 3-8% slower: decode is bound by memory there, and keeps the words. The tiles of 2 and 4
+# tokens (prefill, the batched step) are bound by their instructions: always halves.
+DECODE_HALVES = False
 
 
 def tile_acts(code, xq):
@@ -48,16 +55,30 @@ def tile_acts(code, xq):
     raise NotImplementedError("tile_acts runs in kernels only")
 
 
-@overload(tile_acts, jit_options=GLUE, prefer_literal=True)
-def _tile_acts(code, xq):
+def decode_acts(code, xq):
+    """tile_acts for decode's one-token tiles where DECODE_HALVES, else xq itself."""
+    raise NotImplementedError("decode_acts runs in kernels only")
+
+
+def _acts(code, xq, on):
     q4 = isinstance(code, types.IntegerLiteral) and name_of(code.literal_value) in HALVES
-    if VNNI and q4 and xq.dtype == types.int16:
+    if on and VNNI and q4 and xq.dtype == types.int16:
         def impl(code, xq):
             xh = np.empty((xq.shape[0], 2 * xq.shape[1]), np.uint8)
             halves(xq, xh)
             return xh
         return impl
     return lambda code, xq: xq
+
+
+@overload(tile_acts, jit_options=GLUE, prefer_literal=True)
+def _tile_acts(code, xq):
+    return _acts(code, xq, True)
+
+
+@overload(decode_acts, jit_options=GLUE, prefer_literal=True)
+def _decode_acts(code, xq):
+    return _acts(code, xq, DECODE_HALVES)
 
 
 @kernel
@@ -90,14 +111,14 @@ def make_x16(code: int) -> dict:
     @kernel
     @named(f"mv_rows_x16_{name}")
     def mv_rows(wi, xq, xd, xs, xds, out, r0, r1):
-        xa = tile_acts(code, xq)
+        xa = decode_acts(code, xq)
         for g in range(r0 // ROWS, r1 // ROWS):
             tile(code, "i1", wi, g, xa, xd, xs, xds, 0, out, g * ROWS)
 
     @kernel(parallel=True)
     @named(f"mv_x16_{name}")
     def mv(wi, xq, xd, xs, xds, out):
-        xa = tile_acts(code, xq)
+        xa = decode_acts(code, xq)
         for g in prange(wi.shape[0]):
             tile(code, "i1", wi, g, xa, xd, xs, xds, 0, out, g * ROWS)
 

@@ -12,7 +12,8 @@ CPU time, the variants alternating each round; the medians. 2026-12-05, the same
 loaded (load 15-23, 7 helpers on 2 cores): from L3 words 46-52 GB/s, halves 65-73 (1.4-1.5x);
 from memory, with the one-token tiles' prefetch 2048 bytes ahead: words 27.5-32.6 GB/s,
 halves 28-34, int8 31-36; 8192 ahead (interleave.PF_DECODE): words 33-39, halves 30-37.5,
-int8 32-39. So decode keeps the words (x16.DECODE_HALVES); the 2- and 4-token tiles
+int8 32-39; this script at load 4: from L3 halves / words 1.30-1.44x, from memory
+0.90-1.01x. So decode keeps the words (x16.DECODE_HALVES); the 2- and 4-token tiles
 (prefill, the batched step) gain 1.35-1.47x from halves.
 
 Prints one core's vpdpwssd peak (ten independent chains of the instruction alone; then eight

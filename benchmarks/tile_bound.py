@@ -2,6 +2,19 @@
 issue 24's 4 rows / 1 row at the default (int16 activation) precision.
 
     python benchmarks/tile_bound.py [--rows 184320] [--cols 576] [--reps 7]
+    python benchmarks/tile_bound.py --matvec [--rounds 7]
+
+--matvec: decode's matrix-vector product on the x16 layout (q4_0, the 1.7B shapes 2048x2048,
+8192x2048, 2048x8192) on one thread, int16 activations as words (vpdpwssd on codes widened
+to 16 bits, the tiles' path before the halves) against halves() (vpdpbusd) and int8
+activations: from L3 (one matrix again and again) and from memory (copies filling 400 MB),
+CPU time, the variants alternating each round; the medians. 2026-12-05, the same Zen 4 but
+loaded (load 15-23, 7 helpers on 2 cores): from L3 words 46-52 GB/s, halves 65-73 (1.4-1.5x);
+from memory, with the one-token tiles' prefetch 2048 bytes ahead: words 27.5-32.6 GB/s,
+halves 28-34, int8 31-36; 8192 ahead (interleave.PF_DECODE): words 33-39, halves 30-37.5,
+int8 32-39; this script at load 4: from L3 halves / words 1.30-1.44x, from memory
+0.90-1.01x. So decode keeps the words (x16.DECODE_HALVES); the 2- and 4-token tiles
+(prefill, the batched step) gain 1.35-1.47x from halves.
 
 Prints one core's vpdpwssd peak (ten independent chains of the instruction alone; then eight
 with two float FMAs an iteration: eight cycles an iteration if the FMAs issue beside it, ten
@@ -29,6 +42,7 @@ int8, 4 tokens: 1.57 ms from memory (42 GB/s: bound by memory, not the dot produ
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numba
@@ -39,10 +53,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from edgellm.codegen.ir import F32, I32, _c, _llvm_fn, _v, vpdpwssd
-from edgellm.kernels.interleave import interleave
+from edgellm.kernels.interleave import halves, interleave
+from edgellm.kernels.tiles import TILES
+from edgellm.modelfile import quant
+from edgellm.modelfile.layout import to_x16
 from edgellm.runtime.simd import VNNI
 from edgellm.step import batch_step as bs
-from edgellm.step.decode_step import Q4_1
+
+Q4_0, Q4_1 = quant.TYPES["q4_0"].code, quant.TYPES["q4_1"].code
 
 CHAINS = 10  # independent accumulators: more than the instruction's latency needs
 
@@ -135,14 +153,70 @@ def _matrix(rows: int, cols: int, act, rng) -> np.ndarray:
     return interleave(w, "q4_1", act)
 
 
+_I1 = TILES[Q4_0]["i1"]
+
+
+@njit(cache=False)
+def _mv_words(wi, xq, xd, xs, xds, out):
+    """Decode's x16 matvec on the int16 words (or int8 activations): every group, one tile."""
+    for g in range(wi.shape[0]):
+        _I1(wi, g, xq, xd, xs, xds, 0, out, 16 * g)
+
+
+@njit(cache=False)
+def _mv_halves(wi, xq, xd, xs, xds, out):
+    """The same on halves() made from xq first, as x16.py's mv_rows does."""
+    xh = np.empty((xq.shape[0], 2 * xq.shape[1]), np.uint8)
+    halves(xq, xh)
+    _mv_words(wi, xh, xd, xs, xds, out)
+
+
+def matvec(rounds: int) -> None:
+    """The --matvec table (the module docstring)."""
+    rng = np.random.default_rng(0)
+    for N, K in ((2048, 2048), (8192, 2048), (2048, 8192)):
+        nb = K // 32
+        w = rng.integers(0, 256, (N, nb * 18), dtype=np.uint8)
+        w.reshape(N, nb, 18)[..., 0:2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+        one = to_x16(w, "q4_0")
+        copies = [one] + [one.copy() for _ in range(max(2, 400_000_000 // one.nbytes) - 1)]
+        x16 = rng.integers(-32768, 32768, (1, K)).astype(np.int16)
+        x8 = rng.integers(-127, 128, (1, K)).astype(np.int8)
+        xd = np.full((1, nb), 1e-4, np.float32)
+        xs = np.zeros((1, nb), np.int32)
+        out = np.zeros((1, N), np.float32)
+        runs = {"words": (_mv_words, x16), "halves": (_mv_halves, x16), "int8": (_mv_words, x8)}
+        took = {(k, where): [] for k in runs for where in ("L3", "memory")}
+        for fn, x in runs.values():
+            fn(one, x, xd, xs, xd, out)
+        for _ in range(rounds):
+            for k, (fn, x) in runs.items():
+                for where, ws in (("L3", [one] * 50), ("memory", copies)):
+                    t = time.process_time()
+                    for wi in ws:
+                        fn(wi, x, xd, xs, xd, out)
+                    took[k, where].append((time.process_time() - t) / len(ws))
+        for where in ("L3", "memory"):
+            gbs = {k: one.nbytes / np.median(took[k, where]) / 1e9 for k in runs}
+            print(f"q4_0 x16 {N}x{K} from {where:6s}: " + ", ".join(
+                f"{k} {v:5.1f} GB/s" for k, v in gbs.items())
+                + f"; halves / words {gbs['halves'] / gbs['words']:.2f}x")
+    print(f"(load average {os.getloadavg()[0]:.1f})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=184320)  # 30 layers' rows of 576 columns
     ap.add_argument("--cols", type=int, default=576)
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--matvec", action="store_true", help="the x16 matvec table instead")
+    ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     if not VNNI:
         raise SystemExit("tile_bound: this CPU has no AVX-512 VNNI: no vpdpwssd to measure")
+    if args.matvec:
+        matvec(args.rounds)
+        return
     if args.rows % 16 or args.cols % 32:
         raise SystemExit("tile_bound: --rows must be a multiple of 16 and --cols of 32")
     count = 20_000_000

@@ -179,3 +179,54 @@ def test_the_batched_step_reads_the_interleaved_copies(kind, converted):
             assert (at[mine] >= 0).all() and data.size > 0
         else:
             assert (at < 0).all() and data.size == 0
+
+
+@pytest.mark.skipif(not simd.VNNI, reason="the halves are the VNNI path's")
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
+def test_int16_halves_on_vpdpbusd_are_the_int16_words_bit_for_bit(kind):
+    """The q4 tiles on halves() (int16 activations split into a u8 and an s8 byte) compute
+    the same integers as on the int16 words (vpdpwssd), so the same floats: random codes and
+    activations over the whole int16 range, -32768 and 32767 in every block, 13 blocks (two
+    chains of unequal length); and prefill takes them (decode, the words: x16.DECODE_HALVES)."""
+    from edgellm.kernels import registry
+    from edgellm.kernels.x16 import tile_acts
+
+    N, K, T = 48, 416, 4
+    rng = np.random.default_rng(11)
+    raw = q_rows(kind, N, K, rng, adversarial=False)
+    xq = rng.integers(-32768, 32768, (T, K)).astype(np.int16)
+    xq[:, 0::32], xq[:, 1::32] = -32768, 32767
+    xq[1, 64:96] = -32768  # a block all at the bottom, and one all at the top
+    xq[2, 96:128] = 32767
+    xd = rng.uniform(1e-6, 1e-3, (T, K // 32)).astype(np.float32)
+    xs = xq.reshape(T, K // 32, 32).astype(np.int32).sum(-1).astype(np.int32)
+    xds = (xd * xs).astype(np.float32)
+    xh = np.zeros((T, 2 * K), np.uint8)
+    il.halves(xq, xh)
+    lo, hi = xh.reshape(T, K // 32, 2, 32)[:, :, 0], xh.reshape(T, K // 32, 2, 32)[:, :, 1]
+    np.testing.assert_array_equal(hi.view(np.int8).astype(np.int32) * 256 + lo,
+                                  xq.reshape(T, K // 32, 32))
+    wi = layouts.to_x16(raw, kind)
+    words = np.full((T, N), np.nan, np.float32)
+    _sixteen(kind, 1)(wi, xq, xd, xs, xds, words)
+    for RT in (1, 2, 4):
+        got = np.full((T, N), np.nan, np.float32)
+        _sixteen(kind, RT)(wi, xh, xd, xs, xds, got)
+        np.testing.assert_array_equal(got.view(np.int32), words.view(np.int32),
+                                      err_msg=f"RT={RT}")
+    code = quant.TYPES[kind].code
+
+    @njit
+    def acts(xq):  # as the x16 kernels and the batched step call it: code a closure constant
+        return tile_acts(code, xq)
+    assert acts(xq).dtype == np.uint8 and acts(xq.astype(np.int8)).dtype == np.int8
+    x16 = registry.X16[kind]
+    got = np.full((1, N), np.nan, np.float32)
+    x16["mv_rows"](wi, xq[:1], xd[:1], xs[:1], xds[:1], got, 16, 48)
+    np.testing.assert_array_equal(got[0, 16:].view(np.int32), words[0, 16:].view(np.int32))
+    got = np.full((1, N), np.nan, np.float32)
+    x16["mv"](wi, xq[1:2], xd[1:2], xs[1:2], xds[1:2], got)
+    np.testing.assert_array_equal(got.view(np.int32), words[1:2].view(np.int32))
+    got = np.full((T, N), np.nan, np.float32)
+    x16["mm"](wi, xq, xd, xs, xds, got, T)
+    np.testing.assert_array_equal(got.view(np.int32), words.view(np.int32))

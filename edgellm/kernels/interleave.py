@@ -29,8 +29,13 @@ and token. int16 activations: the lanes shifted right by 0, 8, 4, 12 bits and ma
 0x000F000F are i16 pairs of row l's codes at columns (8c + k, 8c + k + 2), k = 0, 1, 4, 5;
 the tile permutes the token's block of activations within fours (0, 2, 1, 3) in registers
 so that those pairs are its words 4c..4c+3, and one vpdpwssd with a word broadcast adds a
-pair into each lane: 16 a block and token. q8_0's int16 chunk j sign-extended is the pairs
-(2j, 2j + 1) as stored, against the activations' pair j broadcast from memory.
+pair into each lane: 16 a block and token. Or, on VNNI, the int16 activations q as
+halves() (per block 32 bytes lo = q & 255, then 32 bytes hi = q >> 8): a code n (0..15) is a
+valid u8 and s8, so sum n q = 256 sum n hi + sum lo n is two vpdpbusd per masked chunk
+(codes x hi broadcast from memory, lo broadcast x codes): the same integers as the words'
+with no code widened to 16 bits (_halves_dots; tile_acts in x16.py makes them once a
+call). q8_0's int16 chunk j sign-extended is the pairs (2j, 2j + 1) as stored, against the
+activations' pair j broadcast from memory.
 Either way each lane holds its row's block dot product: for q4 the integer the 8x1 tile
 reduces to, with the float work per block the 8x1 tile's as it is compiled (_scale), on 16
 lanes, with the blocks in group_blocks' two chains: lane by lane the 8x1 tile's operations
@@ -41,8 +46,9 @@ differs from the single step's by rounding), with no horizontal sums.
 
   itile_<q4_0|q4_1|q8_0>_16x<RT>(wi, g, xq, xd, xs, xds, t, out, i)
       out[t + s, i + r] = row 16g + r of W . token t + s, r < 16, s < RT
-xq int16 (the default path's: vpdpwssd) or int8 (vpdpbusd; xs is read only there) on
-AVX-512 VNNI; elsewhere the generic multiply-add IR (vpmaddwd on x86). Callers validate
+xq int16 (the default path's: vpdpwssd), its halves() as uint8 [T, 2K] (q4 on VNNI only:
+vpdpbusd) or int8 (vpdpbusd; xs is read only there) on AVX-512 VNNI; elsewhere the generic
+multiply-add IR (vpmaddwd on x86). Callers validate
 shapes (step/batched.py builds wi from a matrix the fused step checked): no bounds checks.
 """
 
@@ -80,8 +86,9 @@ from ..codegen.packing import BLOCK_BYTES
 from ..modelfile import layout as layouts
 from ..modelfile import quant
 from ..runtime.simd import VNNI
+from .jit import kernel
 
-__all__ = ["ILV_BLOCK", "ILV_ROWS", "interleave", "make_itile"]
+__all__ = ["ILV_BLOCK", "ILV_ROWS", "halves", "interleave", "make_itile"]
 
 ILV_ROWS = 16  # weight rows of a group: one <16 x i32> lane each
 # int16 activations on the q4 byte layout: the shifts of a chunk's lanes whose low nibbles
@@ -90,7 +97,10 @@ PAIR_SHIFT = (0, 8, 4, 12)
 PAIR_PERM = [4 * q + r for q in range(8) for r in (0, 2, 1, 3)]  # a block's activations
 # in the pairs' order: word 4c + h = activations 8c + k, 8c + k + 2
 PF = 2048  # bytes a tile prefetches ahead of its block (measured best from memory
-# against 1024 and 4096)
+# against 1024 and 4096 for the several-token tiles)
+PF_DECODE = 8192  # the q4 one-token tiles' (decode's): they run faster per byte, and
+# from memory 8192 beat 2048 and 4096 on one thread, on both activation types (into L1:
+# into L2 was slower)
 # the layouts this module writes, and bytes of a group's block: the 16 rows' scales (and
 # minima), then their codes: the 16 rows' blocks of 32, rearranged
 ILV_BLOCK = {n: ILV_ROWS * quant.TYPES[n].block_bytes(32) for n in ("q4_0", "q4_1", "q8_0")}
@@ -161,12 +171,14 @@ def _itile_codegen(kind, RT):
     L = ILV_ROWS
     v16i, v32w = _v(I32, L), _v(I16, 2 * L)
     chains = 2 if RT > 1 else 4  # integer chains a token (any split: the same sums)
+    pf = PF_DECODE if RT == 1 and kind != "q8_0" else PF
 
     def codegen(ctx, b, sig, args):
         w, xq, xd, xs, xds, out = (_Rows(ctx, b, sig.args[k], args[k])
                                    for k in (0, 2, 3, 4, 5, 7))
         g, t, i = args[1], args[6], args[8]
-        AB = 2 if sig.args[2].dtype == types.int16 else 1
+        halves = sig.args[2].dtype == types.uint8  # int16 activations as halves()
+        AB = 2 if halves or sig.args[2].dtype == types.int16 else 1
         wrow = w.row(g)
         toks = [b.add(t, _i64(s)) for s in range(RT)]
         xrows, drows, srows, irows = ([a.row(u) for u in toks] for a in (xq, xd, xds, xs))
@@ -189,11 +201,14 @@ def _itile_codegen(kind, RT):
         def body(bi, st):
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
             for c in range(0, BB, 64):  # the stream PF bytes ahead (a hint: may pass the end)
-                _prefetch(b, b.gep(p, [_i64(PF + c)]))
+                _prefetch(b, b.gep(p, [_i64(pf + c)]))
             dw = _h2f(b, _load(b, p, 0, _v(I16, L)))
             mw = _h2f(b, _load(b, p, 32, _v(I16, L))) if kind == "q4_1" else None
             xoff, foff = b.mul(bi, _i64(32 * AB)), b.mul(bi, _i64(4))
             acc = [[zero] * chains for _ in range(RT)]
+            if halves:
+                return [_scale(b, kind, AB, tot, drows[s], srows[s], foff, dw, mw, st[s])
+                        for s, tot in enumerate(_halves_dots(b, p, q0, xrows, xoff, RT))]
             at = [b.ptrtoint(b.gep(x, [xoff], inbounds=True), I64) for x in xrows]
             if VNNI and AB == 2:  # the pairs as broadcast memory operands of vpdpwssd
 
@@ -257,14 +272,64 @@ def _itile_codegen(kind, RT):
                 new.append(_scale(b, kind, AB, tot, drows[s], srows[s], foff, dw, mw, st[s]))
             return new
 
-        group_blocks(b, b.sdiv(xq.cols, _i64(32)), RT, body, out, t, i, range(L), chains=2)
+        nblocks = b.sdiv(xq.cols, _i64(64 if halves else 32))
+        group_blocks(b, nblocks, RT, body, out, t, i, range(L), chains=2)
         return ctx.get_dummy_value()
 
     return codegen
 
 
+def _halves_dots(b, p, q0, xrows, xoff, RT):
+    """The <16 x i32> block dot products (a lane a row) of a q4 group's block at p (codes
+    at byte q0) with RT tokens' int16 activations q given as halves() bytes at xoff of
+    xrows: sum n q = 256 sum n hi + sum lo n, with hi = q >> 8 (s8) and lo = q & 255 (u8),
+    both on vpdpbusd (u8 x s8): a code n (0..15) is either. Per chunk, its lanes masked to
+    their low (high) nibbles are four u8 codes of columns 8c + 4h + k, k < 4: against the
+    four hi bytes broadcast from memory ({1to16}), and as s8 against the four lo bytes
+    broadcast to a register (the u8 operand cannot be the broadcast one). Exact integers:
+    |sum n hi| <= 32 * 15 * 128, so the shift cannot overflow."""
+    v16i = _v(I32, ILV_ROWS)
+    zero = _c(v16i, [0] * ILV_ROWS)
+    nib = _c(v16i, [0x0F0F0F0F] * ILV_ROWS)
+    dpb = _llvm_fn(b, "llvm.x86.avx512.vpdpbusd.512", v16i, [v16i] * 3)
+    n_chains = 2 if RT == 1 else 1  # chains of each half a token
+    hi = [[zero] * n_chains for _ in range(RT)]
+    lo = [[zero] * n_chains for _ in range(RT)]
+    for c in range(4):
+        v = _load(b, p, q0 + 64 * c, v16i)
+        for h, u in enumerate((v, b.lshr(v, _c(v16i, [4] * ILV_ROWS)))):
+            wv = b.and_(u, nib)  # lane l: row l's codes at columns 8c + 4h + k, k < 4
+            col, k = 8 * c + 4 * h, (2 * c + h) % n_chains
+            for s in range(RT):
+                xh = _splat(b, _load(b, xrows[s], b.add(xoff, _i64(32 + col)), I32), ILV_ROWS)
+                hi[s][k] = b.call(dpb, [hi[s][k], wv, xh])
+                xl = _splat(b, _load(b, xrows[s], b.add(xoff, _i64(col)), I32), ILV_ROWS)
+                lo[s][k] = b.call(dpb, [lo[s][k], xl, wv])
+    tots = []
+    for s in range(RT):
+        h, l = hi[s][0], lo[s][0]
+        for k in range(1, n_chains):
+            h, l = b.add(h, hi[s][k]), b.add(l, lo[s][k])
+        tots.append(b.add(b.shl(h, _c(v16i, [8] * ILV_ROWS)), l))
+    return tots
+
+
+@kernel
+def halves(xq, xh):
+    """int16 activations xq [T, K] (K % 32 == 0) -> xh uint8 [T, 2K], the tiles' form of
+    them on VNNI: per block of 32, its 32 low bytes (q & 255), then its 32 high bytes
+    (q >> 8, an int8's bits). Once per token and matrix: every group reads it."""
+    for t in range(xq.shape[0]):
+        for bi in range(xq.shape[1] // 32):
+            for j in range(32):
+                q = np.int32(xq[t, 32 * bi + j])
+                xh[t, 64 * bi + j] = np.uint8(q & 255)
+                xh[t, 64 * bi + 32 + j] = np.uint8((q >> 8) & 255)
+
+
 def make_itile(kind, RT):
     """The intrinsic itile_<kind>_16x<RT> (tiles.py)."""
-    arrays = {0: types.uint8, 2: (types.int8, types.int16), 3: types.float32,
+    acts = (types.int8, types.int16) + ((types.uint8,) if VNNI and kind != "q8_0" else ())
+    arrays = {0: types.uint8, 2: acts, 3: types.float32,
               4: types.int32, 5: types.float32, 7: types.float32}
     return _typed(f"itile_{kind}_16x{RT}", _itile_codegen(kind, RT), arrays, ints=(1, 6, 8))

@@ -14,7 +14,9 @@ type's recipe) read the file's bytes in place, for decode, the batched step and 
                                                     row's blocks dequantized as it goes
       "embed"(wi, ids, out)                         rows ids dequantized
     }
-wi is the tensor's data, uint8 [rows / 16, 16 * row_bytes]; out[t, r] as linear.py's. Each
+wi is the tensor's data, uint8 [rows / 16, 16 * row_bytes]; out[t, r] as linear.py's. On
+AVX-512 VNNI prefill's int16 activations reach the tiles as interleave.halves() (tile_acts:
+made once a call, shared by every group; decode's where DECODE_HALVES). Each
 row's integer-activation result is the same whichever tile ("i1", "i2", "i4") had it
 (interleave.py), so prefill, decode and the batched step agree bit for bit. The float
 kernels sum each row's products in column order (not the rows layout's tile order: equal
@@ -24,15 +26,59 @@ within float rounding). Callers validate shapes (linear.py, step/fused.py): no b
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import prange, types
+from numba.extending import overload
 
 from ..modelfile import quant
+from ..runtime.simd import VNNI
 from .family import kern, name_of, tile
-from .jit import kernel
+from .interleave import halves
+from .jit import GLUE, kernel
 from .kquant import F16
 from .matvec import named
 
 ROWS = 16  # rows a group (layout.GROUP_ROWS)
+HALVES = ("q4_0", "q4_1")  # the types whose tiles take int16 activations as halves()
+# Decode's matvec (one token) on halves: from L3 1.4-1.5x the int16 words' speed, but from
+# memory on one thread (the 1.7B shapes, a loaded host, benchmarks/tile_bound.py --matvec)
+# 3-8% slower: decode is bound by memory there, and keeps the words. The tiles of 2 and 4
+# tokens (prefill, the batched step) are bound by their instructions: always halves.
+DECODE_HALVES = False
+
+
+def tile_acts(code, xq):
+    """The integer activations xq [T, K] as type `code`'s "i" tiles read them fastest: for
+    q4_0 / q4_1, int16 ones on AVX-512 VNNI as interleave.halves() (a new uint8 [T, 2K],
+    made once for all the matrix's groups: vpdpbusd on bytes where the int16 words take
+    vpdpwssd on codes widened to 16 bits), else xq itself. The same integer dot products,
+    so the same results bit for bit. code: a compile-time constant."""
+    raise NotImplementedError("tile_acts runs in kernels only")
+
+
+def decode_acts(code, xq):
+    """tile_acts for decode's one-token tiles where DECODE_HALVES, else xq itself."""
+    raise NotImplementedError("decode_acts runs in kernels only")
+
+
+def _acts(code, xq, on):
+    q4 = isinstance(code, types.IntegerLiteral) and name_of(code.literal_value) in HALVES
+    if on and VNNI and q4 and xq.dtype == types.int16:
+        def impl(code, xq):
+            xh = np.empty((xq.shape[0], 2 * xq.shape[1]), np.uint8)
+            halves(xq, xh)
+            return xh
+        return impl
+    return lambda code, xq: xq
+
+
+@overload(tile_acts, jit_options=GLUE, prefer_literal=True)
+def _tile_acts(code, xq):
+    return _acts(code, xq, True)
+
+
+@overload(decode_acts, jit_options=GLUE, prefer_literal=True)
+def _decode_acts(code, xq):
+    return _acts(code, xq, DECODE_HALVES)
 
 
 @kernel
@@ -65,14 +111,16 @@ def make_x16(code: int) -> dict:
     @kernel
     @named(f"mv_rows_x16_{name}")
     def mv_rows(wi, xq, xd, xs, xds, out, r0, r1):
+        xa = decode_acts(code, xq)
         for g in range(r0 // ROWS, r1 // ROWS):
-            tile(code, "i1", wi, g, xq, xd, xs, xds, 0, out, g * ROWS)
+            tile(code, "i1", wi, g, xa, xd, xs, xds, 0, out, g * ROWS)
 
     @kernel(parallel=True)
     @named(f"mv_x16_{name}")
     def mv(wi, xq, xd, xs, xds, out):
+        xa = decode_acts(code, xq)
         for g in prange(wi.shape[0]):
-            tile(code, "i1", wi, g, xq, xd, xs, xds, 0, out, g * ROWS)
+            tile(code, "i1", wi, g, xa, xd, xs, xds, 0, out, g * ROWS)
 
     @kernel
     @named(f"tokens_x16_{name}")
@@ -91,8 +139,9 @@ def make_x16(code: int) -> dict:
     @kernel(parallel=True)
     @named(f"mm_x16_{name}")
     def mm(wi, xq, xd, xs, xds, out, T):
+        xa = tile_acts(code, xq[:T])
         for g in prange(wi.shape[0]):
-            kern(code, "x16_tokens", wi, g, xq, xd, xs, xds, out, T)
+            kern(code, "x16_tokens", wi, g, xa, xd, xs, xds, out, T)
 
     @kernel
     @named(f"dot_rows_x16_{name}")

@@ -48,6 +48,7 @@ from ..kernels.jit import GLUE, kernel
 from ..kernels.kv_store import store_kv_row
 from ..kernels.sync import barrier
 from ..kernels.tiles import RECIPES
+from ..kernels.x16 import tile_acts
 from .decode_step import (
     C_EPS,
     C_NORM_OFFSET,
@@ -131,8 +132,9 @@ def _group_rows(c: int):
             gb = K // 32 * ilv_block  # bytes a group
             lo = at + row0 // ILV_ROWS * gb
             wi = ilv[1][lo:lo + rows // ILV_ROWS * gb].reshape((rows // ILV_ROWS, gb))
+            xa = tile_acts(c, xqv)  # once for the groups (x16.py)
             for g in range(r0 // ILV_ROWS, r1 // ILV_ROWS):  # r0, r1 on ALIGN = 16
-                _interleaved(c, wi, g, xqv, xdv, xsv, xdsv, outv, n)
+                _interleaved(c, wi, g, xa, xdv, xsv, xdsv, outv, n)
             return r1
         off, rb = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]
         w = blob[off:off + rows * rb].reshape((rows, rb))

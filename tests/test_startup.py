@@ -112,3 +112,37 @@ def test_deferred_variants_compile_when_asked(converted, monkeypatch):
         calls.clear()
         finish_first_run(llm)  # nothing due: nothing runs
         assert calls == []
+
+
+def test_warmup_loads_what_the_first_prompt_runs(converted, monkeypatch):
+    """tokens (the first prompt's length): one token runs through the step where warmup
+    loads it (no chunk), else as a one-token chunk; longer prompts as chunks of two."""
+    from edgellm.arch.base import Transformer
+
+    sizes = []
+    monkeypatch.setattr(Transformer, "warm_chunk", lambda self, n: sizes.append(n))
+    with edgellm.load(converted("llama", "q4_1"), threads=1) as llm:
+        m = llm.model
+        for tokens, decode, want in ((1, True, []), (1, False, [1]), (5, True, [2]),
+                                     (5, False, [2])):
+            sizes.clear()
+            m.warmup(variants=False, decode=decode, tokens=tokens)
+            assert sizes == want, (tokens, decode)
+
+
+def test_generate_warms_up_for_its_prompt(converted, monkeypatch, capsys):
+    """The CLI's generate tells the warmup its prompt's length (open_model's first_tokens)."""
+    from edgellm import cli
+    from edgellm.arch.base import Transformer
+    from edgellm.commands import first_run
+
+    monkeypatch.setattr(first_run, "worth_it", lambda: False)  # no child process here
+    seen = []
+    warm = Transformer.warmup
+    monkeypatch.setattr(Transformer, "warmup",
+                        lambda self, *a, **k: (seen.append(k.get("tokens")), warm(self, *a, **k)))
+    path = str(converted("llama", "q4_1"))
+    assert cli.main(["generate", "-m", path, "-p", "Hello there", "-n", "1", "-t", "1",
+                     "--temp", "0"]) == 0
+    with edgellm.load(path) as llm:
+        assert seen[:1] == [len(llm.encode_prompt("Hello there"))]

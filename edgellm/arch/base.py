@@ -368,7 +368,8 @@ class Transformer(CachedTokens):
                 return out[0]
         return np.concatenate(outs) if every else None
 
-    def warmup(self, between=None, variants: bool = True, decode: bool = True) -> None:
+    def warmup(self, between=None, variants: bool = True, decode: bool = True,
+               tokens: int = 2) -> None:
         """Load (or compile) every kernel the decode and prefill paths call, without reading
         the whole model: the fused step's kernel is loaded without running it, and a chunk
         runs through one layer of each kind (warm_layers) and the head, twice (two tokens:
@@ -386,7 +387,12 @@ class Transformer(CachedTokens):
         variants=False leaves the variants to warm_variants() (variants_due says whether
         they are due): the CLI's generate compiles them after its answer, so that the first
         run's first token does not wait for them. decode=False leaves the fused step alone
-        (the prefill only): the CLI has another process compile it (commands/first_run.py)."""
+        (the prefill only): the CLI has another process compile it (commands/first_run.py).
+        tokens: the length of the first prompt, where the caller knows it: a one-token
+        prompt runs through the fused step where it is loaded here (no chunk is warmed),
+        else as a one-token chunk (the T = 1 kernels); longer ones as chunks (T = 2's). A
+        first run then compiles before its first token what that token needs, and the
+        rest after it (the variants)."""
         from ..kernels.warmup import compiled
 
         before = compiled()
@@ -397,8 +403,9 @@ class Transformer(CachedTokens):
             if between is not None:
                 between()
         self.packed.prefault(self.streamed())  # the first token's page faults, on a thread
-        self.warm_chunk(2)
-        if self.fused is None:
+        if tokens > 1:
+            self.warm_chunk(2)
+        if self.fused is None or (tokens == 1 and fused is None):
             self.warm_chunk(1)
         self.variants_due = compiled() > before
         if self.variants_due and variants:

@@ -181,12 +181,15 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def open_model(args, defer_variants: bool = False, warm: bool = True) -> LLM:
+def open_model(args, defer_variants: bool = False, warm: bool = True,
+               first_tokens: Callable[[LLM], int] | None = None) -> LLM:
     """Resolve -m (pulling the default model on first use) and load it, saying when the
     kernels are being compiled (the first run on a machine). defer_variants: leave the
     first run's other variants (a decoder's warmup) to finish_first_run, after the answer.
     warm=False: no warmup here, for a caller whose kernels run on another thread: it warms
-    the model there (warm_on) instead."""
+    the model there (warm_on) instead. first_tokens(llm): the first prompt's token count,
+    so that the warmup loads (or compiles) what that prompt runs (a decoder's warmup:
+    tokens)."""
     import warnings
 
     from ..kernels.warmup import compile_notice, release_compiler_pages
@@ -206,18 +209,25 @@ def open_model(args, defer_variants: bool = False, warm: bool = True) -> LLM:
         if llm.packed.has_tokenizer:  # built before the kernels load: its build's transient
             llm.tokenizer  # (~10-20 MiB, freed) is then not on top of them in the peak
         model = llm.model  # release: LLVM's pages, which decoding does not run
+        sized = {}
+        if first_tokens is not None and hasattr(model, "warm_variants"):
+            try:
+                sized["tokens"] = first_tokens(llm)
+            except BaseException:
+                llm.close()
+                raise
         background = _background(args, llm) if defer_variants and warm else None
         if background is not None:  # the first run: a second process compiles the step
             background.start(["decode", "variants"])
             say("edgellm: compiling the decode step in a second process (first run only)")
-            model.warmup(release_compiler_pages, variants=False, decode=False)
+            model.warmup(release_compiler_pages, variants=False, decode=False, **sized)
             background.start(["precision"])
             model.variants_due = False  # the children compile them
             model.fused.ready = background.decode_ready
         elif warm and defer_variants and hasattr(model, "warm_variants"):
-            model.warmup(release_compiler_pages, variants=False)
+            model.warmup(release_compiler_pages, variants=False, **sized)
         elif warm:
-            model.warmup(release_compiler_pages)
+            model.warmup(release_compiler_pages, **sized)
     llm.background = background
     return llm
 

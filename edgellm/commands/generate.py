@@ -91,10 +91,12 @@ def run(args) -> int:
         raise EdgeLLMError("--parse-special is about chat messages: it needs --chat")
     prompt = read_stdin_text() if args.prompt == "-" else args.prompt
     constraint = constraint_kwargs(args)
-    with open_model(args, defer_variants=True) as llm:
-        if args.chat:
-            messages = [{"role": "system", "content": args.system}] if args.system else []
-            prompt = messages + [{"role": "user", "content": prompt}]
+    if args.chat:
+        messages = [{"role": "system", "content": args.system}] if args.system else []
+        prompt = messages + [{"role": "user", "content": prompt}]
+    # the warmup loads what this prompt runs (a first run compiles that before the answer)
+    first = lambda llm: len(llm.encode_prompt(prompt, parse_special=args.parse_special))  # noqa: E731
+    with open_model(args, defer_variants=True, first_tokens=first) as llm:
         last = None
         for chunk in llm.stream(prompt, parse_special=args.parse_special,
                                 max_tokens=args.max_tokens, stop=args.stop,

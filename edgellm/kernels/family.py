@@ -105,19 +105,41 @@ def by_kind(codes: list[int], case, tail=None):
     passes only codes it holds.
 
     case(c) is a jitted function of fixed arity that calls its kernels with c as a
-    constant (a star call would pass c on as a plain int64)."""
+    constant (a star call would pass c on as a plain int64).
+
+    Where numba types `kind` as a literal (a constant the caller passes: a kernel compiled
+    for one type, registry.py's by-type entries), f is that one case and the other codes
+    are never typed nor compiled; a run-time kind gets the chain of branches."""
+    cases = {c: case(c) for c in codes}
+    chain = _chain(list(codes), cases, tail)
+
+    def pick(kind, *args):
+        raise NotImplementedError("by_kind's functions run in kernels only")
+
+    @overload(pick, jit_options=_JIT, prefer_literal=True)
+    def _pick(kind, *args):
+        if isinstance(kind, types.IntegerLiteral):
+            c = kind.literal_value
+            one = cases.get(c, tail if tail is not None or not codes else cases[codes[-1]])
+            return lambda kind, *args: one(*args)
+        return lambda kind, *args: chain(kind, *args)
+    return pick
+
+
+def _chain(codes: list[int], cases: dict, tail):
+    """by_kind's chain of branches over `codes` at run time."""
     if not codes:
         @njit(**_JIT)
         def other(kind, *args):
             return tail(*args)
         return other
-    this = case(codes[0])
+    this = cases[codes[0]]
     if len(codes) == 1 and tail is None:
         @njit(**_JIT)
         def last(kind, *args):
             return this(*args)
         return last
-    c, rest = codes[0], by_kind(codes[1:], case, tail)
+    c, rest = codes[0], _chain(codes[1:], cases, tail)
 
     @njit(**_JIT)
     def chain(kind, *args):

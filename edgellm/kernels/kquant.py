@@ -22,10 +22,11 @@ Callers validate shapes (linear.py, step/fused.py): these kernels do not check b
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import njit, prange
 
 from ..modelfile import quant
-from .jit import kernel
+from .family import by_kind
+from .jit import GLUE, kernel
 from .panel_gemm import W, _group, _tail
 
 __all__ = ["embed_k", "gemm_k", "mvp_k", "mvp_rows_k"]
@@ -170,23 +171,38 @@ def _deq_q5(row, out, L, one):
                                        - off) + m
 
 
-@kernel
-def _dequant(kind, row, out, L):
-    """One stored row (uint8 [row_bytes]) -> out float32 [K] (value = dsub q - msub)."""
-    if kind == Q4_K:
-        _deq_q45_k(row, out, L, False)
-    elif kind == Q5_K:
-        _deq_q45_k(row, out, L, True)
-    elif kind == Q6_K:
-        _deq_q6_k(row, out, L)
-    elif kind == Q3_K:
-        _deq_q3_k(row, out, L)
-    elif kind == Q2_K:
-        _deq_q2_k(row, out, L)
-    elif kind == Q5_1:
-        _deq_q5(row, out, L, True)
+def _deq_case(c: int):
+    """by_kind's case: type c's row dequantizer (glue, compiled into its caller)."""
+    if c in (Q4_K, Q5_K):
+        five = c == Q5_K
+
+        @njit(**GLUE)
+        def deq(row, out, L):
+            _deq_q45_k(row, out, L, five)
+    elif c == Q6_K:
+        @njit(**GLUE)
+        def deq(row, out, L):
+            _deq_q6_k(row, out, L)
+    elif c == Q3_K:
+        @njit(**GLUE)
+        def deq(row, out, L):
+            _deq_q3_k(row, out, L)
+    elif c == Q2_K:
+        @njit(**GLUE)
+        def deq(row, out, L):
+            _deq_q2_k(row, out, L)
     else:
-        _deq_q5(row, out, L, False)
+        one = c == Q5_1
+
+        @njit(**GLUE)
+        def deq(row, out, L):
+            _deq_q5(row, out, L, one)
+    return deq
+
+
+# (kind, row, out, L): one stored row (uint8 [row_bytes]) -> out float32 [K] (value = dsub q
+# - msub), by type code; a kernel compiled for one code (a literal kind) holds only its type's
+_dequant = by_kind([Q4_K, Q5_K, Q6_K, Q3_K, Q2_K, Q5_1, Q5_0], _deq_case)
 
 
 @kernel

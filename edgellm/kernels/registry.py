@@ -16,9 +16,11 @@ quant.TYPES says which types have which kernels; this says which functions they 
 checks at import that the two agree. linear.py dispatches through it, the fused step
 through family.kern (KERNELS, by code).
 q5_0, q5_1 and the K-quants share kquant.py's float-activation kernels, which take the
-type's code first: their entries bind it (`_k_float`; the `block` argument is unused, the
-type fixes it); q4_k, q5_k and q6_k also have kquant_int.py's integer-activation ones
-(`_k_int`, likewise), q5_0 and q5_1 a generated family's (tiles.py's recipe).
+type's code first: their entries are kernels of one type each (`_k_float`: `<role>_<type>`,
+the `block` argument unused, the type fixes it) passing the code as a constant, so that a
+model compiles its own types' code only (family.by_kind); q4_k, q5_k and q6_k also have
+kquant_int.py's integer-activation ones (`_k_int`, likewise), q5_0 and q5_1 a generated
+family's (tiles.py's recipe).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..modelfile import layout as layouts
 from ..modelfile import quant
 from . import kquant, kquant_int
 from .family import KERNELS
+from .jit import kernel
 from .matmul import make_matmul
 from .matvec import make_matvec
 from .panel_gemm import make_gemm
@@ -74,28 +77,62 @@ for _name, _recipe in RECIPES.items():
         BATCH[_name] = BatchKernels(_k["mvb_rows"], _k["mvb"])
 
 
-def _k_float(code: int) -> FloatKernels:
-    gemm = lambda w, block, x, out: kquant.gemm_k(code, w, x, out)  # noqa: E731
-    return FloatKernels(
-        lambda w, block, x, out, r0, r1: kquant.mvp_rows_k(code, w, x, out, r0, r1),
-        lambda w, block, x, out: kquant.mvp_k(code, w, x, out), gemm,
-        lambda w, block, ids, out: kquant.embed_k(code, w, ids, out), gemm)
+def _by_type(name: str, role: str):
+    """@kernel for a by-type entry of the K-quant kernels: cached under its own name
+    (`<role>_<type>`), so that each type's entry has its own index in the kernel cache."""
+    def wrap(f):
+        f.__name__ = f.__qualname__ = f"{role}_{name}"
+        return kernel(f)
+    return wrap
 
 
-def _k_int(code: int) -> Int8Kernels:
-    return Int8Kernels(
-        lambda w, block, xq, xd, xds, out, r0, r1: kquant_int.mv_rows_kq(code, w, xq, xd, xds,
-                                                                         out, r0, r1),
-        lambda w, block, xq, xd, xds, out: kquant_int.mv_kq(code, w, xq, xd, xds, out),
-        lambda w, block, xq, xd, xs, xds, out, T, threads: kquant_int.mm_kq(
-            code, w, xq, xd, xs, xds, out, T, threads))
+def _k_float(name: str) -> FloatKernels:
+    """kquant.py's kernels for type `name`, one entry a type: each calls the kernel with the
+    type's code as a constant, so that numba compiles that type's code only (family.by_kind:
+    a literal kind), not all seven."""
+    code = quant.TYPES[name].code
+
+    @_by_type(name, "mvp_rows_k")
+    def rows(w, block, x, out, r0, r1):
+        kquant.mvp_rows_k(code, w, x, out, r0, r1)
+
+    @_by_type(name, "mvp_k")
+    def parallel(w, block, x, out):
+        kquant.mvp_k(code, w, x, out)
+
+    @_by_type(name, "gemm_k")
+    def gemm(w, block, x, out):
+        kquant.gemm_k(code, w, x, out)
+
+    @_by_type(name, "embed_k")
+    def embed(w, block, ids, out):
+        kquant.embed_k(code, w, ids, out)
+    return FloatKernels(rows, parallel, gemm, embed, gemm)
+
+
+def _k_int(name: str) -> Int8Kernels:
+    """kquant_int.py's kernels for type `name`, one entry a type (as _k_float's)."""
+    code = quant.TYPES[name].code
+
+    @_by_type(name, "mv_rows_kq")
+    def rows(w, block, xq, xd, xds, out, r0, r1):
+        kquant_int.mv_rows_kq(code, w, xq, xd, xds, out, r0, r1)
+
+    @_by_type(name, "mv_kq")
+    def parallel(w, block, xq, xd, xds, out):
+        kquant_int.mv_kq(code, w, xq, xd, xds, out)
+
+    @_by_type(name, "mm_kq")
+    def matmul(w, block, xq, xd, xs, xds, out, T, threads):
+        kquant_int.mm_kq(code, w, xq, xd, xs, xds, out, T, threads)
+    return Int8Kernels(rows, parallel, matmul)
 
 
 for _name in quant.K_TYPES:  # kquant.py's and kquant_int.py's kernels, by code
     if _name not in FLOAT:
-        FLOAT[_name] = _k_float(quant.TYPES[_name].code)
+        FLOAT[_name] = _k_float(_name)
     if quant.TYPES[_name].int8_kernels and _name not in INT8:
-        INT8[_name] = _k_int(quant.TYPES[_name].code)
+        INT8[_name] = _k_int(_name)
 
 # the x16 layout's kernels (x16.py: modelfile/layout.py), beside the type's own, by role
 # "x16_<role>" in KERNELS; X16[type] the same by role for linear.py

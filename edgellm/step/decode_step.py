@@ -225,6 +225,14 @@ def _family_rows(c: int):
 _FAMILY = tuple(c for c in KIND_CODE.values() if c in KERNELS)  # generated families
 
 
+def _k_case(c: int):
+    """The rows of K-quant type c (_k_rows for that code alone: its kernels only)."""
+    @njit(**GLUE)
+    def rows(kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
+        _k_rows(c, float_acts, w, block, h, xq, xd, xds, out, r0, r1)
+    return rows
+
+
 def matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
     """out[0, r0:r1] = W[r0:r1] @ h[0] for W of type code `kind`: the kernels of the codes
     `kinds` holds (see the module docstring)."""
@@ -234,8 +242,7 @@ def matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
 @overload(matvec_rows, jit_options=GLUE)
 def _matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
     codes = [c for c in codes_of(kinds) if c in KIND_CODE.values()]
-    k_any = any(c not in _FAMILY for c in codes)
-    chain = by_kind([c for c in codes if c in _FAMILY], _family_rows, _k_rows if k_any else None)
+    chain = by_kind(codes, lambda c: _family_rows(c) if c in _FAMILY else _k_case(c))
 
     def impl(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1):
         chain(kind, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1)
@@ -301,12 +308,22 @@ def sb_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
 
 @overload(sb_rows, jit_options=GLUE)
 def _sb_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
-    if not set(codes_of(kinds)) & set(KK_CODES):
+    codes = [c for c in codes_of(kinds) if c in KK_CODES]
+    if not codes:
         return lambda kinds, kind, w, xq, xd, xb, out, r0, r1: None
+    chain = by_kind(codes, _kk_case)
 
     def impl(kinds, kind, w, xq, xd, xb, out, r0, r1):
-        mv_rows_kk(kind, w, xq, xd, xb, out, r0, r1)
+        chain(kind, w, xq, xd, xb, out, r0, r1)
     return impl
+
+
+def _kk_case(c: int):
+    """mv_rows_kk for K-quant type c alone."""
+    @njit(**GLUE)
+    def rows(w, xq, xd, xb, out, r0, r1):
+        mv_rows_kk(c, w, xq, xd, xb, out, r0, r1)
+    return rows
 
 
 @kernel
@@ -599,8 +616,30 @@ def _quant_op(op, mem, shared, private, tid, xq, xd, xs, xds, ints):
         aq, ad, ab = _act_k(xq, xd, xs, ints, tid * SLOTS + o.slot, o.n)
         quantize_rows_k(_row(mem, shared, private, tid, o.src, o.n), aq, ad, ab, 0, 1)
     else:
-        aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + o.slot, o.n)
-        quantize_rows(_row(mem, shared, private, tid, o.src, o.n), aq, ad, asum, ads, 0, 1)
+        _quant_op32(op, mem, shared, private, tid, xq, xd, xs, xds, ints)
+
+
+@kernel
+def _quant_op32(op, mem, shared, private, tid, xq, xd, xs, xds, ints):
+    """_quant_op of a program without super-block slots (no K-quant matrix: sb is 0)."""
+    o = operands(op, QUANT)
+    aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, tid * SLOTS + o.slot, o.n)
+    quantize_rows(_row(mem, shared, private, tid, o.src, o.n), aq, ad, asum, ads, 0, 1)
+
+
+def quant_slot(kinds, op, mem, shared, private, tid, xq, xd, xs, xds, ints):
+    """_quant_op where kinds holds a K-quant code (super-block slots: fused.SB_TYPES), else
+    _quant_op32: a step without K-quant matrices compiles no super-block quantizer."""
+    raise NotImplementedError("quant_slot runs in kernels only")
+
+
+@overload(quant_slot, jit_options=GLUE)
+def _quant_slot(kinds, op, mem, shared, private, tid, xq, xd, xs, xds, ints):
+    quant = _quant_op if set(codes_of(kinds)) & set(KK_CODES) else _quant_op32
+
+    def impl(kinds, op, mem, shared, private, tid, xq, xd, xs, xds, ints):
+        quant(op, mem, shared, private, tid, xq, xd, xs, xds, ints)
+    return impl
 
 
 @kernel
@@ -649,7 +688,7 @@ def _worker(tid, nt, model, bufs, kv, p, precise, kinds, kv_f32, kv_f16, kv_q8_0
             _norm_op(op, mem, shared, private, tid, params, eps, offset)
         elif code == QUANT:
             if not precise:
-                _quant_op(op, mem, shared, private, tid, xq, xd, xs, xds, ints)
+                quant_slot(kinds, op, mem, shared, private, tid, xq, xd, xs, xds, ints)
         elif code == PROJ:
             o = operands(op, PROJ)
             r0, r1 = _split(o.rows, tid, nt)

@@ -46,7 +46,6 @@ fraction of a step.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable

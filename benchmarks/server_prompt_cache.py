@@ -3,7 +3,7 @@ prompt with different questions, with the server's prompt cache (--prompt-cache-
 default) and without it (0).
 
     python benchmarks/server_prompt_cache.py [--model smollm2-135m-instruct] [--parallel 2]
-        [--ctx 4096] [--tokens 8] [--json OUT]
+        [--ctx 4096] [--tokens 8] [--only burst] [--rounds 1] [--json OUT]
 
 Each server is warmed with a short unrelated prompt (its first touches are not counted),
 then two patterns run, each on a fresh server: "sequential", each client after the one
@@ -15,7 +15,8 @@ the slot that served the one before and reuses that slot's own sequence: the sha
 makes the difference when the clients come together (burst: the other slots never saw
 the prompt; the later clients' TTFT counts their wait for a slot, behind the others'
 answers). The load average is printed at the start and the end: on a busy
-machine every time is longer, the ratios less so.
+machine every time is longer, the ratios less so. --only burst (or sequential) runs that
+pattern with the cache alone, --rounds times (a server each).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def ttft(url: str, system: str, question: str, tokens: int) -> tuple[float, int]
                                  {"Content-Type": "application/json"})
     t0 = time.monotonic()
     first, cached = None, -1
-    with urllib.request.urlopen(req, timeout=600) as r:
+    with urllib.request.urlopen(req, timeout=1800) as r:
         for line in r:
             if not line.startswith(b"data: {"):
                 continue
@@ -115,25 +116,29 @@ def main() -> None:
     p.add_argument("--parallel", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--tokens", type=int, default=8)
+    p.add_argument("--only", choices=("sequential", "burst"), default=None)
+    p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--json", default=None)
     a = p.parse_args()
     print(f"load average at start: {os.getloadavg()}")
     results = {}
-    for name, cache in (("cache", None), ("no cache", "0")):
-        for pattern in ("sequential", "burst"):
-            proc, url = start(a.model, a.parallel, a.ctx, cache)
-            try:
-                ttft(url, "You are terse.", "Name a river.", 2)  # warm
-                times = run(url, pattern, a.tokens)
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
-            first, last = times[0][0], times[-1][0]
-            results[f"{name}, {pattern}"] = times
-            print(f"{name:8} {pattern:10}: TTFT first {first:6.2f} s, 8th {last:6.2f} s "
-                  f"({last / first:.2f}x), slowest of 2-8 "
-                  f"{max(t for t, _ in times[1:]):6.2f} s; cached tokens "
-                  f"{[c for _, c in times]}", flush=True)
+    runs = [(name, cache, pattern) for name, cache in (("cache", None), ("no cache", "0"))
+            for pattern in ("sequential", "burst")] if a.only is None else \
+        [("cache", None, a.only)] * a.rounds
+    for name, cache, pattern in runs:
+        proc, url = start(a.model, a.parallel, a.ctx, cache)
+        try:
+            ttft(url, "You are terse.", "Name a river.", 2)  # warm
+            times = run(url, pattern, a.tokens)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        first, last = times[0][0], times[-1][0]
+        results.setdefault(f"{name}, {pattern}", []).append(times)
+        print(f"{name:8} {pattern:10}: TTFT first {first:6.2f} s, 8th {last:6.2f} s "
+              f"({last / first:.2f}x), slowest of 2-8 "
+              f"{max(t for t, _ in times[1:]):6.2f} s; cached tokens "
+              f"{[c for _, c in times]}; load {os.getloadavg()[0]:.1f}", flush=True)
     print(f"load average at end: {os.getloadavg()}")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))

@@ -49,7 +49,6 @@ fraction of a step.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -220,7 +219,8 @@ class SlotModel(CachedTokens):
 class SlotLLM(LLM):
     """An LLM whose model is a slot (SlotModel): the parent's file, tokenizer, template and
     constraint engine; its own cache and generation lock; a prompt cache of its own, or
-    one whose LRU every slot of the batch shares (`shared`: run on the engine thread)."""
+    one whose LRU every slot of the batch shares (`shared`: restored from on the request's
+    own thread, under the LRU's lock)."""
 
     def __init__(self, parent: LLM, model: SlotModel,
                  shared: Snapshots | None = None):  # not LLM's: nothing to load
@@ -229,7 +229,7 @@ class SlotLLM(LLM):
         self.model = model
         self.lifetime = Lifetime(f"{parent.packed.path} (slot {model.index})")
         self.prompt_cache = PromptCache(model, 0) if shared is None else \
-            SharedPromptCache(model, shared, model.batch.call)
+            SharedPromptCache(model, shared)
         self._tokenizer = self._template = self._engine = self._embedder = None
 
     @property
@@ -255,17 +255,13 @@ class SlotLLM(LLM):
     def _offered(self, chunks):
         """`chunks`, then the sequence offered to the shared prompt cache: its snapshot
         taken here, beside the engine's work (the engine no longer touches this slot, and
-        the slot is not handed out again before this ends), and kept in the LRU by a call
-        queued for the engine, not waited for: a request that arrives once this one has
-        answered finds it, on any slot."""
+        the slot is not handed out again before this ends), and kept in the LRU at once: a
+        request that arrives once this one has answered finds it, on any slot."""
         try:
             yield from chunks
         finally:  # (closed: `chunks` closed first, a run-ahead row taken back)
             if isinstance(self.prompt_cache, SharedPromptCache) and self.prompt_cache.budget:
-                keep = self.prompt_cache.offer()
-                if keep is not None:
-                    with contextlib.suppress(ClosedError):
-                        self.model.batch.enqueue(_Job(fn=keep))
+                self.prompt_cache.offer()
 
     def begin_generation(self) -> None:
         """The slot has a new request, whose prompt is coming: the engine waits for it (up to
@@ -439,7 +435,8 @@ class Batch:
             every = [j for j in prefills if j.want not in ("last", "none")]
             chunked = [j for j in prefills if j.want in ("last", "none")]
             # whole-sequence outputs (logits()) run whole, alone, counted against the chunk
-            chunk = self.model.chunk // MIXED_SHARE if decodes else self.model.chunk
+            chunk = _round_budget(self.model.chunk, bool(decodes),
+                                  [j.tokens.size for j in chunked])
             budget = max(chunk, 1) - sum(j.tokens.size for j in every)
             for job in every:
                 self._guarded([job], lambda j=job: self._prefill_chunk(j, j.tokens.size))
@@ -611,6 +608,22 @@ def _rows_of(jobs: list[_Job]):
         tokens += [int(t) for t in job.tokens[:n]]
         shifts += [job.shift] * n
     return views, tokens, shifts, spans
+
+
+def _round_budget(chunk: int, decoding: bool, sizes: list[int]) -> int:
+    """Prompt tokens a round runs (sizes: the waiting prompts' tokens left): a chunk, or
+    beside decode rows a share of it (MIXED_SHARE) for the long prompts plus the whole of
+    the prompts no longer than that share, up to a chunk: a prompt that the shared prompt
+    cache left a few tokens (its own question after a cached system prompt) is answered
+    in the first round it joins, not one share a round among several such prompts, each
+    round a decode step later (7 clients' 10-token questions beside decoding streams took
+    three rounds); the streams' step then waits for at most a chunk, as in a round of
+    prompts alone, and only while short prompts come together."""
+    if not decoding:
+        return chunk
+    share = max(chunk // MIXED_SHARE, 1)
+    short = sum(n for n in sizes if n <= share)
+    return min(chunk, short + (share if any(n > share for n in sizes) else 0))
 
 
 def _shares(sizes: list[int], budget: int) -> list[int]:

@@ -18,7 +18,15 @@ cache's own stored rows (f32, f16 or q8_0, the sliding layers' rings as they are
 restore gives back exactly the KV the prefill wrote, whichever cache of the same model
 takes it. On Linux the rows are kept in an in-memory file, and a restore maps its pages
 into the cache copy-on-write instead of copying them (shared_rows.py): clients arriving
-together with one long system prompt each start from it at once, and share its memory. The shared LRU is not locked: its users run on one thread (the server's engine).
+together with one long system prompt each start from it at once, and share its memory.
+The shared LRU has a lock, which its lookups, restores and keeps hold: each slot restores
+on its own request's thread (into its own cache, which nothing else touches between its
+requests), not in a turn of the engine that runs the other slots' rounds.
+A sequence that a kept one reproduces but for a few tokens (an eighth of it at most, and
+at most one prefill chunk: NEW_SHARE) is not kept again: a client with the cached system
+prompt and its own short question would otherwise write a copy of the whole prompt's rows
+for its few new tokens, which a later prompt prefills again in less time than the copy
+took, and evict sequences the cache holds nowhere else.
 What follows is a prefill split where the reused prefix ends: with an f32 cache its logits
 are mostly those of the whole prompt's prefill bit for bit (the prefill tiles' grouping of
 the rows can change the rounding), with f16 or q8_0 within their rounding (a chunk attends
@@ -27,12 +35,15 @@ to its own K/V unrounded, to earlier chunks' as stored), as any chunk boundary d
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from .kv_cache import CacheState, truncatable
 from .shared_rows import AVAILABLE, RowFile
+
+NEW_SHARE = 8  # a sequence is kept if more than 1/NEW_SHARE of it is new to the LRU
 
 
 @dataclass
@@ -85,6 +96,7 @@ class Snapshots:
     def __init__(self, budget: int = 0):
         self.budget = max(0, int(budget))
         self.entries: OrderedDict[tuple[int, ...], Snapshot] = OrderedDict()
+        self.lock = threading.RLock()  # (SharedPromptCache's: the slots' threads share it)
 
     @property
     def nbytes(self) -> int:
@@ -119,13 +131,7 @@ class PromptCache:
         limit = len(ids) - 1
         live = longest_reusable(model.cache.can_truncate,
                                 min(common_prefix(model.tokens, ids), limit))
-        best, best_n = None, live
-        for key, snap in self.entries.items():
-            common = min(common_prefix(snap.tokens, ids), limit)
-            if common > best_n:
-                n = longest_reusable(lambda k, s=snap: s.reusable(model, k), common)
-                if n > best_n:
-                    best, best_n = key, n
+        best, best_n = self.cached(ids, limit, live)
         if best is not None or live < len(model.tokens):
             self._remember()  # the live sequence is about to be cut back or replaced
         if best is not None:
@@ -136,6 +142,18 @@ class PromptCache:
         model.truncate(best_n)  # resets for 0
         self.reused = best_n
         return ids[best_n:]
+
+    def cached(self, ids: Sequence[int], limit: int, floor: int = 0):
+        """(key, n): the snapshot in the LRU that gives the longest reusable prefix of `ids`,
+        n <= limit tokens, longer than `floor`; (None, floor) if none does."""
+        model, best, best_n = self.model, None, floor
+        for key, snap in self.entries.items():
+            common = min(common_prefix(snap.tokens, ids), limit)
+            if common > best_n:
+                n = longest_reusable(lambda k, s=snap: s.reusable(model, k), common)
+                if n > best_n:
+                    best, best_n = key, n
+        return best, best_n
 
     def watch(self, chunks: Iterator) -> Iterator:
         """`chunks` of a generation, with a snapshot taken when the first arrives (the
@@ -157,18 +175,24 @@ class PromptCache:
             self.keep(snap)
 
     def snapshot(self) -> Snapshot | None:
-        """A snapshot of the live sequence for the LRU, or None (nothing to keep, or kept
-        already). Reads the LRU only, so it may run beside the LRU's thread (keep: on it)."""
+        """A snapshot of the live sequence for the LRU, or None (nothing worth keeping)."""
+        return Snapshot(tuple(self.model.tokens), kept_state(self.model.cache)) \
+            if self.worth_keeping() else None
+
+    def worth_keeping(self) -> bool:
+        """Whether a snapshot of the live sequence would go into the LRU: something to keep,
+        that fits the budget, more than a few tokens (NEW_SHARE) beyond what the LRU gives."""
         model = self.model
         tokens = tuple(model.tokens)
         cache = model.cache
         if not tokens or cache.next_pos != cache.n_tokens or self.budget == 0 \
                 or tokens in self.entries:
-            return None
+            return False
         if sum(min(layer.written, layer.cap) for layer in cache.layers) \
                 * (cache.layers[0].nbytes / cache.layers[0].cap) > self.budget:
-            return None  # (its bytes: it would not fit)
-        return Snapshot(tokens, kept_state(cache))
+            return False  # (its bytes: it would not fit)
+        new = len(tokens) - self.cached(tokens, len(tokens))[1]
+        return new > min(len(tokens) // NEW_SHARE, model.chunk)
 
     def keep(self, snap: Snapshot | None) -> None:
         """Put `snap` (snapshot()) into the LRU if it fits the budget, older snapshots it
@@ -193,22 +217,27 @@ class PromptCache:
 
 
 class SharedPromptCache(PromptCache):
-    """A PromptCache whose LRU others share, used from any thread: prepare and remember
-    run through `call` (fn, *args run on the one thread that touches the LRU)."""
+    """A PromptCache whose LRU others share, used from any thread: what reads or changes
+    the LRU holds its lock; a restore runs on the caller's thread, into this cache alone."""
 
-    def __init__(self, model, shared: Snapshots, call):
+    def __init__(self, model, shared: Snapshots):
         super().__init__(model, shared=shared)
-        self.call = call
 
     def prepare(self, ids: Sequence[int]) -> list[int]:
-        return self.call(super().prepare, ids)
+        with self.lru.lock:
+            return super().prepare(ids)
 
     def remember(self) -> None:
-        self.call(super().remember)
+        with self.lru.lock:
+            super().remember()
 
-    def offer(self) -> Callable[[], None] | None:
-        """For a slot whose sequence has ended: its snapshot, taken on the calling thread
-        (the copy beside the engine's work, not in it), as the call that keeps it, to run
-        on `call`'s thread; None when there is nothing to keep."""
-        snap = self.snapshot()
-        return None if snap is None else (lambda: self.keep(snap))
+    def offer(self) -> None:
+        """For a slot whose sequence has ended: its snapshot, if worth keeping, taken on the
+        calling thread outside the lock (the copy beside the other slots' lookups and the
+        engine's work), then kept."""
+        with self.lru.lock:
+            if not self.worth_keeping():
+                return
+        snap = Snapshot(tuple(self.model.tokens), kept_state(self.model.cache))
+        with self.lru.lock:
+            self.keep(snap)

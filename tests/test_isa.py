@@ -70,6 +70,20 @@ def test_a_bad_isa_is_one_line_from_the_cli(converted):
         "edgellm: error: EDGELLM_ISA='avx512' is not one of native, portable, avx2"]
 
 
+@pytest.mark.skipif(not _avx2_host(), reason="this CPU cannot run AVX2 code")
+def test_avx2_is_refused_once_numba_compiled_for_this_cpu():
+    """Set in a running process after numba compiled, it could not change numba's target:
+    the kernels would be this CPU's, the label avx2. Refused instead."""
+    code = ("import numba; numba.njit(lambda x: x + 1)(1)\n"
+            "from edgellm.runtime import simd")
+    proc = subprocess.run([sys.executable, "-c", code], env=_isa_env("avx2"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "edgellm.errors.ArgumentError: EDGELLM_ISA=avx2 was read after numba had compiled "
+        "for this CPU: set it before Python starts")
+
+
 PROBE = r"""
 import json, re, sys
 import numpy as np

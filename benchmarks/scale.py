@@ -2,8 +2,8 @@
 
     python benchmarks/scale.py [--shapes 360m 1.7b llama-1b] [--types q4_0 q4_k_m q8_0]
         [--threads 1 2] [--rounds 3] [--reps 3] [-p 128] [-n 64] [--isa native|portable|avx2]
-        [--act-type int16|int8] [--llama-dir DIR] [--work-dir DIR] [--keep] [--reconvert]
-        [--json OUT]
+        [--act-type int16|int8] [--llama-dir DIR] [--llama-bench PATH] [--work-dir DIR]
+        [--keep] [--reconvert] [--json OUT]
 
 Files (cached in --work-dir, default ~/.cache/edgellm/scale; made once, reused):
 - SHAPE.f16.gguf: llama-architecture GGUF with the shape's real dimensions, random weights
@@ -23,11 +23,14 @@ token (every tensor: the tied embedding is also the output matrix, read whole ea
 by a numba prange sum on T threads, best of 10 passes: the memory-bandwidth bound in
 tokens/s. Peak RSS of each child comes from /usr/bin/time. edgellm's kernels are compiled
 into numba's cache by an untimed warm-up run first (compiling would inflate its peak RSS).
-`--isa portable` sets EDGELLM_PORTABLE=1 (the generic vector path); `--isa avx2` also has
-numba compile for an AVX2 CPU without AVX-512 (haswell), as an AVX2-only machine would:
-point --llama-dir at a llama.cpp built the same way (GGML_NATIVE=OFF, GGML_AVX2=ON) to
-compare like with like. edgellm's decode is timed after the P-token prompt, llama-bench's
-from an empty context, so the decode ratio slightly understates edgellm's.
+`--isa` runs edgellm (and the roofline's sum) with EDGELLM_ISA set to it (runtime/
+numba_setup.py): `portable` is the generic vector path on this CPU, `avx2` what an AVX2
+machine without AVX-512 runs (the generic path, compiled for Haswell). Give --llama-bench a
+llama.cpp built the same way (GGML_NATIVE=OFF, GGML_AVX2=ON, GGML_AVX512=OFF) to compare
+like with like; its instruction set is read from its binary and each row names both
+(the ISA column: edgellm's / llama.cpp's). edgellm's decode is timed after the P-token
+prompt, llama-bench's from an empty context, so the decode ratio slightly understates
+edgellm's.
 Values are medians over rounds (min-max when rounds > 1); ratios are edgellm / llama.cpp.
 """
 
@@ -61,15 +64,11 @@ HEAD_DIM = 64  # all three
 TYPES = {"q4_0": 4.5, "q4_1": 5.0, "q5_0": 5.5, "q5_1": 6.0, "q8_0": 8.5, "q2_k": 3.4,
          "q3_k_m": 3.9, "q4_k_s": 4.6, "q4_k_m": 4.9, "q5_k_m": 5.7, "q6_k": 6.6}
 UNUSED = 5  # llama.cpp's token type for padding tokens
-# Haswell's features: numba then compiles what an AVX2 machine without AVX-512 would run.
-AVX2_FEATURES = ("+64bit,+aes,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,"
-                 "+fxsr,+invpcid,+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,"
-                 "+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt")
 
 ROOFLINE = r"""
 import sys, time
 import numpy as np
-from edgellm import numba_setup  # edgellm's threading layer (omp), as its kernels run
+from edgellm.runtime import numba_setup  # edgellm's threading layer (omp) and EDGELLM_ISA
 import numba
 from numba import njit, prange
 
@@ -129,7 +128,9 @@ def find_tool(name: str, llama_dir: str | None) -> str:
 
 def child(cmd: list[str], env: dict | None = None, timeout: float = 3600) -> tuple[str, float]:
     """Run cmd; (stdout, peak RSS in MiB from /usr/bin/time, nan without it)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
+    extra = env or {}  # a value "" unsets the variable
+    env = {k: v for k, v in dict(os.environ, PYTHONPATH=str(ROOT)).items() if k not in extra}
+    env.update({k: v for k, v in extra.items() if v != ""})
     rss = float("nan")
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as f:
         timed = ["/usr/bin/time", "-f", "%M", "-o", f.name, *cmd] \
@@ -272,7 +273,8 @@ def make_files(a, tools: dict) -> dict[tuple[str, str], tuple[Path, Path]]:
         for t in missing:
             say(f"llama-quantize {f16.name} -> {ggufs[t].name}")
             tmp = ggufs[t].with_suffix(".tmp")
-            child([tools["llama-quantize"], str(f16), str(tmp), t.upper(),
+            quantize = tools.get("llama-quantize") or find_tool("llama-quantize", a.llama_dir)
+            child([quantize, str(f16), str(tmp), t.upper(),
                    str(os.cpu_count() or 1)])
             os.replace(tmp, ggufs[t])
         if f16.exists() and not a.keep:
@@ -299,12 +301,28 @@ def weight_bytes(gguf_path: Path) -> int:
 # ---- the runs -----------------------------------------------------------------------------
 
 def edgellm_env(isa: str) -> dict:
-    env = {}
-    if isa in ("portable", "avx2"):
-        env["EDGELLM_PORTABLE"] = "1"
-    if isa == "avx2":
-        env.update(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=AVX2_FEATURES)
-    return env
+    """EDGELLM_ISA=isa; the settings it makes itself are left to it."""
+    return {"EDGELLM_ISA": isa, "EDGELLM_PORTABLE": "", "NUMBA_CPU_NAME": "",
+            "NUMBA_CPU_FEATURES": ""}
+
+
+def llama_isa(llama_bench: str) -> str:
+    """The widest x86 vector instructions in llama-bench's CPU backend: "avx512" if any of
+    its ggml-cpu code touches a zmm register, "avx2" if a ymm one, else "?" (aarch64, or no
+    objdump). The backend is the ggml-cpu library beside it when built shared."""
+    here = Path(llama_bench).resolve().parent
+    libs = sorted(here.glob("libggml-cpu*.so")) or [Path(llama_bench)]
+    if not shutil.which("objdump"):
+        return "?"
+    seen = "?"
+    for lib in libs:
+        r = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)],
+                           capture_output=True, text=True)
+        if "%zmm" in r.stdout:
+            return "avx512"
+        if "%ymm" in r.stdout:
+            seen = "avx2"
+    return seen
 
 
 def edgellm_cmd(a, model: Path, t: int, p: int, n: int, reps: int) -> list[str]:
@@ -344,9 +362,11 @@ def spread(xs: list[float], fmt: str = "{:.1f}") -> str:
         f"{fmt.format(lo)}-{fmt.format(hi)}"
 
 
-def table(rows: dict, sizes: dict) -> str:
-    head = ("| file (synthetic shape) | threads | llama.cpp pp / tg tok/s | edgellm pp / tg | "
-            "ratio pp / tg | bound tg tok/s (GB/s) | tg % of bound llama.cpp / edgellm | "
+def table(rows: dict, sizes: dict, isa: str) -> str:
+    """The markdown table; `isa` is the ISA column (edgellm's / llama.cpp's)."""
+    head = ("| file (synthetic shape) | ISA | threads | llama.cpp pp / tg tok/s | "
+            "edgellm pp / tg | ratio pp / tg | bound tg tok/s (GB/s) | "
+            "tg % of bound llama.cpp / edgellm | "
             "peak RSS MiB llama.cpp / edgellm | load before→after |")
     lines = [head, "|" + "---|" * head.count(" |")]
     for (shape, typ, t), runs in rows.items():
@@ -356,7 +376,8 @@ def table(rows: dict, sizes: dict) -> str:
             return statistics.median(r[k] for r in rs)
         bound = m(R, "tok_s")
         lines.append(
-            f"| {SHAPES[shape][0]} {typ.upper()} ({sizes[(shape, typ)] / 1e6:,.0f} MB) | {t} | "
+            f"| {SHAPES[shape][0]} {typ.upper()} ({sizes[(shape, typ)] / 1e6:,.0f} MB) | {isa} | "
+            f"{t} | "
             f"{spread([r['pp'] for r in L], '{:.0f}')} / {spread([r['tg'] for r in L])} | "
             f"{spread([r['pp'] for r in E], '{:.0f}')} / {spread([r['tg'] for r in E])} | "
             f"{m(E, 'pp') / m(L, 'pp'):.2f}x / {m(E, 'tg') / m(L, 'tg'):.2f}x | "
@@ -378,12 +399,16 @@ def main() -> int:
     ap.add_argument("-p", type=int, default=128, help="prompt tokens (128)")
     ap.add_argument("-n", type=int, default=64, help="generated tokens (64)")
     ap.add_argument("--isa", choices=("native", "portable", "avx2"), default="native",
-                    help="edgellm's kernels: native (this CPU's best path), portable "
-                         "(EDGELLM_PORTABLE=1), avx2 (portable, compiled for an AVX2 CPU)")
+                    help="EDGELLM_ISA for edgellm: native (this CPU's best path), portable "
+                         "(the generic vector path), avx2 (the generic path compiled for an "
+                         "AVX2 CPU without AVX-512)")
     ap.add_argument("--act-type", default=None, help="passed to edgellm bench (its default)")
     ap.add_argument("--llama-dir", default=None,
                     help="directory of llama-bench and llama-quantize (default: "
                          "$LLAMA_CPP_DIR or its build/bin, then PATH)")
+    ap.add_argument("--llama-bench", default=None,
+                    help="the llama-bench binary to time (e.g. one built for AVX2 only), "
+                         "instead of the one in --llama-dir")
     ap.add_argument("--work-dir", default="~/.cache/edgellm/scale",
                     help="where the files are kept between runs (~/.cache/edgellm/scale)")
     ap.add_argument("--keep", action="store_true", help="keep the F16 GGUF files")
@@ -393,7 +418,13 @@ def main() -> int:
     if min(a.threads) < 1 or a.rounds < 1 or a.reps < 1 or a.p < 1 or a.n < 1:
         ap.error("--threads, --rounds, --reps, -p and -n must be >= 1")
     try:
-        tools = {k: find_tool(k, a.llama_dir) for k in ("llama-bench", "llama-quantize")}
+        if a.llama_bench:
+            if not (os.path.isfile(a.llama_bench) and os.access(a.llama_bench, os.X_OK)):
+                raise Failed(f"--llama-bench {a.llama_bench}: not an executable file")
+            tools = {"llama-bench": a.llama_bench}
+        else:
+            tools = {k: find_tool(k, a.llama_dir) for k in ("llama-bench", "llama-quantize")}
+        isa = f"{a.isa} / {llama_isa(tools['llama-bench'])}"
         files = make_files(a, tools)
         sizes = {k: g.stat().st_size for k, (g, _) in files.items()}
         per_token = {k: weight_bytes(g) for k, (g, _) in files.items()}
@@ -419,13 +450,13 @@ def main() -> int:
     except Failed as e:
         print(f"scale.py: {e}", file=sys.stderr)
         return 1
-    print(f"\nedgellm (--isa {a.isa}{', --act-type ' + a.act_type if a.act_type else ''}) "
-          f"against llama-bench, -p {a.p} -n {a.n}, {a.rounds} round(s) of {a.reps} reps, "
-          f"{time.strftime('%Y-%m-%d %H:%M')}\n")
-    print(table(rows, sizes))
+    print(f"\nedgellm (EDGELLM_ISA={a.isa}{', --act-type ' + a.act_type if a.act_type else ''}) "
+          f"against {tools['llama-bench']} (its ISA: {isa.split(' / ')[1]}), -p {a.p} "
+          f"-n {a.n}, {a.rounds} round(s) of {a.reps} reps, {time.strftime('%Y-%m-%d %H:%M')}\n")
+    print(table(rows, sizes, isa))
     if a.json:
         Path(a.json).write_text(json.dumps(
-            {"args": vars(a), "sizes": {"/".join(k): v for k, v in sizes.items()},
+            {"args": vars(a), "isa": isa, "sizes": {"/".join(k): v for k, v in sizes.items()},
              "weight_bytes_per_token": {"/".join(k): v for k, v in per_token.items()},
              "rows": [{"shape": s, "type": ty, "threads": t, **v}
                       for (s, ty, t), v in rows.items()]}, indent=1))

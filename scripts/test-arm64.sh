@@ -4,10 +4,12 @@
 # fixture model, run with the CPU model set to each Raspberry Pi class core in turn
 # (QEMU_CPU and NUMBA_CPU_NAME: Pi 3 = cortex-a53, Pi 4 = cortex-a72, Pi 5 = cortex-a76).
 #
-# usage: scripts/test-arm64.sh [--smoke | --full] [--cpus "CPU ..."] [--setup-only]
+# usage: scripts/test-arm64.sh [--smoke | --full | --tests "FILE ..."] [--cpus "CPU ..."]
+#                              [--setup-only]
 #   (default)     per CPU: the kernel tests (KERNEL_TESTS) + one generation
 #   --smoke       per CPU: SMOKE_TESTS (path selection, the spin barrier) + one generation
 #   --full        per CPU: the whole test suite (python -m pytest) + one generation
+#   --tests LIST  per CPU: these test files (or pytest node ids) + one generation
 #   --cpus LIST   CPU names (default "cortex-a53 cortex-a72 cortex-a76")
 #   --parallel    run the CPUs at the same time (each emulated process uses ~one core)
 #   --setup-only  build (or check) the root and install the project, run nothing
@@ -35,13 +37,15 @@ MODE=kernel
 SETUP_ONLY=0
 PARALLEL=0
 KERNEL_TESTS="tests/test_kernels_linear.py tests/test_kernels_asm.py tests/test_fused.py
-              tests/test_kquant_superblock.py tests/test_layout.py tests/test_portable.py"
+              tests/test_kquant_superblock.py tests/test_layout.py tests/test_interleave.py
+              tests/test_portable.py"
 SMOKE_TESTS="tests/test_portable.py"
 
 while [ $# -gt 0 ]; do
   case $1 in
     --smoke) MODE=smoke ;;
     --full) MODE=full ;;
+    --tests) MODE=tests; TESTS=$2; shift ;;
     --cpus) CPUS=$2; shift ;;
     --setup-only) SETUP_ONLY=1 ;;
     --parallel) PARALLEL=1 ;;
@@ -133,7 +137,13 @@ tar -C "$REPO" --exclude=.git --exclude=__pycache__ --exclude='*.egg-info' --exc
 START=$SECONDS
 # Editable: the tests and the `edgellm` command run the same files, at a path and mtime
 # (tar keeps them) that stay put between runs, which is what numba's kernel cache keys on.
-in_root "$ROOT" pip install -q --no-build-isolation -e "/src/edgellm[test]" >/dev/null
+# The root holds the dependencies the kernel tests need; --full also installs the test
+# extra's (the server's, the API clients': more downloads, under emulation).
+if [ "$MODE" = full ]; then
+  in_root "$ROOT" pip install -q --no-build-isolation -e "/src/edgellm[test]" >/dev/null
+else
+  in_root "$ROOT" pip install -q --no-build-isolation --no-deps -e /src/edgellm >/dev/null
+fi
 log "installed in $((SECONDS - START)) s ($(in_root "$ROOT" python3 -c \
   'import numba, numpy, platform; print(platform.machine(), "numba", numba.__version__, "numpy", numpy.__version__)'))"
 [ "$SETUP_ONLY" = 1 ] && exit 0
@@ -166,8 +176,8 @@ run_cpu() {  # run_cpu CPU TESTS...: the tests (if any) and a generation on that
   [ -n "$out" ] || die "$cpu: empty generation"
   in_root "$ROOT" "${env[@]}" python3 -c '
 import numba
-from edgellm import numba_setup
-from edgellm.kernels import simd
+from edgellm.runtime import numba_setup
+from edgellm.runtime import simd
 assert simd.SIMD_PATH == "portable", simd.SIMD_PATH
 print("simd path", simd.SIMD_PATH, "| numba cpu", numba.config.CPU_NAME, "| threading layer",
       numba_setup.THREADING_LAYER)'
@@ -184,6 +194,7 @@ for cpu in $CPUS; do
     kernel) tests=$KERNEL_TESTS ;;
     full) tests=tests ;;
     smoke) tests=$SMOKE_TESTS ;;
+    tests) tests=$TESTS ;;
   esac
   if [ "$PARALLEL" = 1 ]; then
     run_cpu "$cpu" $tests > >(sed -u "s/^/[$cpu] /") 2>&1 &

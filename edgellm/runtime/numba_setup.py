@@ -12,9 +12,22 @@ Only settings the user has not made are touched:
   and `check_threading_layer()` warns once the pool has started.
 
 It is also the one place edgellm's own kernel settings are read from the environment:
+- EDGELLM_ISA: `ISA`, the instruction set the kernels are built for, read when this module
+  is first imported (set it before `import edgellm`):
+    native    (default) this CPU: the AVX-512 VNNI path where the CPU has it, else portable.
+    portable  the generic vector path (simd.py), compiled for this CPU (LLVM still uses
+              its AVX-512 registers where it has them). The same as EDGELLM_PORTABLE=1.
+    avx2      what an AVX2 machine without AVX-512 (Haswell and later, Zen 1-3) runs: the
+              portable path, and numba told to compile for such a CPU (NUMBA_CPU_NAME and
+              NUMBA_CPU_FEATURES: AVX2_CPU, AVX2_FEATURES), so no AVX-512 instruction is
+              emitted. x86-64 with AVX2, FMA and F16C only.
+  avx2 keeps its compiled kernels apart, in NUMBA_CACHE_DIR/isa-avx2 (portable's share
+  the directory with native's, under their own tag: kernels/jit.py's CACHE_TAG).
+  Another value is an ArgumentError naming the choices.
 - EDGELLM_PORTABLE=1 (or true/yes): `PORTABLE`, the process's default for the kernels' SIMD
-  path (runtime/simd.py: select_path(portable=...)), fixed when the kernels are imported.
-  Set it before `import edgellm` (or assign numba_setup.PORTABLE before the kernels load).
+  path (runtime/simd.py: select_path(portable=...)), fixed when the kernels are imported;
+  True under EDGELLM_ISA=portable or avx2. Set it before `import edgellm` (or assign
+  numba_setup.PORTABLE before the kernels load).
 - EDGELLM_NO_AMX=1: `NO_AMX`, prefill without Intel AMX tiles where the CPU has them
   (runtime/simd.py's AMX; for comparisons), fixed when the kernels are imported.
 
@@ -33,8 +46,17 @@ import sys
 import tempfile
 import warnings
 
-__all__ = ["CACHE_DIR", "NO_AMX", "PORTABLE", "THREADING_LAYER", "check_threading_layer",
-           "env_flag", "set_threads"]
+from ..errors import ArgumentError
+
+__all__ = ["AVX2_CPU", "AVX2_FEATURES", "CACHE_DIR", "ISA", "ISAS", "NO_AMX", "PORTABLE",
+           "THREADING_LAYER", "check_threading_layer", "env_flag", "set_threads"]
+
+ISAS = ("native", "portable", "avx2")
+# Haswell's features, as LLVM names them: the baseline of every AVX2 CPU since (Zen too).
+AVX2_CPU = "haswell"
+AVX2_FEATURES = ("+64bit,+aes,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,+fsgsbase,"
+                 "+fxsr,+invpcid,+lzcnt,+mmx,+movbe,+pclmul,+popcnt,+rdrnd,+sahf,+sse,+sse2,"
+                 "+sse3,+sse4.1,+sse4.2,+ssse3,+xsave,+xsaveopt")
 
 
 def _writable_dir(path: str) -> bool:
@@ -96,9 +118,39 @@ def _pick_threading_layer() -> str | None:
     return None
 
 
+def _isa() -> str:
+    """EDGELLM_ISA, checked: its value, or ArgumentError (one line) for one we cannot run."""
+    isa = os.environ.get("EDGELLM_ISA", "").strip().lower() or "native"
+    if isa not in ISAS:
+        raise ArgumentError(f"EDGELLM_ISA={os.environ['EDGELLM_ISA']!r} is not one of "
+                            f"{', '.join(ISAS)}")
+    if isa == "avx2":
+        import platform
+
+        import llvmlite.binding as llb  # llvmlite, not numba: numba reads our settings
+
+        host = llb.get_host_cpu_features() if platform.machine().lower() in (
+            "x86_64", "amd64") else {}
+        missing = [f for f in ("avx2", "fma", "f16c") if not host.get(f)]
+        if missing:
+            raise ArgumentError(f"EDGELLM_ISA=avx2 needs an x86-64 CPU with AVX2, FMA and "
+                                f"F16C; this one lacks {', '.join(missing)}")
+        for name, value in (("NUMBA_CPU_NAME", AVX2_CPU), ("NUMBA_CPU_FEATURES", AVX2_FEATURES)):
+            if os.environ.get(name, value) != value:
+                raise ArgumentError(f"EDGELLM_ISA=avx2 sets {name} itself; it is set to "
+                                    f"{os.environ[name]!r} (unset one of the two)")
+    return isa
+
+
 def _setup() -> tuple[str, str | None]:
     if not os.environ.get("NUMBA_CACHE_DIR"):
         os.environ["NUMBA_CACHE_DIR"] = _default_cache_dir()
+    if ISA == "avx2":  # compiled for another CPU: never in the same cache index as the
+        sub = "isa-" + ISA  # host's kernels (idempotent: child processes inherit it)
+        if os.path.basename(os.path.normpath(os.environ["NUMBA_CACHE_DIR"])) != sub:
+            os.environ["NUMBA_CACHE_DIR"] = os.path.join(os.environ["NUMBA_CACHE_DIR"], sub)
+        os.environ["NUMBA_CPU_NAME"] = AVX2_CPU
+        os.environ["NUMBA_CPU_FEATURES"] = AVX2_FEATURES
     if not os.environ.get("NUMBA_THREADING_LAYER"):
         layer = _pick_threading_layer()
         if layer is not None:
@@ -110,15 +162,14 @@ def _setup() -> tuple[str, str | None]:
     return os.environ["NUMBA_CACHE_DIR"], os.environ.get("NUMBA_THREADING_LAYER")
 
 
-CACHE_DIR, THREADING_LAYER = _setup()
-
-
 def env_flag(name: str) -> bool:
     """An on/off environment variable: unset, "", 0, false or no is off."""
     return os.environ.get(name, "").strip().lower() not in ("", "0", "false", "no")
 
 
-PORTABLE = env_flag("EDGELLM_PORTABLE")
+ISA = _isa()
+CACHE_DIR, THREADING_LAYER = _setup()
+PORTABLE = env_flag("EDGELLM_PORTABLE") or ISA != "native"
 NO_AMX = env_flag("EDGELLM_NO_AMX")
 
 

@@ -9,7 +9,10 @@ Two paths, chosen once per process when the kernels are imported (`SIMD_PATH`):
   "portable"  the same dot as sext/zext, mul and pairwise adds in generic vector IR: x86
               lowers it to vpmaddwd, aarch64 to its own multiply-adds. Forced by
               select_path(portable=True); the process's choice is numba_setup.PORTABLE
-              (EDGELLM_PORTABLE=1, read there and nowhere else).
+              (EDGELLM_PORTABLE=1 or EDGELLM_ISA=portable|avx2, read there and nowhere else).
+EDGELLM_ISA=avx2 (numba_setup.ISA) also has numba compile for an AVX2 CPU without AVX-512
+(Haswell): the portable path as an AVX2-only machine runs it, instruction for instruction;
+`check_target` refuses it if numba had already compiled for this CPU before it was read.
 Float work (scales, float activations, f32/f16 weights) is generic vector IR on both paths.
 On the vnni path, `AMX` says whether prefill's panels also run on Intel AMX tiles (amx.py):
 the host and the compile target have AMX-INT8, the operating system lets the process use
@@ -29,8 +32,11 @@ import platform
 import llvmlite.binding as llb
 from numba.core import config
 
-__all__ = ["AMX", "NATIVE_F16", "SIMD_PATH", "VNNI", "amx_permitted", "native_f16",
-           "select_path", "target_features"]
+from ..errors import ArgumentError
+
+__all__ = ["AMX", "ISA", "NATIVE_F16", "SIMD_PATH", "VNNI", "amx_permitted", "check_target",
+           "native_f16", "select_path", "target_features"]
+ISA = numba_setup.ISA  # native, portable or avx2 (EDGELLM_ISA)
 
 
 def target_features() -> set[str]:
@@ -87,6 +93,19 @@ def _amx(vnni: bool) -> bool:
     return amx_permitted()
 
 
+def check_target() -> None:
+    """Under EDGELLM_ISA=avx2, ArgumentError if numba's code generator already exists and
+    emits AVX-512 (numba compiled something before numba_setup set its CPU: set EDGELLM_ISA
+    in the environment before Python starts, not in a running process)."""
+    from numba.core.registry import cpu_target
+
+    ctx = cpu_target.__dict__.get("_toplevel_target_context")  # made at the first compile
+    if ISA == "avx2" and ctx is not None and "+avx512f" in ctx.codegen().magic_tuple()[2]:
+        raise ArgumentError("EDGELLM_ISA=avx2 was read after numba had compiled for this "
+                            "CPU: set it before Python starts")
+
+
+check_target()
 SIMD_PATH = select_path(portable=numba_setup.PORTABLE)
 VNNI = SIMD_PATH == "vnni"
 if VNNI:  # ir.vpdpwssd's inline assembly needs LLVM's x86 assembly parser (numba sets up

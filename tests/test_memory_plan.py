@@ -29,8 +29,9 @@ def _array_bytes(obj) -> int:
             return x.nbytes
         if isinstance(x, (list, tuple)):
             return sum(walk(y) for y in x)
-        if hasattr(x, "__slots__"):
-            return sum(walk(getattr(x, s, None)) for s in x.__slots__)
+        if hasattr(x, "__slots__"):  # a class's slots and its bases' (ActQ8 extends Act)
+            slots = {s for c in type(x).__mro__ for s in getattr(c, "__slots__", ())}
+            return sum(walk(getattr(x, s, None)) for s in sorted(slots))
         return 0
 
     return sum(walk(v) for v in vars(obj).values())

@@ -95,14 +95,7 @@ from edgellm.kernels import linear as L, registry
 from edgellm.modelfile import layout as layouts, quant
 
 
-def fresh_asm(dispatcher, *args):
-    # compiled now, not loaded from the cache (whose code carries no assembly text)
-    options = dict(dispatcher.targetoptions, cache=False)
-    options.pop("nopython", None)
-    f = numba.njit(**options)(dispatcher.py_func)
-    sig = tuple(numba.typeof(a) for a in args)
-    f.compile(sig)
-    return f.inspect_asm(sig)
+from test_kernels_asm import fresh_asm  # compiled now, not loaded from the cache
 
 
 def stats(asm):

@@ -176,8 +176,11 @@ class PromptCache:
 
     def snapshot(self) -> Snapshot | None:
         """A snapshot of the live sequence for the LRU, or None (nothing worth keeping)."""
-        return Snapshot(tuple(self.model.tokens), kept_state(self.model.cache)) \
-            if self.worth_keeping() else None
+        return self._take() if self.worth_keeping() else None
+
+    def _take(self) -> Snapshot:
+        """The live sequence's tokens and stored rows, as a Snapshot."""
+        return Snapshot(tuple(self.model.tokens), kept_state(self.model.cache))
 
     def worth_keeping(self) -> bool:
         """Whether a snapshot of the live sequence would go into the LRU: something to keep,
@@ -238,6 +241,6 @@ class SharedPromptCache(PromptCache):
         with self.lru.lock:
             if not self.worth_keeping():
                 return
-        snap = Snapshot(tuple(self.model.tokens), kept_state(self.model.cache))
+        snap = self._take()
         with self.lru.lock:
             self.keep(snap)

@@ -31,7 +31,7 @@ numba_loading.install()  # cache hits load lighter (numba_loading.py)
 
 __all__ = ["CACHE_TAG", "GLUE", "KERNEL_VERSION", "OPTIONS", "is_cached", "kernel"]
 
-KERNEL_VERSION = 2
+KERNEL_VERSION = 3
 OPTIONS = dict(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, cache=True)
 # the glue family.py makes while numba types a kernel (dispatch chains): compiled into that
 # kernel, cached with it, not on its own (it closes over functions: family.py)

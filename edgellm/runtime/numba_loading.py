@@ -1,7 +1,8 @@
 """Loading cached kernels lighter: what numba does on a cache hit that a warm start pays for.
 
 `install()` (called once by kernels/jit.py, before any kernel loads) changes two things in
-how numba loads a kernel from its on-disk cache; compiling is unchanged.
+how numba loads a kernel from its on-disk cache, and one in how it saves one; compiling is
+unchanged.
 
 - numba's `Cache.load_overload` refreshes the target context before every load: the first
   time, that imports and installs every lowering registry numba has (a visible share of a
@@ -12,6 +13,15 @@ how numba loads a kernel from its on-disk cache; compiling is unchanged.
   parsed from the cached bitcode: ~5 MiB for the fused decode step), used only if a later
   compile links against it. The bitcode is kept instead (~15x smaller) and parsed again on
   that first use.
+
+- Saving (`IndexDataCacheFile.save`) is made safe between processes. numba names a new
+  entry's data file by the count of entries in the index it has just read, writes the index,
+  then the data: two processes compiling two signatures of one kernel at once (the test
+  suite's two workers on a cold cache; a server and a CLI started together) can both pick
+  `name.1.nbc`, and the index can end up mapping one signature to the other's code, which
+  then runs for it. Here a data file is named by a hash of its key (two keys never share a
+  file), the data is written before the index entry that names it, and the index is read,
+  updated and written under a lock on a file beside it (no entry lost).
 
 Each change is made only where numba has the internals it relies on (checked here;
 numba 0.61-0.68 do); otherwise numba is left as it is and loads as before.
@@ -25,7 +35,7 @@ _INSTALLED: list[str] = []
 
 
 def installed() -> tuple[str, ...]:
-    """The changes install() made: "lazy-refresh", "bitcode-for-linking"."""
+    """The changes install() made: "lazy-refresh", "bitcode-for-linking", "keyed-saves"."""
     return tuple(_INSTALLED)
 
 
@@ -51,6 +61,7 @@ def install() -> None:
         cache.load_overload = load_overload
         _INSTALLED.append("lazy-refresh")
 
+    _keyed_saves(caching)
     lib = getattr(codegen, "JITCodeLibrary", None)
     base = getattr(codegen, "CPUCodeLibrary", None)
     if lib is None or base is None or not hasattr(lib, "_unserialize") \
@@ -78,3 +89,44 @@ def install() -> None:
     lib._unserialize = classmethod(_unserialize)
     base._get_module_for_linking = _get_module_for_linking
     _INSTALLED.append("bitcode-for-linking")
+
+
+def _keyed_saves(caching) -> None:
+    """IndexDataCacheFile.save, safe between processes (the module docstring)."""
+    import contextlib
+    import hashlib
+    import pickle
+
+    files = getattr(caching, "IndexDataCacheFile", None)
+    if files is None or not all(hasattr(files, n) for n in (
+            "save", "_load_index", "_save_index", "_save_data", "_data_name")):
+        return
+    try:
+        import fcntl
+    except ImportError:  # Windows: keyed names still keep each key's code its own
+        fcntl = None
+
+    @contextlib.contextmanager
+    def locked(path):
+        if fcntl is None:
+            yield
+            return
+        with open(path + ".lock", "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def save(self, key, data):
+        """Save *data* under *key*: its own data file, then the index entry, under a lock."""
+        digest = hashlib.sha256(pickle.dumps(key, protocol=4)).digest()
+        name = self._data_name(int.from_bytes(digest[:7], "little"))
+        with locked(self._index_path):
+            self._save_data(name, data)
+            overloads = self._load_index()
+            overloads[key] = name
+            self._save_index(overloads)
+
+    files.save = save
+    _INSTALLED.append("keyed-saves")

@@ -95,7 +95,6 @@ def _keyed_saves(caching) -> None:
     """IndexDataCacheFile.save, safe between processes (the module docstring)."""
     import contextlib
     import hashlib
-    import pickle
 
     files = getattr(caching, "IndexDataCacheFile", None)
     if files is None or not all(hasattr(files, n) for n in (
@@ -120,7 +119,8 @@ def _keyed_saves(caching) -> None:
 
     def save(self, key, data):
         """Save *data* under *key*: its own data file, then the index entry, under a lock."""
-        digest = hashlib.sha256(pickle.dumps(key, protocol=4)).digest()
+        # repr: the types' names (numba's identity for types), the CPU, the code's hashes
+        digest = hashlib.sha256(repr(key).encode()).digest()
         name = self._data_name(int.from_bytes(digest[:7], "little"))
         with locked(self._index_path):
             self._save_data(name, data)

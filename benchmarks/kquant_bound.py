@@ -5,6 +5,11 @@ kquant_kact.mv_rows_kk: --acts int16-sb int8-sb) and by a numba sum streaming th
 
     python benchmarks/kquant_bound.py [--shape 2048 8192] [--types q4_0 q4_k q6_k]
         [--mb 160] [--reps 5] [--acts int16 int8 int16-sb int8-sb]
+    python benchmarks/kquant_bound.py --file MODEL.edgellm [--reps 5]
+
+--file: the whole decode's bound instead: a streaming read of the file's bytes (a numba sum,
+the file mapped as the runtime maps it) on 1 and on 2 threads, as GB/s and as tokens/s
+were each token to read every byte once (the weights are nearly all of the file).
 
 Weights are random bytes with a fixed f16 scale (the kernels' time does not depend on the
 values), several copies of the N x K matrix cycled so that --mb MB are read from memory
@@ -41,6 +46,36 @@ def stream(w):
     for j in range(v.size):
         s += v[j]
     return s
+
+
+@njit(parallel=True, cache=True)
+def stream_threads(w, nt):
+    """stream(w) split into nt contiguous parts (whole words), one a thread."""
+    part = (w.size // 8 + nt - 1) // nt * 8
+    sums = np.zeros(nt, np.uint64)
+    for p in numba.prange(nt):
+        sums[p] = stream(w[p * part:min(w.size // 8 * 8, p * part + part)])
+    return sums.sum()
+
+
+def file_bound(path: str, reps: int) -> None:
+    """Print the streaming read of the file at `path` on 1 and 2 threads (--file)."""
+    m = np.memmap(path, np.uint8, mode="r")
+    print(f"load average {' '.join(f'{v:.2f}' for v in os.getloadavg())}; {path}: "
+          f"{m.size / 1e6:.0f} MB")
+    for nt in (1, 2):
+        numba.set_num_threads(nt)
+        stream_threads(m, nt)  # compile, and bring the file into the page cache
+        wall = cpu = np.inf
+        for _ in range(reps):
+            t, c = time.perf_counter(), time.process_time()
+            stream_threads(m, nt)
+            wall = min(wall, time.perf_counter() - t)
+            cpu = min(cpu, (time.process_time() - c) / nt)
+        print(f"  {nt} thread(s), best of {reps}: wall {m.size / wall / 1e9:.1f} GB/s = "
+              f"{1 / wall:.1f} tok/s; CPU time a thread {m.size / cpu / 1e9:.1f} GB/s = "
+              f"{1 / cpu:.1f} tok/s (a shared machine: the wall figure is the bound only when "
+              f"quiet)", flush=True)
 
 
 def weights(kind: str, N: int, K: int, copies: int, rng) -> list[np.ndarray]:
@@ -90,7 +125,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--acts", nargs="+", default=["int16", "int8", "int16-sb", "int8-sb"],
                     choices=["int16", "int8", "int16-sb", "int8-sb"])
+    ap.add_argument("--file", help="the whole file's streaming bound instead (module doc)")
     args = ap.parse_args()
+    if args.file:
+        file_bound(args.file, args.reps)
+        return
     if set(args.types) - set(SCALES):
         ap.error(f"--types: one of {' '.join(SCALES)}")
     numba.set_num_threads(1)

@@ -322,6 +322,44 @@ def test_vnni_int16_superblock_tiles_split_into_vpdpbusd(kind):
     assert "vpmullw" not in asm and "vpdpwssd" not in asm
 
 
+def _kk_tile_asm(kind: str, dtype, rt: int = 1) -> str:
+    """Assembly of kind's 1 x rt tile on super-block activations (act_quant_k's ActK)."""
+    t = quant.TYPES[kind]
+    w = np.zeros((4, t.block_bytes(256)), np.uint8)
+    w.flags.writeable = False
+    xq, xd = np.zeros((4, 256), dtype), np.zeros((4, 1), np.float32)
+    xb, out = np.zeros((4, 16), np.int32), np.zeros((4, 4), np.float32)
+    tile = TILES[t.code][str(rt)]
+
+    def probe(w, xq, xd, xb, out):
+        tile(w, 256, 0, xq, xd, xb, 0, out)
+
+    return probe_asm(probe, w, xq, xd, xb, out)
+
+
+@pytest.mark.skipif(not X86, reason="checks x86 prefetch instructions")
+@pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
+def test_superblock_decode_tiles_prefetch_ahead(kind):
+    """Decode's one-token super-block tiles prefetch the weights PF bytes ahead into L2 (a
+    line per 64 bytes of a super-block: the hardware prefetcher alone keeps one core's
+    stream short of memory's rate); prefill's 4-token tiles, bound by their dot products,
+    do not."""
+    for dtype in (np.int16, np.int8):
+        assert "prefetcht1" in _kk_tile_asm(kind, dtype), (kind, dtype)
+        assert "prefetch" not in _kk_tile_asm(kind, dtype, 4), (kind, dtype)
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+def test_vnni_int16_q4_k_superblock_tile_unpacks_in_vectors():
+    """q4_k's decode tile on int16 super-block activations: each 32 code bytes broadcast to
+    both halves of a register and shifted by 0 or 4 per half (vpsrlvw), no halves joined
+    (vinserti64x4); the 6-bit scales and minima unpacked in xmm operations, not scalar
+    shifts and masks (kquant_tiles._sc_min_bytes)."""
+    asm = _kk_tile_asm("q4_k", np.int16)
+    assert asm.count("vpsrlvw") >= 4 and "vinserti64x4" not in asm
+    assert not re.search(r"\b(shrl|andl)\b", asm)
+
+
 @pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
 @pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
 def test_vnni_int8_kquant_tiles_emit_vpdpbusd(kind):

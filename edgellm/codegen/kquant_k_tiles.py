@@ -43,6 +43,33 @@ __all__ = ["kk_codegen"]
 
 _MINS = ("q4_k", "q5_k")
 NACC = 2  # integer accumulators a super-block (summed at its end)
+# bytes the one-token tile (decode's) prefetches ahead of the super-block it reads, into L2:
+# a row's super-blocks, then the next row's, are one stream, which the hardware prefetcher
+# alone keeps too few lines ahead of on one core
+PF = 8192
+
+
+def _codes_pairs_q4k(b, p):
+    """q4_k's super-block at p as 4 <64 x i8> codes, blocks (2k, 2k + 1) side by side: each
+    32 bytes broadcast to both halves (a load), then one 16-bit shift by 0 or 4 a half and a
+    mask (where splitting the nibbles of 32 bytes and joining two halves took three)."""
+    shift = _c(_v(I16, 32), [0] * 16 + [4] * 16)
+    srlv = irh._llvm_fn(b, "llvm.x86.avx512.psrlv.w.512", _v(I16, 32), [_v(I16, 32)] * 2)
+    out = []
+    for k in range(4):
+        raw = _load(b, p, 16 + 32 * k, _v(I8, 32))
+        both = b.bitcast(_pick(b, raw, list(range(32)) * 2), _v(I16, 32))
+        out.append(b.and_(b.bitcast(b.call(srlv, [both, shift]), _v(I8, 64)),
+                          _c(_v(I8, 64), [15] * 64)))
+    return out
+
+
+def _f16_pair(b, p, dx):
+    """The f16 d, dmin at p times the float dx, each splat to <16 x f32>: one conversion
+    and one multiply for the two."""
+    dd = irh._h2f(b, b.bitcast(_load(b, p, 0, I32), _v(I16, 2)))
+    dd = b.fmul(dd, _splat(b, dx, 2), flags=FAST)
+    return [_pick(b, dd, [k] * 16) for k in range(2)]
 
 
 def _dot16(b, acc, w16, x):
@@ -78,8 +105,10 @@ def kk_codegen(kind, RT):
 
         def body(sb, st):
             p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
+            if RT == 1:
+                for c in range(0, SB, 64):
+                    irh._prefetch(b, b.gep(p, [_i64(PF + c)]), level=2)
             if mins:
-                d, dmin = irh._f16(b, p, 0), irh._f16(b, p, 2)
                 sm = _sc_min_bytes(b, p)
                 sc16 = b.zext(sm, _v(I16, 16))  # lanes 0-7 sc, 8-15 m
                 # a block's scale on its 32 values (int16 path), or on 16 pair sums (int8)
@@ -102,7 +131,10 @@ def kk_codegen(kind, RT):
                     scale = [_pick(b, sc16, [2 * g + j // (8 if busd else 16)
                                              for j in range(16 if busd else 32)])
                              for g in range(8)]
-            if busd or split:
+            if split and kind == "q4_k":
+                codes = None
+                w16 = None
+            elif busd or split:
                 codes = _codes(b, kind, p, signed=False)
                 w16 = None
             else:
@@ -110,7 +142,8 @@ def kk_codegen(kind, RT):
                          for c in _codes(b, kind, p, signed=not mins)]
                 w16 = [b.mul(codes[g], scale[g]) for g in range(8)]
             if split:  # 64 codes a vector, unsigned; q6_k's signed (q - 32) for the low bytes
-                c8 = [_pick(b, codes[2 * k], range(64), codes[2 * k + 1]) for k in range(4)]
+                c8 = (_codes_pairs_q4k(b, p) if codes is None else
+                      [_pick(b, codes[2 * k], range(64), codes[2 * k + 1]) for k in range(4)])
                 cu = [b.bitcast(c, v16i) for c in c8]
                 cs = cu if mins else [b.bitcast(b.sub(c, _c(_v(I8, 64), [32] * 64)), v16i)
                                       for c in c8]
@@ -147,10 +180,12 @@ def kk_codegen(kind, RT):
                     off = b.mul(b.sext(sc8, v16i), bs)
                     acc = b.sub(acc, b.shl(off, _c(v16i, [5] * 16)))
                 dx = _load(b, drow[s], b.mul(sb, _i64(4)), F32)
-                f = _splat(b, b.fmul(d, dx, flags=FAST), 16)
+                if mins:
+                    f, fm = _f16_pair(b, p, dx)
+                else:
+                    f = _splat(b, b.fmul(d, dx, flags=FAST), 16)
                 new[s] = b.fadd(new[s], b.fmul(b.sitofp(acc, v16f), f, flags=FAST), flags=FAST)
                 if mins:
-                    fm = _splat(b, b.fmul(dmin, dx, flags=FAST), 16)
                     mv = b.sitofp(b.mul(mn, bs), v16f)
                     new[RT + s] = b.fadd(new[RT + s], b.fmul(mv, fm, flags=FAST), flags=FAST)
             return new

@@ -108,3 +108,24 @@ def test_rows_need_the_spare_slots(converted):
     with pytest.raises(ValueError, match="spare"):
         stepper.step([0] * 4, [1, 2, 3, 4])
     stepper.step([0], [1])  # one row is the decode step itself
+
+
+def test_threads_raised_after_the_model_was_built(converted):
+    """A model built on one thread, then numba given two (a caller's set_num_threads): the
+    verify step runs on the worker count its buffers were sized for (it ran two workers
+    over one worker's scratch, and hung), and its rows are still the decode step's."""
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one thread only")
+    before = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        m = _model(converted("llama", "q4_1"))
+        numba.set_num_threads(2)
+        rng = np.random.default_rng(5)
+        prompt = [int(t) for t in rng.integers(0, m.args.vocab_size, 9)]
+        tokens = [int(t) for t in rng.integers(0, m.args.vocab_size, 6)]
+        _check(m, prompt, tokens, (3,))
+    finally:
+        numba.set_num_threads(before)

@@ -96,7 +96,9 @@ class BatchDecoder:
         # parallel or serial chosen per row count: a 4-row step takes ~1.7x a 1-row one,
         # which one chooser for all counts took for a slow parallel step (over 1.5x its
         # best) and probed, or ran, serially (11 of 96 4-row steps in one server run)
-        self.schedulers = [StepScheduler(f.threads) for _ in range(R + 1)]
+        # on the fused step's worker count, which sized the buffers copied above (its
+        # `threads` may be None: numba's count when it was built, not now)
+        self.schedulers = [StepScheduler(f.nt) for _ in range(R + 1)]
 
     def _interleaved(self, mats: np.ndarray, blob: np.ndarray) -> tuple:
         """Where the step reads its matrices in groups of 16 rows: (int64 [mats] byte offset

@@ -20,19 +20,19 @@ a decoder over text tokens that attends to it.
 A convolution runs as one matrix product over unfolded frames (im2col: row t holds frames
 s t - 1, s t, s t + 1 of every channel, column i * 3 + k, the layout converter/
 whisper_meta.py stores its weight in), so the stem and every linear layer of the encoder
-run as prefill does: quantized weights on the integer matrix kernels with the model's
-activations (kernels/linear.py: int16 unless precise), float weights on the float panel
+run as prefill does: quantized weights on the integer matrix kernels with integer
+activations (kernels/linear.py; int8 blocks, below), float weights on the float panel
 kernels (kernels/panel_gemm.py); its attention on a quantized file on the integer matrix
 kernels too (kernels/whisper_attention.py: keys and values rounded to q8_0 as weights are),
 on a float file the encoders' float kernels (kernels/encoder.py: one sequence, its heads and
 blocks of queries in parallel). A quantized file's encoder takes int8 activations
-(encoder_act), as CTranslate2's int8 encoder does; its decoder the model's (int16 default). The decoder's linear layers run
-the decode kernels (a beam search's step, one token for each of B sequences: the matrix-
-vector row groups over the B rows at once, kernels/linear.py's decode=True, so a weight
-block comes from memory once for all beams and each beam's logits are what it would get
-alone); its attention over at most 448 own positions and the 1,500 encoder
-frames is kernels/seq2seq_attention.py's (every sequence, row and head a work item; the
-cross keys and values read in place by every beam).
+(encoder_act), as CTranslate2's int8 encoder does; its decoder the model's (int16 default).
+The decoder's linear layers run the decode kernels (a beam search's step, one token for
+each of B sequences: the matrix-vector row groups over the B rows at once,
+kernels/linear.py's decode=True, so a weight block comes from memory once for all beams and
+each beam's logits are what it would get alone); its attention over at most 448 own
+positions and the 1,500 encoder frames is kernels/seq2seq_attention.py's (every sequence,
+row and head a work item; the cross keys and values read in place by every beam).
 """
 
 from __future__ import annotations

@@ -111,6 +111,27 @@ def test_q8_0_keeps_positions_f32_and_transcribes(tiny):
         assert len(list(segments)[0].tokens) == 4
 
 
+def test_a_quantized_encoder_takes_int8_activations(tiny, monkeypatch):
+    """A q8_0 file's encoder runs on int8 activations (CTranslate2's int8 encoder does), its
+    decoder on the model's act_dtype (int16 by default)."""
+    import edgellm.arch.whisper as arch
+
+    seen = []
+    inner = arch.linear
+
+    def spy(w, x, out, **kw):
+        seen.append(np.dtype(kw["act_dtype"]))
+        return inner(w, x, out, **kw)
+
+    monkeypatch.setattr(arch, "linear", spy)
+    with edgellm.load(tiny("q8_0"), threads=1) as m:
+        enc = m.model.encode(window("fox"))
+        assert seen and set(seen) == {np.dtype(np.int8)}
+        seen.clear()
+        m.model.decode(np.array([50, 51]), m.model.new_cache(m.model.cross(enc)))
+        assert set(seen) == {np.dtype(np.int16)}
+
+
 def test_refusals_are_typed(llm, tiny):
     with pytest.raises(ModelKindError, match="speech-to-text model"):
         llm.stream_ids([1, 2, 3])

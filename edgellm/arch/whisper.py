@@ -20,16 +20,19 @@ a decoder over text tokens that attends to it.
 A convolution runs as one matrix product over unfolded frames (im2col: row t holds frames
 s t - 1, s t, s t + 1 of every channel, column i * 3 + k, the layout converter/
 whisper_meta.py stores its weight in), so the stem and every linear layer of the encoder
-run as prefill does: quantized weights on the integer matrix kernels with the model's
-activations (kernels/linear.py: int16 unless precise), float weights on the float panel
-kernels (kernels/panel_gemm.py); its attention on the encoders' (kernels/encoder.py: one
-sequence, its heads and blocks of queries in parallel). The decoder's linear layers run
-the decode kernels (a beam search's step, one token for each of B sequences: the matrix-
-vector row groups over the B rows at once, kernels/linear.py's decode=True, so a weight
-block comes from memory once for all beams and each beam's logits are what it would get
-alone); its attention over at most 448 own positions and the 1,500 encoder
-frames is kernels/seq2seq_attention.py's (every sequence, row and head a work item; the
-cross keys and values read in place by every beam).
+run as prefill does: quantized weights on the integer matrix kernels with integer
+activations (kernels/linear.py; int8 blocks, below), float weights on the float panel
+kernels (kernels/panel_gemm.py); its attention on a quantized file on the integer matrix
+kernels too (kernels/whisper_attention.py: keys and values rounded to q8_0 as weights are),
+on a float file the encoders' float kernels (kernels/encoder.py: one sequence, its heads and
+blocks of queries in parallel). A quantized file's encoder takes int8 activations
+(encoder_act), as CTranslate2's int8 encoder does; its decoder the model's (int16 default).
+The decoder's linear layers run the decode kernels (a beam search's step, one token for
+each of B sequences: the matrix-vector row groups over the B rows at once,
+kernels/linear.py's decode=True, so a weight block comes from memory once for all beams and
+each beam's logits are what it would get alone); its attention over at most 448 own
+positions and the 1,500 encoder frames is kernels/seq2seq_attention.py's (every sequence,
+row and head a work item; the cross keys and values read in place by every beam).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
 from ..kernels.linear import embedding, gemm, linear
 from ..kernels.registry import INT8
 from ..kernels.seq2seq_attention import cross_attention, self_attention
+from ..kernels.whisper_attention import quantized_attention
 from ..kernels.whisper_decode import layernorm_rows
 from ..modelfile.config import ModelArgs
 from ..modelfile.format import PackedModel, Tensor
@@ -217,6 +221,11 @@ class Whisper(Uncached):
         # threads there), but the layers are memory-bound: a step with both cores free took
         # 1.25x as long with them on one thread, so it is not the default
         self.step_threads: int | None = None
+        # the encoder's integer activations (its linear layers and attention, quantized
+        # files): int8, as CTranslate2's int8 encoder has them. 1.35x faster than int16 over
+        # a window, and the transcripts' agreement with the float model's was measured the
+        # same (docs/speech.md); the decoder and the cross keys and values keep act_dtype
+        self.encoder_act = np.int8
 
     # weights ---------------------------------------------------------------------------
     def _vector(self, name: str) -> np.ndarray:
@@ -256,22 +265,25 @@ class Whisper(Uncached):
         return h
 
     def _linear(self, w: Tensor, x: np.ndarray, bias: np.ndarray | None = None,
-                encoder: bool = False, decode: bool = False) -> np.ndarray:
-        """x [T, K] @ w.T + bias; decode: x's rows are separate sequences' steps."""
+                encoder: bool = False, decode: bool = False, act_dtype=None) -> np.ndarray:
+        """x [T, K] @ w.T + bias; decode: x's rows are separate sequences' steps; act_dtype:
+        the integer activations (default: the model's)."""
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
         if encoder and (self.precise or w.type not in INT8):
             gemm(w, x, out)  # float activations over many rows: the panel kernels
         else:
-            linear(w, x, out, precise=self.precise, act_dtype=self.act_dtype, decode=decode)
+            act_dtype = self.act_dtype if act_dtype is None else act_dtype
+            linear(w, x, out, precise=self.precise, act_dtype=act_dtype, decode=decode)
         if bias is not None:
             out += bias
         return out
 
     def _mlp(self, blk: Block, x: np.ndarray, encoder: bool, decode: bool = False) -> None:
+        act = self.encoder_act if encoder else None
         h = self._norm(x, blk.ln_w, blk.ln_b)
-        f = self._linear(blk.fc1, h, encoder=encoder, decode=decode)
+        f = self._linear(blk.fc1, h, encoder=encoder, decode=decode, act_dtype=act)
         bias_gelu(f, blk.fc1_bias)
-        x += self._linear(blk.fc2, f, blk.fc2_bias, encoder, decode)
+        x += self._linear(blk.fc2, f, blk.fc2_bias, encoder, decode, act)
 
     @staticmethod
     def _unfold(x: np.ndarray, stride: int) -> np.ndarray:
@@ -290,10 +302,10 @@ class Whisper(Uncached):
         if mel.shape != (self.n_mels, 2 * self.P):
             raise ContextError(f"log-mel {list(mel.shape)}: the encoder takes "
                                f"[{self.n_mels}, {2 * self.P}] (one window)")
-        x = self._linear(self.conv1, self._unfold(np.ascontiguousarray(mel.T), 1),
-                         encoder=True)
+        lin = functools.partial(self._linear, encoder=True, act_dtype=self.encoder_act)
+        x = lin(self.conv1, self._unfold(np.ascontiguousarray(mel.T), 1))
         bias_gelu(x, self.conv1_b)
-        x = self._linear(self.conv2, self._unfold(x, 2), encoder=True)
+        x = lin(self.conv2, self._unfold(x, 2))
         bias_gelu(x, self.conv2_b)
         x += self.enc_pos[:self.P]
         T, H, Dh = self.P, self.H, self.Dh
@@ -301,13 +313,15 @@ class Whisper(Uncached):
         for blk in self.encoder:
             a = blk.attn
             h = self._norm(x, a.ln_w, a.ln_b)
-            q = self._linear(a.q, h, a.q_bias, True)
-            k = self._linear(a.k, h, None, True)
-            v = self._linear(a.v, h, a.v_bias, True)
+            q, k, v = lin(a.q, h, a.q_bias), lin(a.k, h), lin(a.v, h, a.v_bias)
             out = np.empty_like(q)
-            packed_attention(q.reshape(T, H, Dh), k.reshape(T, H, Dh), v.reshape(T, H, Dh),
-                             offsets, self.scale, out.reshape(T, H, Dh))
-            x += self._linear(a.o, out, a.o_bias, True)
+            if self.precise or a.q.type not in INT8 or Dh % 32:  # float: transformers' results
+                packed_attention(q.reshape(T, H, Dh), k.reshape(T, H, Dh),
+                                 v.reshape(T, H, Dh), offsets, self.scale,
+                                 out.reshape(T, H, Dh))
+            else:  # a quantized file's: keys and values as q8_0 weights, on integer kernels
+                quantized_attention(q, k, v, H, self.scale, out, self.encoder_act)
+            x += lin(a.o, out, a.o_bias)
             self._mlp(blk, x, True)
         return self._norm(x, *self.enc_ln)
 

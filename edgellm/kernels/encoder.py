@@ -29,6 +29,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from ..codegen.ir import BYTES, F32, _c, _i64, _llvm_fn, _load, _loop, _v
 from .attention import combine
 from .fastexp import exp_shift
 from .jit import kernel
@@ -136,13 +137,45 @@ def exp_fast(x):
     return p * _bits_f32((np.int32(n) + np.int32(127)) << np.int32(23))
 
 
+@intrinsic
+def _max16(typingctx, row, n):
+    """The largest of row[:n // 16 * 16] (float32, 1-D, contiguous), -3e38 if n < 16, on
+    16-lane maxima: numba's max() of floats keeps NaN's order and does not vectorize."""
+    if not (isinstance(row, types.Array) and row.ndim == 1 and row.dtype == types.float32
+            and row.layout == "C" and isinstance(n, types.Integer)):
+        return None
+
+    def codegen(ctx, b, sig, args):
+        base = b.bitcast(ctx.make_array(sig.args[0])(ctx, b, args[0]).data, BYTES)
+        v16 = _v(F32, 16)
+        vmax = _llvm_fn(b, "llvm.maxnum.v16f32", v16, [v16, v16])
+        count = ctx.cast(b, args[1], sig.args[1], types.int64)
+
+        def body(k, st):
+            return [b.call(vmax, [st[0], _load(b, base, b.mul(k, _i64(64)), v16)])]
+        states = _loop(b, b.sdiv(count, _i64(16)), [_c(v16, [-3.0e38] * 16)], body, unroll=4)
+        acc = states[0][0]
+        for st in states[1:]:
+            acc = b.call(vmax, [acc, st[0]])
+        return b.call(_llvm_fn(b, "llvm.vector.reduce.fmax.v16f32", F32, [v16]), [acc])
+    return types.float32(row, n), codegen
+
+
+@njit(fastmath=True, boundscheck=False, error_model="numpy", nogil=True, inline="always")
+def row_max(row, n):
+    """max(row[:n]) of a contiguous float32 row (-3e38 if n == 0), vectorized (a maximum
+    is exact in any order: the same value as the loop's)."""
+    best = _max16(row, n)
+    for s in range(n // 16 * 16, n):
+        best = max(best, row[s])
+    return best
+
+
 @kernel
 def _softmax_fast(row, n):
     """row[:n] = exp(row[:n] - max) with exp_fast (the encoders' attention); returns
     1 / their sum, which the caller applies to the weighted sum of values instead."""
-    best = np.float32(-3.0e38)
-    for s in range(n):
-        best = max(best, row[s])
+    best = row_max(row, n)
     total = np.float32(0.0)
     for s in range(n):
         e = exp_fast(row[s] - best)

@@ -7,7 +7,17 @@ thread count (medians of --rounds), with the acceptance rate.
 
 Tasks: input-grounded (a rename in a 60-line function, JSON fields from a ~400-token
 document, a summary that quotes it) and open-ended chat. Decode tok/s is Stats'
-(tokens after the first over the time after the first), so the prefill is left out.
+(tokens after the first over the time after the first), so the prefill is left out; cpu
+is the same tokens over the process's CPU time after the first token (steadier than wall
+time on a busy host at 1 thread; at 2 it counts the workers' waits too). The load average
+is printed after each thread count's run.
+
+What SmolLM2-135M answers, which sets what lookup can find: asked for the function with the
+code after the instruction, it writes unrelated code; with the code first (code_edit) it
+copies the function back (without doing the rename) and then repeats its last lines. The
+extraction answer copies some values, then repeats one key; the quoting summary copies the
+document's first sentences, then repeats a number's digits. Lookup pays on the copies and
+the repeats alike: the output is the model's either way.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,9 +72,9 @@ DOCUMENT = (
     "Chang shipments to the sea freight service to reduce breakage. Next review: April 2025.")
 
 TASKS = {
-    "code_edit": ("grounded", "Rename the variable amount to line_total everywhere in this "
-                  "function and give back the whole function, nothing else:\n\n"
-                  + _function()),
+    "code_edit": ("grounded", "```python\n" + _function() + "\n```\n\nRename the variable "
+                  "amount to line_total in this function. Reply with the complete updated "
+                  "function in a code block."),
     "extraction": ("grounded", DOCUMENT + "\n\nExtract these fields as JSON: supplier, "
                    "address, contact, phone, email, account_number, contract_start, "
                    "renewal_date, products, total_spend, risk_rating, next_review."),
@@ -87,11 +98,17 @@ def child(args) -> dict:
         for llm in (plain, spec):  # warm: compiled kernels, the tuner's first timings
             llm.generate(msgs, max_tokens=8, temperature=0)
         runs = {"plain": [], "lookup": []}
+        cpu = {"plain": [], "lookup": []}
         tokens, acc = {}, []
         for _ in range(args.rounds):
             for label, llm in (("plain", plain), ("lookup", spec)):
-                with llm.stream(msgs, max_tokens=args.max_tokens, temperature=0) as chunks:
-                    chunks = list(chunks)
+                chunks = []
+                with llm.stream(msgs, max_tokens=args.max_tokens, temperature=0) as stream:
+                    for c in stream:
+                        if not chunks:
+                            c0 = time.process_time()
+                        chunks.append(c)
+                cpu[label].append((len(chunks) - 1) / max(time.process_time() - c0, 1e-9))
                 st = chunks[-1].stats
                 runs[label].append(st.decode_tok_s)
                 tokens[label] = [c.token for c in chunks]
@@ -99,8 +116,10 @@ def child(args) -> dict:
                     acc.append((st.proposed_tokens, st.accepted_tokens))
         p, a = sum(x for x, _ in acc), sum(y for _, y in acc)
         med = {k: statistics.median(v) for k, v in runs.items()}
+        cmed = {k: statistics.median(v) for k, v in cpu.items()}
         out[name] = {"kind": kind, "plain_tok_s": med["plain"], "lookup_tok_s": med["lookup"],
-                     "speedup": med["lookup"] / med["plain"], "proposed": p, "accepted": a,
+                     "speedup": med["lookup"] / med["plain"],
+                     "cpu_speedup": cmed["lookup"] / cmed["plain"], "proposed": p, "accepted": a,
                      "acceptance": a / p if p else 0.0, "tokens": len(tokens["plain"]),
                      "identical": tokens["plain"] == tokens["lookup"]}
     return out
@@ -119,25 +138,24 @@ def main() -> None:
         args.threads = args.threads[0]
         print(json.dumps(child(args)))
         return
-    results = {}
+    results, loads = {}, {}
     for t in args.threads:
         proc = subprocess.run([sys.executable, __file__, "--child", "--model", args.model,
                                "--threads", str(t), "--rounds", str(args.rounds),
                                "--max-tokens", str(args.max_tokens)],
                               capture_output=True, text=True, check=True)
         results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
-    with open("/proc/loadavg") as f:
-        load = f.read().split()[0]
-    print(f"load average {load}")
-    print(f"{'task':16} {'threads':>7} {'plain':>8} {'lookup':>8} {'x':>6} {'accept':>7} "
-          f"{'tokens':>6} same")
+        with open("/proc/loadavg") as f:
+            loads[t] = f.read().split()[0]
+    print(f"{'task':16} {'threads':>7} {'plain':>8} {'lookup':>8} {'x':>6} {'x cpu':>6} "
+          f"{'accept':>7} {'tokens':>6} same  load")
     for t, res in results.items():
         for name, r in res.items():
             print(f"{name:16} {t:>7} {r['plain_tok_s']:8.1f} {r['lookup_tok_s']:8.1f} "
-                  f"{r['speedup']:6.2f} {r['acceptance']:7.2f} {r['tokens']:6} "
-                  f"{r['identical']}")
+                  f"{r['speedup']:6.2f} {r['cpu_speedup']:6.2f} {r['acceptance']:7.2f} "
+                  f"{r['tokens']:6} {r['identical']!s:5} {loads[t]}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"load": load, "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"load": loads, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,13 @@ def test_lookup_finds_the_last_continuation():
     assert p.propose(h, 0) == []
 
 
+
+def test_lookup_reads_a_repeating_pattern_on_through_its_guesses():
+    # the match 3 tokens back leaves only 3 to copy; the pattern goes on past them
+    assert LookupProposer().propose([1, 2, 3, 1, 2, 3], 7) == [1, 2, 3, 1, 2, 3, 1]
+    assert LookupProposer().propose([5, 0, 0, 0], 4) == [0, 0, 0, 0]
+    assert LookupProposer().propose([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
+
 def test_tuner_guesses_more_when_accepted_and_stops_when_not():
     t = Tuner(8)
     t.secs = {n: 1.0 + 0.2 * (n - 1) for n in range(1, 9)}
@@ -49,6 +56,19 @@ def test_tuner_guesses_more_when_accepted_and_stops_when_not():
     assert 0 < sum(lengths) <= 12  # a probe now and then
     assert t.length(0) == 0
 
+
+
+def test_tuner_keeps_each_kind_of_guess_apart():
+    # lookup's long matches are taken, its short ones not: the short ones stop alone
+    t = Tuner(8)
+    t.secs = {n: 1.0 + 0.3 * (n - 1) for n in range(1, 9)}
+    t.seen = set(range(1, 9))
+    for _ in range(20):
+        t.observe(7, 7, kind=4)
+        t.observe(3, 0, kind=2)
+    assert t.length(7, kind=4) >= 4
+    assert t.length(7, kind=2) == 0
+    assert t.acceptance(4) > 0.9 > 0.1 > t.acceptance(2)
 
 @pytest.fixture(scope="module")
 def pair():

@@ -1,6 +1,8 @@
 """Prompt lookup: the next tokens guessed from the last occurrence of the sequence's latest
-n-gram in what came before it (the prompt and the output so far). Strong where the
-answer copies its input (extraction, quoting, code edits); it costs no model."""
+n-gram in what came before it (the prompt and the output so far), read on through the
+guesses where the copy reaches the end (a repeating pattern continues). Strong where the
+answer copies its input (extraction, quoting, code edits) or repeats itself; it costs no
+model."""
 
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ class LookupProposer:
                     self.index[(n, *history[i - n:i])] = i
         self.done = len(history)
 
+    free = True  # guessing costs nothing: the loop asks for the most, then sizes them
+    kind = 0  # the n-gram length the last guesses matched (Tuner's kind)
+
     def propose(self, history: list[int], k: int) -> list[int]:
         """Up to k guessed ids to follow `history` ([] where no n-gram recurs)."""
         self._index(history)
@@ -37,5 +42,17 @@ class LookupProposer:
             if k > 0 and last > n:
                 at = self.index.get((n, *history[last - n:]))
                 if at is not None:
-                    return history[at:at + k]
+                    self.kind = n
+                    return _continue(history, at, k)
         return []
+
+
+def _continue(history: list[int], at: int, k: int) -> list[int]:
+    """k tokens copied from history[at:], read on through the guesses themselves where
+    they reach its end: a match d tokens back repeats with period d (a loop, a list, a
+    repeated line), which a copy of the d tokens left would cut short at d."""
+    guesses = history[at:at + k]
+    last = len(history)
+    while len(guesses) < k:
+        guesses.append(guesses[at + len(guesses) - last])
+    return guesses

@@ -86,6 +86,17 @@ def _accept(logits, sampler, history, constraint, guess: int, q: np.ndarray,
     return token
 
 
+def _guesses(proposer, tuner, history: list[int], most: int) -> list[int]:
+    """The proposer's guesses after `history`, as many as the tuner asks for (at most
+    `most`). A free proposer (lookup) guesses first, so that the tuner sizes them by their
+    kind; a draft model is asked for the tuner's number only (each guess costs a step)."""
+    if getattr(proposer, "free", False):
+        guesses = proposer.propose(history, min(most, tuner.rows - 1))
+        return guesses[:tuner.length(most, proposer.kind)] if guesses else []
+    k = tuner.length(most)
+    return proposer.propose(history, k) if k else []
+
+
 def _allowed(constraint, guesses: list[int]) -> list[int]:
     """The guesses up to the first one the grammar forbids after the ones before it."""
     if constraint is None or not guesses:
@@ -118,8 +129,8 @@ def speculative_steps(model, prompt: np.ndarray, sampler, history: list[int],
         # rows must fit without a shift, one slot left (stream's room test sees it as plain
         # decoding would), and no more than the caller takes
         most = min(model.cache.room() - 2, (limit - produced - 1) if limit else 1 << 30)
-        k = tuner.length(most)
-        guesses = _allowed(constraint, proposer.propose(history, k)) if k else []
+        guesses = _guesses(proposer, tuner, history, most)
+        guesses = _allowed(constraint, guesses)
         if guesses and not verifier.fits(len(guesses) + 1):
             guesses = []
         t0 = time.perf_counter()
@@ -132,6 +143,7 @@ def speculative_steps(model, prompt: np.ndarray, sampler, history: list[int],
             produced += 1
             yield token
             continue
+        kind = getattr(proposer, "kind", 0)
         rows = [token, *guesses]
         qs = getattr(proposer, "qs", None)  # the draft's distributions, or point masses
         n = len(rows)
@@ -150,7 +162,7 @@ def speculative_steps(model, prompt: np.ndarray, sampler, history: list[int],
                 spec.accepted += 1
                 ahead = n - 1 - j  # rows run past this token (plain decoding has not)
             else:
-                tuner.observe(len(guesses), j)
+                tuner.observe(len(guesses), j, kind)
                 model.take_back(n - 1 - j)
                 ahead = 0
             try:

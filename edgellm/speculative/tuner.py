@@ -4,7 +4,12 @@ of its cost, from the measured acceptance and the measured cost of a step of n r
 
 With a per-token acceptance a (each guess taken with probability a, until one is not), a
 step of k guesses yields E(k) = 1 + a + ... + a^k tokens for the cost c(k + 1) of k + 1
-rows against c(1) = 1 for a plain step's one token."""
+rows against c(1) = 1 for a plain step's one token.
+
+Guesses come in kinds, each with its own acceptance and its own pauses: lookup's kind is
+the length of the n-gram it matched (a 4-gram's copy is taken far more often than a
+2-gram's, which in chat is mostly noise), a draft model's is 0. So a proposer whose long
+matches pay keeps guessing them while its short ones stay off."""
 
 from __future__ import annotations
 
@@ -18,6 +23,14 @@ BACKOFF_MAX = 64  # plain steps at most between two probes
 def expected_tokens(k: int, a: float) -> float:
     """E(k): tokens a step of k guesses yields at per-token acceptance a."""
     return float(sum(a ** i for i in range(k + 1)))
+
+
+class _Kind:
+    """One kind of guesses' decayed counts and pauses."""
+
+    def __init__(self):
+        self.taken, self.missed = 1.0, 1.0  # decayed counts: guesses taken, steps that missed
+        self.skip, self.backoff = 0, 2
 
 
 class Tuner:
@@ -34,12 +47,17 @@ class Tuner:
         False: the prior costs, not the timings (a draft model's seeded sampling: its
         guess lengths then follow the acceptance alone, and so does its output)."""
         self.measured = measured
-        self.taken, self.missed = 1.0, 1.0  # decayed counts: guesses taken, steps that missed
-        self.skip, self.backoff = 0, 2
+        self.kinds: dict[int, _Kind] = {}
 
-    @property
-    def acceptance(self) -> float:
-        return self.taken / (self.taken + self.missed)
+    def _kind(self, kind: int) -> _Kind:
+        if kind not in self.kinds:
+            self.kinds[kind] = _Kind()
+        return self.kinds[kind]
+
+    def acceptance(self, kind: int = 0) -> float:
+        """The per-token acceptance of guesses of `kind` so far (a prior of 1/2)."""
+        k = self._kind(kind)
+        return k.taken / (k.taken + k.missed)
 
     def cost(self, n: int) -> float:
         """A step of n rows against a one-row step (measured where both are)."""
@@ -47,30 +65,32 @@ class Tuner:
             return max(self.secs[n] / self.secs[1], 1.0)
         return 1.0 + PRIOR * (n - 1)
 
-    def length(self, most: int) -> int:
-        """Guesses to make now (at most `most`): 0 means a plain step."""
+    def length(self, most: int, kind: int = 0) -> int:
+        """Guesses of `kind` to make now (at most `most`): 0 means a plain step."""
         most = min(most, self.rows - 1)
         if most <= 0:
             return 0
-        if self.skip > 0:
-            self.skip -= 1
-            return 1 if self.skip == 0 else 0  # the probe after a pause
-        a = self.acceptance
+        st = self._kind(kind)
+        if st.skip > 0:
+            st.skip -= 1
+            return 1 if st.skip == 0 else 0  # the probe after a pause
+        a = self.acceptance(kind)
         best, k = GAIN, 0
         for n in range(1, most + 1):
             gain = expected_tokens(n, a) / self.cost(n + 1)
             if gain > best:
                 best, k = gain, n
         if k == 0:  # off for a while, longer each time it stays off
-            self.skip, self.backoff = self.backoff, min(2 * self.backoff, BACKOFF_MAX)
+            st.skip, st.backoff = st.backoff, min(2 * st.backoff, BACKOFF_MAX)
         else:
-            self.backoff = 2
+            st.backoff = 2
         return k
 
-    def observe(self, guessed: int, taken: int) -> None:
-        """A verify step's outcome: `taken` of `guessed` guesses accepted."""
-        self.taken = self.taken * DECAY + taken
-        self.missed = self.missed * DECAY + (taken < guessed)
+    def observe(self, guessed: int, taken: int, kind: int = 0) -> None:
+        """A verify step's outcome: `taken` of `guessed` guesses of `kind` accepted."""
+        st = self._kind(kind)
+        st.taken = st.taken * DECAY + taken
+        st.missed = st.missed * DECAY + (taken < guessed)
 
     def timed(self, n: int, secs: float) -> None:
         """A step of n rows took secs. The first step of each n is not counted (it may have

@@ -25,6 +25,27 @@ def pytest_configure(config):
     os.environ["EDGELLM_FUSED"] = "all"
 
 
+# Tests whose time is a child process compiling kernels for another instruction set (its own
+# cache tag: nothing shared with the host's kernels), run first. The README's `-n 2` hands
+# each worker a consecutive quarter of its share to start with, so these run one after
+# another on the first worker while the second compiles the host's kernels alone (two
+# workers starting on the same kernels compile them twice), and none is left to start near
+# the end while the other worker idles. Longest first.
+FIRST = [
+    "tests/test_portable.py::test_kernel_and_fused_tests_pass_on_the_portable_path",
+    "tests/test_isa.py::test_avx2_compiles_no_avx512_and_decodes_as_the_portable_path",
+    "tests/test_kernels_asm.py::test_generic_cpu_is_portable_and_correct",
+    "tests/test_kernels_asm.py::test_portable_path_emits_vpmaddwd",
+]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """FIRST's tests moved to the front, in FIRST's order (the same in every xdist worker,
+    as xdist requires of their collections)."""
+    rank = {nodeid: i for i, nodeid in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))  # stable: the rest as is
+
+
 def reference(name: str) -> dict:
     """The transformers outputs stored with tiny fixture `name`."""
     with np.load(TINY / name / "reference.npz") as z:

@@ -172,9 +172,10 @@ def test_cli_missing_file(converted, tmp_path, capsys):
     assert "cannot read" in err and len(err.strip().splitlines()) == 1
 
 
-def test_real_smollm2_short(tmp_path):
+def test_real_smollm2_short(tmp_path, smollm2):
     """SmolLM2-135M on 2 chunks of 128 tokens of Python's documentation: a sane perplexity,
-    and the q8_0 model within 1% of the float model (precise path, same chunks)."""
+    and the q8_0 model within 1% of the float model (precise path, same chunks). The "keep"
+    file is the session's `smollm2` fixture (the same conversion)."""
     from pydoc_data.topics import topics
 
     from realmodel import smollm2_gguf_path
@@ -182,12 +183,11 @@ def test_real_smollm2_short(tmp_path):
     from converter.gguf_source import open_gguf
     from converter.pack import convert
 
-    src = smollm2_gguf_path()
     text = "\n\n".join(topics[k] for k in sorted(topics))[:20000]
+    files = {"keep": smollm2, "q8_0": tmp_path / "q8_0.edgellm"}
+    convert(open_gguf(smollm2_gguf_path()), files["q8_0"], "q8_0", progress=False)
     res = {}
-    for recipe in ("keep", "q8_0"):
-        out = tmp_path / f"{recipe}.edgellm"
-        convert(open_gguf(src), out, recipe, progress=False)
+    for recipe, out in files.items():
         with edgellm.load(out, context=128, precise=True) as llm:
             res[recipe] = perplexity(llm, text, ctx=128, chunks=2)
     assert 3 < res["keep"].ppl < 40

@@ -107,6 +107,18 @@ def _barrier_rounds(threads: int, rounds: int) -> np.ndarray:
     return out
 
 
+# Left out of the child: the fused step on two threads for the models whose matrices have
+# llama's shapes (hidden 64, intermediate 128, 4 and 2 heads of 16, a 512 x 64 head), so
+# that the portable row kernels run on the same rows split the same way between the
+# threads as in llama's two-thread case, which the child keeps for each type; their own
+# operations (qwen2's q/k/v biases, mistral's sliding window, the bf16 shards read by the
+# converter) are the same code on either path, run on the portable path on one thread here
+# and on two threads by the suite itself.
+PORTABLE_REPEATS = [f"tests/test_fused.py::test_fused_equals_per_operation_path[2-{kind}-{name}]"
+                    for name in ("qwen2", "mistral-swa", "llama-bf16-sharded")
+                    for kind in ("q8_0", "q4_0", "q4_1")]
+
+
 @pytest.mark.skipif(not X86, reason="on aarch64 the whole suite runs the portable path")
 @pytest.mark.skipif(simd.SIMD_PATH == "portable",
                     reason="this host runs the portable path already: the suite ran these")
@@ -117,6 +129,8 @@ def test_kernel_and_fused_tests_pass_on_the_portable_path():
     cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m",
            "not serial", "tests/test_kernels_linear.py", "tests/test_fused.py",
            "tests/test_kquant_superblock.py", "tests/test_layout.py"]
+    for arg in PORTABLE_REPEATS:
+        cmd += ["--deselect", arg]
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=1800)
     tail = proc.stdout[-3000:] + proc.stderr[-2000:]

@@ -17,9 +17,12 @@ round the engine runs
     over its own slot's cache; a row's logits are the step's for that sequence alone, bit
     for bit (step/batched.py: the single fused step's too, but for q8_0 matrices' rounding),
     so a greedy answer does not depend on what else the server is doing. A slot that
-    guesses (an LLM loaded with draft="lookup": speculative/served.py) sends its last token
-    and its guesses as one job, its rows its next positions in the same step (want="rows");
-    its request thread samples them as the API's speculative loop does. Without a fused
+    guesses (an LLM loaded with draft="lookup": speculative/served.py) has its last token
+    and its guesses run as one job, its rows its next positions in the same step
+    (want="rows"): the engine samples them itself for an unconstrained generation
+    (SpecChain, as it samples a plain one ahead: _Chain) and sizes every slot's guess rows
+    together (Batch._allocate), a constrained one's request thread samples them as the
+    API's speculative loop does. Without a fused
     step the rows [n, D] go through the per-operation kernels together (whose matrix
     kernels round a row differently with 1, 2-3 or 4 rows: a near-tie can then go either
     way);

@@ -1,7 +1,9 @@
 """`edgellm serve --parallel 4 --draft lookup` against the same server without --draft on
-an extraction workload: 4 clients at once, each asking for fields of a ~400-token
-document; aggregate decode tokens/s and each request's time, alternating the two servers
-(a fresh server each run, the order flipped each round), the answers checked identical.
+an extraction workload: 4 clients at once, each asking for the fields of its own
+~350-450-token document (a supplier review, an invoice twice, an incident report) as JSON
+or copied out line by line; aggregate decode tokens/s and each request's time,
+alternating the two servers (a fresh server each run, the order flipped each round), the
+answers checked identical.
 
     python benchmarks/server_speculative.py [--model FILE] [--threads 2] [--rounds 3]
         [--max-tokens 200] [--json OUT]
@@ -31,21 +33,51 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_throughput import cpu_seconds, load, start  # noqa: E402
 from speculative import DEFAULT_MODEL, DOCUMENT  # noqa: E402
 
-ASKS = ["Extract these fields from the document below as JSON: supplier, address, contact, "
-        "phone, email, account_number.",
-        "From the document below, copy out as a list: the products with their prices, the "
-        "orders this quarter, the returned goods and the total spend.",
-        "Extract these fields from the document below as JSON: contract_start, "
-        "renewal_date, payment_terms, risk_rating, recommendation, next_review.",
-        "From the document below, copy the sentences about the quality audits and the "
-        "returned goods, word for word."]
+# each client its own document and fields, the document first and the ask after it (the
+# 135M model asked first, the document after, answered with a run of digits or the
+# document's first lines repeated: its guesses were taken, but from loops, not copying)
+INVOICE = ("Invoice number INV-2025-0117, issued on 21 January 2025 by Harbour Lights "
+  "Engineering Ltd., Unit 4, Quayside Business Park, Leith, Edinburgh EH6 6QW, VAT number "
+  "GB 284 1132 07, to Contoso Retail plc, 88 Wellington Street, Leeds LS1 4DL, attention of "
+  "Mr. Daniel Okafor, accounts payable. Purchase order: PO-77813. Items: 12 stainless steel "
+  "mounting brackets (part HB-220) at 4.50 each, 54.00; 3 boxes of M8 hex bolts (part "
+  "HB-M8-100) at 11.20 each, 33.60; 2 replacement hinge assemblies (part HB-H7) at 38.75 "
+  "each, 77.50; on-site fitting, 3.5 hours at 42.00 an hour, 147.00; delivery by courier, "
+  "15.00. Subtotal 327.10 GBP, VAT at 20 percent 65.42 GBP, total due 392.52 GBP. Payment "
+  "terms: 30 days from the invoice date, due by 20 February 2025, by bank transfer to "
+  "account 41023388, sort code 80-22-60, quoting the invoice number. Late payments carry "
+  "interest at 8 percent above the Bank of England base rate. Questions about this invoice: "
+  "Fiona Baird, credit control, fiona.baird@harbourlights.co.uk, telephone 0131 555 0192.")
+INCIDENT = ("Incident report IR-3391, filed on 9 December 2024 at 16:40 by Tomasz Nowak, "
+  "shift supervisor, Riverside distribution centre, 2 Wharf Lane, Bristol BS1 6QA. At 14:15 "
+  "a forklift truck (fleet number FL-07, driven by Amara Singh) struck a pallet rack in aisle "
+  "12 while reversing. Two pallets of bottled water fell from the third level of the rack; "
+  "nobody was injured. The aisle was closed from 14:20 to 15:55. Damage: one upright of rack "
+  "12-C bent, about 140 bottles broken, and a dented rear guard on the forklift. Estimated "
+  "cost: 2,300 GBP for the rack repair and 310 GBP of stock written off. Cause found by the "
+  "investigation: the reversing camera of FL-07 had failed on 6 December and had not been "
+  "reported. Actions: the rack upright was replaced on 10 December by Stanley Racking "
+  "Services; FL-07 was taken out of service until its camera was repaired on 11 December; all "
+  "drivers will check their cameras at the start of each shift from 16 December; and a "
+  "refresher course on reversing was booked for 8 January 2025. Report reviewed by Helen "
+  "Marsh, site health and safety manager, on 12 December 2024. Status: closed.")
+ASKS = [
+    DOCUMENT + "\n\nExtract these fields from the document above as JSON: supplier, address, "
+    "contact, phone, email, account_number, contract_start, renewal_date, total_spend, "
+    "payment_terms, risk_rating, next_review.",
+    INVOICE + "\n\nExtract these fields from the invoice above as JSON: invoice_number, date, "
+    "seller, seller_address, buyer, buyer_address, purchase_order, items, subtotal, vat, "
+    "total_due, due_date, contact_email.",
+    INCIDENT + "\n\nFrom the incident report above, list what happened, the damage, the cause "
+    "and the actions taken, one per line, copying the report's words.",
+    INVOICE + "\n\nFrom the invoice above, list the items with their part numbers and prices, "
+    "then the subtotal, the VAT and the total due, one per line, copying the invoice's words.",
+]
 WARM = ["Name a colour.", "Name a fruit.", "Name a river.", "Name a city."]
 
 
 def prompts() -> list[str]:
-    # the ask first: each client's prompt its own from its first tokens (no prefix that
-    # one slot's prefill would hand the others through the prompt cache)
-    return [f"{ask}\n\n{DOCUMENT}" for ask in ASKS]
+    return list(ASKS)
 
 
 def one(client, model: str, prompt: str, tokens: int) -> dict:

@@ -17,9 +17,12 @@ round the engine runs
     over its own slot's cache; a row's logits are the step's for that sequence alone, bit
     for bit (step/batched.py: the single fused step's too, but for q8_0 matrices' rounding),
     so a greedy answer does not depend on what else the server is doing. A slot that
-    guesses (an LLM loaded with draft="lookup": speculative/served.py) sends its last token
-    and its guesses as one job, its rows its next positions in the same step (want="rows");
-    its request thread samples them as the API's speculative loop does. Without a fused
+    guesses (an LLM loaded with draft="lookup": speculative/served.py) has its last token
+    and its guesses run as one job, its rows its next positions in the same step
+    (want="rows"): the engine samples them itself for an unconstrained generation
+    (SpecChain, as it samples a plain one ahead: _Chain) and sizes every slot's guess rows
+    together (Batch._allocate), a constrained one's request thread samples them as the
+    API's speculative loop does. Without a fused
     step the rows [n, D] go through the per-operation kernels together (whose matrix
     kernels round a row differently with 1, 2-3 or 4 rows: a near-tie can then go either
     way);
@@ -62,7 +65,7 @@ from .cache.prompt_cache import PromptCache, SharedPromptCache, Snapshots
 from .errors import ArgumentError, ClosedError, ContextError, EdgeLLMError
 from .lifetime import Lifetime
 from .llm import LLM
-from .speculative.served import slot_lookup, slot_rows
+from .speculative.served import SpecChain, StepCosts, allocate, slot_lookup, slot_rows
 from .step.batched import BatchDecoder
 
 GATHER_S = 0.004  # how long a round waits for the rows of slots that are mid-generation
@@ -163,6 +166,8 @@ class SlotModel(CachedTokens):
         self.tokens: list[int] = []
         self.expected = False  # mid-generation: its next token is coming (see GATHER_S)
         self.cancelled: Callable[[], bool] | None = None  # the request's (SlotLLM.watch)
+        # the Speculation run_ahead guesses with on the engine (SlotLLM._chunks sets it)
+        self.speculating = None
 
     def forward(self, tokens, want: str = "all", shift: bool = True):
         """As Transformer.forward (a "last" result is this slot's own copy)."""
@@ -177,6 +182,9 @@ class SlotModel(CachedTokens):
         caller stops early (a stop string, a client gone), the rows the engine ran past its
         last token are taken off the cache again: as in generate_step, the last token
         yielded is never run."""
+        if self.speculating is not None:
+            yield from self._speculate(logits, sampler, history, shift, limit, eos)
+            return
         chain = _Chain(sampler, history, limit, eos, shift)
         token = chain.sample(logits)
         job = self._queue(chain, token)
@@ -193,6 +201,52 @@ class SlotModel(CachedTokens):
                 job = self._queue(chain, token)
             else:
                 token, job = job.wait()
+
+    def _speculate(self, logits, sampler, history: list[int], shift: bool, limit, eos):
+        """run_ahead with the engine guessing (speculative/served.py SpecChain): each step
+        the slot's last token and its guesses, the engine sampling the rows and queueing
+        the next step itself; yields the tokens a step at a time. A caller that stops
+        mid-step: the rows run past its last token come off the cache again."""
+        chain = SpecChain(sampler, history, limit, eos, shift, self.speculating)
+        self.speculating = None
+        out = [chain.sample(logits)]
+        chain.steps = 1
+        job = None if chain.ends(out[0]) else self._spec_job(chain)
+        while True:
+            for i, token in enumerate(out):
+                try:
+                    yield token
+                except GeneratorExit:
+                    self._unwind_spec(chain, job, len(out) - 1 - i)
+                    raise
+            chain.handed += 1
+            if job is None:  # (a caller that goes on past the end)
+                job = self._spec_job(chain)
+            out, ended, job = job.wait()
+            if job is None and not ended:  # the engine left the next step to us
+                job = self._spec_job(chain)
+
+    def _spec_job(self, chain: SpecChain, queue: bool = True):
+        """The next verify step of `chain` (its last token and all it may guess: the
+        engine allocates the rows a step, Batch._allocate), queued unless not `queue`."""
+        k = chain.propose(self)
+        job = _Job(self, chain.rows(k), "rows", chain.shift if k == 0 else False, chain=chain)
+        if queue:
+            self.batch.enqueue(job)
+        return job
+
+    def _unwind_spec(self, chain: SpecChain, job, extra: int) -> None:
+        """The caller stopped with `extra` rows run past its last token: no more steps;
+        wait for the one in flight and take all their rows off the cache."""
+        chain.stop = True
+        while job is not None:
+            try:
+                out, _, job = job.wait()
+            except Exception:  # noqa: BLE001 -- it did not run (closed, context full)
+                break
+            extra += len(out)
+        if extra:
+            self.truncate(len(self.tokens) - extra)
 
     def _queue(self, chain: _Chain, token: int):
         """The decode row of `token`, queued; None where it may not run ahead (_Chain.row)."""
@@ -214,6 +268,20 @@ class SlotModel(CachedTokens):
             ran += 1
         if ran:
             self.truncate(len(self.tokens) - ran)
+
+
+def _guessing(model: SlotModel, spec, chunks):
+    """`chunks` of a generation that guesses on the engine with `spec` (SlotModel.
+    speculating while it runs), its Stats counting spec's guesses."""
+    model.speculating = spec
+    try:
+        for chunk in chunks:
+            if chunk.stats is not None:
+                chunk.stats.proposed_tokens = spec.proposed
+                chunk.stats.accepted_tokens = spec.accepted
+            yield chunk
+    finally:
+        model.speculating = None
 
 
 class SlotLLM(LLM):
@@ -248,8 +316,14 @@ class SlotLLM(LLM):
 
     meter = asked = None  # a server's: meter(slot, ids, chunks) sees each stream (metrics.py)
 
-    def _chunks(self, model, tokenizer, ids, *args):
-        chunks = self._offered(super()._chunks(model, tokenizer, ids, *args))
+    def _chunks(self, model, tokenizer, ids, sampler, max_tokens, stop, shift, keep_cache,
+                constraint=None, spec=None):
+        # an unconstrained generation guesses on the engine (SlotModel._speculate), not
+        # through the API's loop in this thread (a round trip between two steps)
+        engine = spec is not None and constraint is None and shift
+        chunks = super()._chunks(model, tokenizer, ids, sampler, max_tokens, stop, shift,
+                                 keep_cache, constraint, None if engine else spec)
+        chunks = self._offered(_guessing(model, spec, chunks) if engine else chunks)
         return chunks if self.meter is None else self.meter(self, ids, chunks)
 
     def _offered(self, chunks):
@@ -327,6 +401,7 @@ class Batch:
         self._arriving = 0  # requests being prepared for a slot (arriving())
         self._closed = False
         self.rounds = self.rows = 0  # decode steps run and rows they carried (stats)
+        self.costs = StepCosts()  # the step's seconds by its rows (guess rows' price)
         self.mixed = 0  # rounds that ran decode rows and prefill tokens
         self.prefill_rounds = 0  # rounds that ran prefill tokens
         self.prefill_passes = 0  # passes over the weights they took (prefill_rows: one)
@@ -511,11 +586,27 @@ class Batch:
         if self.stepper is not None and not self.stepper.current:  # the model's step changed
             self.stepper = BatchDecoder.build(self.model, self.stepper.caches,
                                               self.stepper.interleave, self.stepper.R)
+        self._allocate(jobs)
         views, tokens, shifts, spans = _rows_of(jobs)
+        t0 = time.perf_counter()
         logits = decode_rows(self.model, views, tokens, shifts, self.stepper)
+        self.costs.timed(len(views), time.perf_counter() - t0)
         answers, queued = [], []
         for job, (a, b) in zip(jobs, spans):
             row, chain = logits[a], job.chain
+            if isinstance(chain, SpecChain):  # guesses of the engine's: it samples them
+                try:
+                    out, ended = chain.verified(job.view, logits[a:b], job.tokens)
+                except Exception as e:  # noqa: BLE001 -- the request's own error
+                    job.finish(error=e)
+                    continue
+                # the next step, queued now unless the request thread is a step behind
+                nxt = None
+                if not ended and not chain.stop and chain.handed >= chain.steps - 1:
+                    nxt = job.view._spec_job(chain, queue=False)
+                    queued.append(nxt)
+                answers.append((job, (out, ended, nxt), nxt is None))
+                continue
             if job.want == "rows":  # a slot's verify rows: their logits [n, vocab]
                 answers.append((job, logits[a:b], True))
                 continue
@@ -537,6 +628,22 @@ class Batch:
                 self._decodes.extend(queued)
         for job, answer, expected in answers:  # after the sampling: woken threads take the GIL
             self._done(job, answer, expected)
+
+    def _allocate(self, jobs: list[_Job]) -> None:
+        """Trim the engine's guesses (SpecChain jobs carry all a slot may guess) to the
+        rows that pay in this step beside the others (served.allocate)."""
+        spec = [j for j in jobs if isinstance(j.chain, SpecChain)]
+        if not spec:
+            return
+        others = sum(j.tokens.size if j.want == "rows" else 1 for j in jobs
+                     if not isinstance(j.chain, SpecChain))
+        ks = allocate([j.chain.acceptance for j in spec], [j.tokens.size - 1 for j in spec],
+                      [j.chain.left() for j in spec], others, self.costs)
+        for job, k in zip(spec, ks):
+            if k + 1 < job.tokens.size:
+                job.tokens = job.tokens[:k + 1]
+                if k == 0:
+                    job.shift = job.chain.shift
 
     def _prefill_together(self, pairs: list[tuple[_Job, int]]) -> None:
         """The next n tokens of each (job, n) in one pass (prefill_rows): one matrix product

@@ -91,7 +91,13 @@ def _answers(llm, stream: bool = False):
         time.sleep(0.5)  # the last prompt's snapshot kept (queued for the engine)
         with ThreadPoolExecutor(len(REQUESTS)) as pool:
             futures = [pool.submit(_ask, server, m, x, stream) for m, x in REQUESTS]
-            return [f.result() for f in futures], server.app.state.batch.slots
+            got = [f.result() for f in futures]
+        batch = server.app.state.batch
+        # every slot's token list is what its cache holds (the rows run past a stop or a
+        # rejected guess taken back); the widest step's rows
+        assert all(len(s.model.tokens) == s.model.cache.n_tokens for s in batch.slots)
+        batch.widest = max(batch.costs.count) if hasattr(batch, "costs") else 0
+        return got, batch.slots, batch
     finally:
         server.stop()
 
@@ -105,18 +111,41 @@ def models():
 
 def test_answers_are_the_plain_servers_token_for_token(models):
     plain, spec = models
-    want, _ = _answers(plain)
-    got, slots = _answers(spec)
+    want, _, _ = _answers(plain)
+    got, slots, batch = _answers(spec)
     assert got == want
     assert all(s.speculation is not None for s in slots)
     assert sum(s.speculation.proposed for s in slots) > 0  # it did guess
     assert sum(s.speculation.accepted for s in slots) > 0
+    # the engine guessed for the unconstrained requests and sized the steps' rows itself
+    assert batch.widest > 4
+
+
+def test_engine_guesses_without_the_request_thread(models):
+    """An unconstrained request's guesses are made, verified and sampled on the engine
+    (SlotModel._speculate): no verify step waits for its request thread."""
+    _, spec = models
+    server = ThreadServer(spec, parallel=4)
+    try:
+        slots = server.app.state.batch.slots
+        seen = []
+        for slot in slots:
+            def forward(tokens, want="all", shift=True, run=slot.model.forward):
+                seen.append(want)
+                return run(tokens, want, shift)
+
+            slot.model.forward = forward
+        text, finish, n = _ask(server, *REQUESTS[0], False)
+        assert n > 1 and seen and "rows" not in seen  # only the prompt went through it
+        assert sum(s.speculation.proposed for s in slots) > 0
+    finally:
+        server.stop()
 
 
 def test_streams_chunk_by_chunk_as_the_plain_server(models):
     plain, spec = models
-    want, _ = _answers(plain, stream=True)
-    got, _ = _answers(spec, stream=True)
+    want, _, _ = _answers(plain, stream=True)
+    got, _, _ = _answers(spec, stream=True)
     assert got == want
 
 

@@ -17,8 +17,8 @@ K and V are stored as `kv_type` (kv_types.py: f32, f16 or q8_0 rows [cap, Hkv, w
 attention kernels read f16 and q8_0 rows directly, dequantizing one row at a time, except a
 prefill chunk's attention over an f16 cache: it decodes the layer's rows into float32
 (F32Rows, one layer's worth shared by all; decode_f16, the CPU's conversion) and runs the
-tiled kernel, 3-4x faster than
-reading the rows one at a time, for a tenth of that in decoding.
+tiled kernel, 3-4x faster than reading the rows one at a time, for a tenth of that in
+decoding.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ prompt with different questions, with the server's prompt cache (--prompt-cache-
 default) and without it (0).
 
     python benchmarks/server_prompt_cache.py [--model smollm2-135m-instruct] [--parallel 2]
-        [--ctx 4096] [--tokens 8] [--only burst] [--rounds 1] [--json OUT]
+        [--ctx 4096] [--tokens 8] [--only burst] [--rounds 1] [--threads N] [--code DIR]
+        [--json OUT]
 
 Each server is warmed with a short unrelated prompt (its first touches are not counted),
 then two patterns run, each on a fresh server: "sequential", each client after the one
@@ -16,7 +17,10 @@ makes the difference when the clients come together (burst: the other slots neve
 the prompt; the later clients' TTFT counts their wait for a slot, behind the others'
 answers). The load average is printed at the start and the end: on a busy
 machine every time is longer, the ratios less so. --only burst (or sequential) runs that
-pattern with the cache alone, --rounds times (a server each).
+pattern with the cache alone, --rounds times (a server each). --code DIR: the source tree
+whose edgellm the servers run (default this one: an A/B alternates two trees with one
+script); --threads N: the servers' threads (1 on a busy machine: a thread team that
+shares the cores with other processes waits for its members at every parallel region).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ QUESTIONS = ["What is 2+2?", "Name a color.", "Where is Paris?", "Who wrote Haml
              "Name a fruit.", "What is the sun?", "Say hello.", "Count to three."]
 
 
-def start(model: str, parallel: int, ctx: int, cache: str | None):
+def start(model: str, parallel: int, ctx: int, cache: str | None, threads: int | None = None,
+          code: Path = ROOT):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -49,7 +54,12 @@ def start(model: str, parallel: int, ctx: int, cache: str | None):
             "--parallel", str(parallel), "--ctx", str(ctx)]
     if cache is not None:
         args += ["--prompt-cache-bytes", cache]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL,
+    if threads is not None:
+        args += ["--threads", str(threads)]
+    # run from `code`, with it first on the path: `python -m edgellm` imports that tree's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen(args, cwd=code, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -118,15 +128,17 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=8)
     p.add_argument("--only", choices=("sequential", "burst"), default=None)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--code", type=Path, default=ROOT)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    print(f"load average at start: {os.getloadavg()}")
+    print(f"load average at start: {os.getloadavg()}; edgellm from {a.code.resolve()}")
     results = {}
     runs = [(name, cache, pattern) for name, cache in (("cache", None), ("no cache", "0"))
             for pattern in ("sequential", "burst")] if a.only is None else \
         [("cache", None, a.only)] * a.rounds
     for name, cache, pattern in runs:
-        proc, url = start(a.model, a.parallel, a.ctx, cache)
+        proc, url = start(a.model, a.parallel, a.ctx, cache, a.threads, a.code.resolve())
         try:
             ttft(url, "You are terse.", "Name a river.", 2)  # warm
             times = run(url, pattern, a.tokens)

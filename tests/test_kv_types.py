@@ -164,3 +164,25 @@ def test_prefill_chunks_read_an_f16_cache_as_float32_rows(converted, monkeypatch
             layer.f32_rows = None
         want = llm.logits(ids)
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_prefill_decodes_f16_rows_exactly_with_the_conversion_kernel(monkeypatch):
+    """F32Rows decodes a layer's f16 rows with decode_f16 (the CPU's conversion, where
+    numpy's cast took most of a short chunk's attention over a cached prefix): every
+    float16 value, subnormals and infinities included, to numpy's float32 bit for bit."""
+    from edgellm.cache import kv_cache
+
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    bits = bits[~np.isnan(bits.view(np.float16))].copy()
+    n = bits.size // 64
+    rows = bits[:n * 64].reshape(n, 2, 32)  # [slots, n_kv, head_dim]
+    calls = []
+    real = kv_cache.decode_f16
+    monkeypatch.setattr(kv_cache, "decode_f16",
+                        lambda b, out: (calls.append(b.shape), real(b, out)))
+    f32 = kv_cache.F32Rows(rows.shape[0] + 5, 2, 32)
+    k, v = f32.decode(rows, rows[::-1].copy())
+    assert calls == [(2 * n, 32), (2 * n, 32)]
+    want = rows.view(np.float16).astype(np.float32)
+    assert np.array_equal(k.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(v.view(np.uint32), want[::-1].view(np.uint32))

@@ -13,6 +13,13 @@ the reference's tokens it follows (its common prefix), per prompt and in total:
   int16 | int8                 every matrix in that format (the default; llama.cpp's)
   int8-except:ROLE[,ROLE]      int8, but int16 for these roles
   int8-only:ROLE[,ROLE]        int16, but int8 for these roles
+  int8-layers:A-B              int16, but int8 for every matrix of layers A..B (the head
+                               int16)
+  int8-keep:K                  every matrix's activations int8 but for the K largest |x| of
+                               each block of 32, kept exact (a sparse correction of int8,
+                               simulated in float: the rounded values on the float path)
+  prefill:FORMAT               FORMAT in prefill (the prompt's chunk: its KV rows and the
+                               first token's logits), int16 in decode (one-token steps)
 A role is the tensor name's part before ".weight" (q_proj k_proj v_proj o_proj gate_proj
 up_proj down_proj; qkv_proj gate_up_proj), "head" for the output head (tied or not).
 """
@@ -37,8 +44,30 @@ def role(name: str) -> str:
     return "head" if r in HEAD_NAMES else r
 
 
+def layer(name: str) -> int:
+    """The layer index in a tensor name (model.layers.N....), -1 for none (the head)."""
+    parts = name.split(".")
+    return int(parts[parts.index("layers") + 1]) if "layers" in parts else -1
+
+
 def parse(spec: str):
+    """(name, rows) -> np.int8 | np.int16 for the format `spec` (rows: the call's tokens)."""
+    if spec.startswith("prefill:"):
+        inner = parse(spec[len("prefill:"):])
+        return lambda name, rows: inner(name, rows) if rows > 1 else np.dtype(np.int16)
+    of = _parse(spec)
+    return lambda name, rows: of(name)
+
+
+def _parse(spec: str):
     """name -> np.int8 | np.int16 for the format `spec`."""
+    if spec.startswith("int8-keep:"):
+        k = int(spec.partition(":")[2])
+        return lambda name: ("keep", k)
+    if spec.startswith("int8-layers:"):
+        a, _, b = spec.partition(":")[2].partition("-")
+        lo, hi = int(a), int(b or a)
+        return lambda name: np.dtype(np.int8 if lo <= layer(name) <= hi else np.int16)
     if spec in ("int16", "int8"):
         return lambda name: np.dtype(spec)
     mode, _, arg = spec.partition(":")
@@ -57,11 +86,26 @@ def _by_format(real):
     """linear() with each matrix's activations in FORMAT's choice for it (a shared copy
     quantized in another format is not used: the matrix quantizes its own)."""
     def linear(w, x, out, *, precise=False, act=None, act_dtype=np.int8):
-        dtype = FORMAT["of"](w.name)
+        dtype = FORMAT["of"](w.name, x.shape[0])
+        if isinstance(dtype, tuple):  # ("keep", k): int8 rounding but for k exact a block
+            return real(w, keep_int8(x, dtype[1]), out, precise=True)
         if act is not None and act.xq.dtype != dtype:
             act = None
         return real(w, x, out, precise=precise, act=act, act_dtype=dtype)
     return linear
+
+
+def keep_int8(x: np.ndarray, k: int) -> np.ndarray:
+    """x [T, K] rounded as int8 blocks of 32 (d = amax / 127 of the block without its k
+    largest |x|), those k values kept exact: float32 [T, K]."""
+    b = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    top = np.zeros(b.shape, bool)
+    if k:
+        np.put_along_axis(top, np.argsort(-np.abs(b), axis=-1)[..., :k], True, axis=-1)
+    rest = np.where(top, np.float32(0), b)
+    d = np.abs(rest).max(-1, keepdims=True) / np.float32(127)
+    q = np.round(rest / np.where(d == 0, 1, d)) * d
+    return np.ascontiguousarray(np.where(top, b, q).reshape(x.shape), np.float32)
 
 
 def common(a: list[int], b: list[int]) -> int:

@@ -292,7 +292,8 @@ def _halves_dots(b, p, q0, xrows, xoff, RT):
     zero = _c(v16i, [0] * ILV_ROWS)
     nib = _c(v16i, [0x0F0F0F0F] * ILV_ROWS)
     dpb = _llvm_fn(b, "llvm.x86.avx512.vpdpbusd.512", v16i, [v16i] * 3)
-    n_chains = 2 if RT == 1 else 1  # chains of each half a token
+    n_chains = 2  # chains of each half a token (RT = 4: 16 accumulators; 1 a half was
+    # 5-8% slower: tile_bound.py --prefill)
     hi = [[zero] * n_chains for _ in range(RT)]
     lo = [[zero] * n_chains for _ in range(RT)]
     for c in range(4):

@@ -7,6 +7,7 @@ the same K and V bytes, and the ratio. Caches of random rows, one per layer (so 
 come from memory, as in decode, not from a cache the last layer left warm).
 
     python benchmarks/attn_bound.py [--positions 128 512 2048] [--types f32 f16 q8_0]
+                                    [--compare]
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def _layers_groups(q, kb, vb, K, V, cpos, p, scale, scores, stats, out, tile):
 
 
 _attend_layers = numba.njit(_layers_heads if _HEADS else _layers_groups)
+_groups_layers = numba.njit(_layers_groups)  # --compare: the head-at-a-time order
 
 
 def _cache(kind, L, n, Hkv, Dh, rng):
@@ -82,6 +84,9 @@ def main(argv=None):
     ap.add_argument("--positions", type=int, nargs="+", default=[128, 512, 2048])
     ap.add_argument("--types", nargs="+", default=["f32", "f16", "q8_0"])
     ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--compare", action="store_true",
+                    help="also time one KV group at a time over the cache (the order before "
+                         "_attend_heads), alternating with the one-pass order")
     a = ap.parse_args(argv)
     numba.set_num_threads(1)
     rng = np.random.default_rng(0)
@@ -92,7 +97,8 @@ def main(argv=None):
     tile = np.zeros((16, Dh), np.float32)
     scale = np.float32(Dh ** -0.5)
     print(f"{'type':5} {'pos':>5} {'MB':>7} {'attend ms':>10} {'GB/s':>6} "
-          f"{'stream ms':>10} {'GB/s':>6} {'fraction':>8}")
+          f"{'stream ms':>10} {'GB/s':>6} {'fraction':>8}"
+          + (f" {'by head ms':>10} {'fraction':>8}" if a.compare else ""))
     for n in a.positions:
         scores = np.zeros((H, max(n, 1)), np.float32)
         stats = np.zeros((1, H), np.float32)
@@ -104,11 +110,19 @@ def main(argv=None):
             mb = flat.nbytes / 1e6
             run = lambda: _attend_layers(q, kb, vb, K, V, cpos, n, scale, scores, stats,
                                          out, tile)
+            old = lambda: _groups_layers(q, kb, vb, K, V, cpos, n, scale, scores, stats,
+                                         out, tile)
             run()
             _stream(flat)
-            ta, ts = _cpu(run, a.reps), _cpu(lambda: _stream(flat), a.reps)
+            ta = ts = tg = float("inf")
+            for _ in range(a.reps):  # alternating, so load drifts reach all alike
+                ta = min(ta, _cpu(run, 1))
+                ts = min(ts, _cpu(lambda: _stream(flat), 1))
+                if a.compare:
+                    tg = min(tg, _cpu(old, 1))
             print(f"{kind:5} {n:5d} {mb:7.1f} {ta * 1e3:10.2f} {mb / 1e3 / ta:6.1f} "
-                  f"{ts * 1e3:10.2f} {mb / 1e3 / ts:6.1f} {ts / ta:8.2f}", flush=True)
+                  f"{ts * 1e3:10.2f} {mb / 1e3 / ts:6.1f} {ts / ta:8.2f}"
+                  + (f" {tg * 1e3:10.2f} {ts / tg:8.2f}" if a.compare else ""), flush=True)
 
 
 if __name__ == "__main__":

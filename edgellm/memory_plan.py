@@ -157,14 +157,14 @@ def decode_buffer_bytes(args: ModelArgs, inner: int, context: int,
     kvd = args.num_key_value_heads * Dh
     L = args.num_hidden_layers
     cap = min(context, max((args.layer_window(i) or context) for i in range(L)))
-    group = max(1, args.num_attention_heads // args.num_key_value_heads)
+    Hq, Hkv = args.num_attention_heads, args.num_key_value_heads
     rows = 2 * _pad(D) + 2 * _pad(qd) + 2 * _pad(kvd) + 3 * _pad(F) + _pad(V)
     total = 4 * (rows + threads * _pad(D))  # x h q attn k v gate up ffn logits; private h
     kmax = max(D, qd, F)
     # two act slots per thread: per block of 32 a scale, xds and two sums (ActK's per 16)
     total += threads * 2 * (ACT_ITEM * kmax + 16 * (kmax // 32))
-    # per thread: k head, q heads, a tile of 16 decoded cache rows (dots.LANES); scores
-    total += 4 * threads * ((1 + group + 16) * Dh + (group + 1) * max(cap, group)) + 24
+    # per thread: k heads, q heads, a tile of 16 decoded cache rows (dots.LANES); scores
+    total += 4 * threads * ((Hkv + Hq + 16) * Dh + (Hq + 1) * max(cap, Hq)) + 24
     return total + fused_table_bytes(args)
 
 

@@ -37,7 +37,7 @@ and B [N, R] as float16 bits from `lora` (half the bytes of f32: at rank 16 on e
 projection they are a fifth of a 4-bit model's bytes per token). The kernels are
 the per-operation path's own: rmsnorm, rmsnorm_heads, apply_rope, swiglu_row, geglu_tanh_row,
 add_inplace, quantize_rows, the mv_rows_* / mvp_rows_* matrix-vector rows, route and
-scatter_add; only attention has its decode form here (_attend_group: it reads and writes
+scatter_add; only attention has its decode form here (_attend_heads: it reads and writes
 an f32, f16 or q8_0 cache through kv_store.kv_rows / store_kv_row, a few rows at a time).
 
 Every offset, shape and type in the tables is checked by the caller (step/fused.py)
@@ -375,53 +375,73 @@ def _prep_head(src, perm, use_perm, dst, norm_w, use_norm, eps, offset, cos, sin
 @kernel
 def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, scores,
                   stats, out, hq0, tile):
-    """Attention of query heads qg[:ng] (heads hq0.. of one KV group, kvh) over the cache
-    slots (positions < p in the window) and this token (key kh, value vh).
+    """Attention of query heads qg[:ng], the whole KV group kvh (heads hq0 = kvh * ng ..),
+    over the cache slots (positions < p in the window) and this token (key kh, value vh
+    [Dh]): _attend_heads on that one group (the batched step's unit)."""
+    Dh = kh.shape[0]
+    _attend_heads(qg, kh.reshape((1, Dh)), vh.reshape((1, Dh)), kvh, kc, vc, cpos, hq0,
+                  hq0 + ng, ng, p, window, scale, softcap, scores, stats, out, tile)
+
+
+@kernel
+def _attend_heads(qb, kb, vb, kvb, kc, vc, cpos, h0, h1, group, p, window, scale, softcap,
+                  scores, stats, out, tile):
+    """Attention of query heads h0..h1 (query rows qb[hq - h0], KV head hq // group) over
+    the cache slots (positions < p in the window) and this token (key, value rows
+    kb, vb [kvh - kvb] of [*, Dh]).
 
     The cache kc, vc [n, Hkv, width] is float32, or f16 / q8_0 rows (kv_types.py) that
     kv_rows decodes into tile [LANES, Dh] a few rows at a time (never the whole cache).
-    Scores 16 cached keys at a time per head (dots16: no horizontal sum per key), soft-capped
-    where softcap > 0; the weighted values are summed 16 rows at a time (wsum_rows; each
-    decoded once for the group's heads) and normalized at the end. Scratch: scores
-    [>= ng, >= slots], stats [1, >= ng]. out [Hq * Dh] receives the ng heads' rows.
+    Position-major: 16 cached positions at a time, every KV head's rows of them (a
+    position's rows of all heads are contiguous: one pass over the cache, in order, where a
+    head at a time strides across it a page a row); each head's arithmetic is the one-head
+    loop's (dots16 per block of 16 keys, then its softmax, then wsum_rows per block of 16
+    values, normalized at the end), so the result does not depend on which heads share a
+    call. Scores soft-capped where softcap > 0. Scratch: scores [>= h1 - h0, >= slots],
+    stats [1, >= h1 - h0]. out [Hq * Dh] receives heads h0..h1's rows.
     """
-    n, Dh = kc.shape[0], kh.shape[0]
+    n, Dh = kc.shape[0], kb.shape[1]
+    kv0, kv1 = h0 // group, (h1 - 1) // group + 1
     self_s = stats[0]
-    keys, vals = kc[:, kvh], vc[:, kvh]  # [n, width], rows strided
-    for g in range(ng):
+    for hq in range(h0, h1):
+        kr = kb[hq // group - kvb]
         acc = np.float32(0.0)
         for i in range(Dh):
-            acc += qg[g, i] * kh[i]
-        self_s[g] = acc * scale
+            acc += qb[hq - h0, i] * kr[i]
+        self_s[hq - h0] = acc * scale
     s = 0
     if Dh % LANES == 0:
         while s + LANES <= n:
             ahead = min(LANES, n - s - LANES)
-            if ahead > 0:
-                prefetch_rows(keys, s + LANES, ahead)
-            src, r = kv_rows(keys, s, LANES, tile)
-            for g in range(ng):
-                dots16(src, r, qg, g, scores, s, scale)
+            for kvh in range(kv0, kv1):
+                keys = kc[:, kvh]  # [n, width], rows strided
+                if ahead > 0:
+                    prefetch_rows(keys, s + LANES, ahead)
+                src, r = kv_rows(keys, s, LANES, tile)
+                for hq in range(max(h0, kvh * group), min(h1, (kvh + 1) * group)):
+                    dots16(src, r, qb, hq - h0, scores, s, scale)
             s += LANES
     for t in range(s, n):
-        src, r = kv_rows(keys, t, 1, tile)
-        kr = src[r]
-        for g in range(ng):
-            acc = np.float32(0.0)
-            for i in range(Dh):
-                acc += qg[g, i] * kr[i]
-            scores[g, t] = acc * scale
+        for kvh in range(kv0, kv1):
+            src, r = kv_rows(kc[:, kvh], t, 1, tile)
+            kr = src[r]
+            for hq in range(max(h0, kvh * group), min(h1, (kvh + 1) * group)):
+                acc = np.float32(0.0)
+                for i in range(Dh):
+                    acc += qb[hq - h0, i] * kr[i]
+                scores[hq - h0, t] = acc * scale
+    nh = h1 - h0
     if softcap > 0:
-        for g in range(ng):
+        for g in range(nh):
             self_s[g] = softcap * np.tanh(self_s[g] / softcap)
             for t in range(n):
                 scores[g, t] = softcap * np.tanh(scores[g, t] / softcap)
     for t in range(n):  # slots this token does not see
         kp = cpos[t]
         if not (kp >= 0 and kp < p and (window == 0 or p - kp < window)):
-            for g in range(ng):
+            for g in range(nh):
                 scores[g, t] = NEG
-    for g in range(ng):
+    for g in range(nh):
         row = scores[g]
         best = max(self_s[g], row_max(scores, g, n))  # a vector max: the loop's is scalar
         e_self = np.exp(self_s[g] - best)  # one per head: libm
@@ -430,23 +450,26 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
         for t in range(n):
             total += row[t]
         self_s[g] = np.float32(1.0) / total  # applied at the end
-        o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
+        vr = vb[(h0 + g) // group - kvb]
+        o = out[(h0 + g) * Dh:(h0 + g + 1) * Dh]
         for i in range(Dh):
-            o[i] = e_self * vh[i]
+            o[i] = e_self * vr[i]
     o2 = out.reshape((out.shape[0] // Dh, Dh))
     t = 0
-    while t < n:  # LANES value rows at a time, each decoded once for the group's heads
+    while t < n:  # LANES positions at a time, each head's value rows decoded once
         m = min(LANES, n - t)
         ahead = min(LANES, n - t - m)
-        if ahead > 0:
-            prefetch_rows(vals, t + m, ahead)
-        src, r = kv_rows(vals, t, m, tile)
-        for g in range(ng):
-            wsum_rows(src, r, m, scores, g, t, o2, hq0 + g)
+        for kvh in range(kv0, kv1):
+            vals = vc[:, kvh]
+            if ahead > 0:
+                prefetch_rows(vals, t + m, ahead)
+            src, r = kv_rows(vals, t, m, tile)
+            for hq in range(max(h0, kvh * group), min(h1, (kvh + 1) * group)):
+                wsum_rows(src, r, m, scores, hq - h0, t, o2, hq)
         t += m
-    for g in range(ng):
+    for g in range(nh):
         inv = self_s[g]
-        o = out[(hq0 + g) * Dh:(hq0 + g + 1) * Dh]
+        o = out[(h0 + g) * Dh:(h0 + g + 1) * Dh]
         for i in range(Dh):
             o[i] *= inv
 
@@ -474,12 +497,13 @@ def _attend(tid, nt, op, model, bufs, kv, p, f32, f16, q8_0):
 def _attend_scratch(tid, op, consts, kq, scores, Hkv):
     """ATTEND's operands and worker tid's scratch, as both interpreters take them: (o, its
     scale and softcap, the query heads per KV head (group), Hq, Dh, kbuf [Dh], qbuf
-    [group, Dh], tile [LANES, Dh], the group's scores and stats)."""
+    [Hq, Dh], tile [LANES, Dh], scores [Hq, slots] and stats [1, >= Hq]). kq[tid] holds
+    Hkv k rows (kbuf the first), Hq q rows, then the tile; scores[tid] Hq rows and stats."""
     o = operands(op, ATTEND)
-    group = scores.shape[1] - 1  # query heads per KV head
-    return (o, np.float32(consts[o.scale]), np.float32(consts[o.softcap]), group, Hkv * group,
-            kq.shape[2], kq[tid, 0], kq[tid, 1:1 + group], kq[tid, 1 + group:],
-            scores[tid, :group], scores[tid, group:])
+    Hq = scores.shape[1] - 1
+    return (o, np.float32(consts[o.scale]), np.float32(consts[o.softcap]), Hq // Hkv, Hq,
+            kq.shape[2], kq[tid, 0], kq[tid, Hkv:Hkv + Hq], kq[tid, Hkv + Hq:],
+            scores[tid, :Hq], scores[tid, Hq:])
 
 
 @kernel
@@ -522,14 +546,17 @@ def _attend_rows(tid, nt, op, model, bufs, kv, k_all, v_all, p):
     cos, sin = cos_all[o.rope:o.rope + 1], sin_all[o.rope:o.rope + 1]
     q, k, v, out = _attend_vectors(o, mem, shared, private, tid, Hq, Hkv, Dh)
     h0, h1 = _heads(Hq, tid, nt)
+    kbs = kq[tid, :Hkv]  # every KV head's rotated k
     hq = h0
-    while hq < h1:  # the heads of one KV group at a time
+    while hq < h1:  # prepare the heads of one KV group at a time
         kvh = hq // group
         ng = min(h1, (kvh + 1) * group) - hq
-        _prep_heads(o, consts, params, ints, q, k, kvh, hq, ng, kbuf, qbuf, cos, sin)
-        _attend_group(qbuf, ng, kbuf, v[kvh * Dh:(kvh + 1) * Dh], kc[:n], vc[:n], cpos[:n],
-                      kvh, p, window, scale, softcap, sc, stats, out, hq, tile)
+        _prep_heads(o, consts, params, ints, q, k, kvh, hq, ng, kbs[kvh],
+                    qbuf[hq - h0:hq - h0 + ng], cos, sin)
         hq += ng
+    if h1 > h0:  # then all of them in one pass over the cache
+        _attend_heads(qbuf, kbs, v.reshape((Hkv, Dh)), 0, kc[:n], vc[:n], cpos[:n], h0, h1,
+                      group, p, window, scale, softcap, sc, stats, out, tile)
     barrier(state, nt)
     for hq in range(h0, h1):  # the worker with a KV head's first query head stores it
         if hq % group == 0:

@@ -459,13 +459,14 @@ class FusedDecoder:
         self.xd = np.zeros(nt * SLOTS * K // 32, f32)
         self.xs = np.zeros(nt * SLOTS * K // 16, np.int32)  # ActK's sums per 16 (ActQ8: per 32)
         self.xds = np.zeros(nt * SLOTS * K // 32, f32)
-        group = a.num_attention_heads // a.num_key_value_heads
+        Hq, Hkv = a.num_attention_heads, a.num_key_value_heads
         Dh = a.head_dim
-        # a worker's k head, q heads and a tile of decoded cache rows (f16 / q8_0 caches)
-        self.kq = np.zeros((nt, 1 + group + ds.LANES, Dh), f32)
-        # a worker's softmax weights for one KV group's query heads, then a row of stats
+        # a worker's k heads, q heads and a tile of decoded cache rows (f16 / q8_0 caches):
+        # it attends all its heads in one pass over the cache (decode_step._attend_heads)
+        self.kq = np.zeros((nt, Hkv + Hq + ds.LANES, Dh), f32)
+        # a worker's softmax weights for its query heads, then a row of stats
         cache = model.cache
-        self.scores = np.zeros((nt, group + 1, max(int(cache.caps.max()), group)), f32)
+        self.scores = np.zeros((nt, Hq + 1, max(int(cache.caps.max()), Hq)), f32)
         self.state = new_state()  # the barrier's (kernels/sync.py)
         self.layers = np.zeros((len(cache.layers), ds.LAYER_WIDTH), np.int64)
         self.layers[:, ds.LAYER_START] = cache.starts

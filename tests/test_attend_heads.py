@@ -1,0 +1,79 @@
+"""decode_step._attend_heads: the decode step's attention over all of a worker's heads in one
+pass over the cache. Each head's result is the one-group call's bit for bit (the batched
+step attends one KV group at a time and must equal the single step), whatever heads share a
+call, and matches a numpy softmax attention."""
+
+import numpy as np
+import pytest
+
+from edgellm.kernels.kv_store import encode_q8_0
+from edgellm.step.decode_step import _attend_group, _attend_heads
+
+Hq, Hkv, Dh, N, P = 9, 3, 64, 37, 40  # 37 slots: two blocks of 16 and a tail
+GROUP = Hq // Hkv
+SCALE = np.float32(Dh ** -0.5)
+
+
+def _setup(kind):
+    rng = np.random.default_rng(1)
+    kf = rng.standard_normal((N, Hkv, Dh)).astype(np.float32)
+    vf = rng.standard_normal((N, Hkv, Dh)).astype(np.float32)
+    q = rng.standard_normal((Hq, Dh)).astype(np.float32)
+    kb = rng.standard_normal((Hkv, Dh)).astype(np.float32)
+    vb = rng.standard_normal((Hkv, Dh)).astype(np.float32)
+    cpos = np.arange(N, dtype=np.int32)
+    cpos[5] = -1  # an empty slot
+    cpos[9] = P + 3  # a position past this token's
+
+    def enc(x):
+        if kind == "f32":
+            return x
+        if kind == "f16":
+            return x.astype(np.float16).view(np.uint16)
+        out = np.empty((N * Hkv, Dh // 32 * 34), np.uint8)
+        encode_q8_0(x.reshape(-1, Dh), out)
+        return out.reshape(N, Hkv, -1)
+    return q, kb, vb, kf, vf, enc(kf), enc(vf), cpos
+
+
+def _heads(q, kb, vb, kc, vc, cpos, h0, h1, out):
+    scores = np.zeros((Hq, N), np.float32)
+    stats = np.zeros((1, max(N, Hq)), np.float32)
+    tile = np.zeros((16, Dh), np.float32)
+    _attend_heads(q[h0:h1], kb, vb, 0, kc, vc, cpos, h0, h1, GROUP, P, 0, SCALE,
+                  np.float32(0.0), scores, stats, out, tile)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "q8_0"])
+def test_heads_equal_one_group_calls_bit_for_bit(kind):
+    q, kb, vb, kf, vf, kc, vc, cpos = _setup(kind)
+    whole = np.zeros(Hq * Dh, np.float32)
+    _heads(q, kb, vb, kc, vc, cpos, 0, Hq, whole)
+    split = np.zeros(Hq * Dh, np.float32)
+    for h0, h1 in ((0, 4), (4, 5), (5, 9)):  # splits inside KV groups, as workers do
+        _heads(q, kb, vb, kc, vc, cpos, h0, h1, split)
+    groups = np.zeros(Hq * Dh, np.float32)
+    for kvh in range(Hkv):
+        scores = np.zeros((GROUP, N), np.float32)
+        stats = np.zeros((1, N), np.float32)
+        tile = np.zeros((16, Dh), np.float32)
+        _attend_group(q[kvh * GROUP:(kvh + 1) * GROUP].copy(), GROUP, kb[kvh], vb[kvh], kc,
+                      vc, cpos, kvh, P, 0, SCALE, np.float32(0.0), scores, stats, groups,
+                      kvh * GROUP, tile)
+    assert np.array_equal(whole, split)
+    assert np.array_equal(whole, groups)
+
+
+def test_heads_match_softmax_attention():
+    q, kb, vb, kf, vf, kc, vc, cpos = _setup("f32")
+    out = np.zeros(Hq * Dh, np.float32)
+    _heads(q, kb, vb, kc, vc, cpos, 0, Hq, out)
+    seen = (cpos >= 0) & (cpos < P)
+    for hq in range(Hq):
+        kvh = hq // GROUP
+        keys = np.concatenate([kf[seen, kvh], kb[kvh:kvh + 1]]).astype(np.float64)
+        vals = np.concatenate([vf[seen, kvh], vb[kvh:kvh + 1]]).astype(np.float64)
+        s = keys @ q[hq].astype(np.float64) * float(SCALE)
+        w = np.exp(s - s.max())
+        ref = (w / w.sum()) @ vals
+        np.testing.assert_allclose(out[hq * Dh:(hq + 1) * Dh], ref, rtol=1e-4, atol=1e-5)

@@ -27,12 +27,9 @@ import mmap
 from dataclasses import dataclass
 
 import numpy as np
-from numba import prange
 
-from ..kernels import family
 from ..kernels.attention import attention, attention_rows
-from ..kernels.jit import kernel
-from ..kernels.kv_store import encode_f16, encode_q8_0
+from ..kernels.kv_store import decode_f16, encode_f16, encode_q8_0
 from ..kernels.rope import apply_rope, rope_tables
 from ..modelfile import quant
 from .kv_types import DEFAULT_KV_TYPE, KV_DTYPE, check_kv_type, kv_row_width
@@ -77,22 +74,6 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     m = mmap.mmap(-1, n) if private is None or anon is None else \
         mmap.mmap(-1, n, flags=private | anon)
     return np.frombuffer(m, dtype=dtype).reshape(shape)
-
-
-F16 = quant.TYPES["f16"].code
-DECODE_ROWS = 64  # rows a work item of decode_f16 converts
-
-
-@kernel(parallel=True)
-def decode_f16(bits, out):
-    """out [N, D] float32 = the float16 values whose bits are `bits` [N, D] (uint16), exactly,
-    through the f16 type's own row tile (the CPU's conversion instruction): numpy's cast
-    converts a value at a time, and a prefill chunk over a cached prefix decodes every layer's
-    rows, all of them again for each chunk and each slot."""
-    N = bits.shape[0]
-    for c in prange((N + DECODE_ROWS - 1) // DECODE_ROWS):
-        for r in range(c * DECODE_ROWS, min(N, (c + 1) * DECODE_ROWS)):
-            family.tile(F16, "row", bits, 32, r, out, r)
 
 
 class F32Rows:

@@ -1,4 +1,5 @@
-"""K/V rows of the cache: encoding float32 -> float16 bits / ggml q8_0 blocks, and the row
+"""K/V rows of the cache: encoding float32 -> float16 bits / ggml q8_0 blocks (and f16 rows
+back to float32 in bulk: decode_f16, for a prefill chunk's attention), and the row
 accessors compiled kernels read and write a cache of any kv_type with (kv_rows,
 store_kv_row).
 
@@ -9,7 +10,7 @@ temporaries each time, and decode calls this twice per layer per token.
 """
 
 import numpy as np
-from numba import types
+from numba import prange, types
 from numba.extending import overload
 
 from ..modelfile import quant
@@ -17,7 +18,9 @@ from . import family, tiles  # noqa: F401  (tiles: fills family.TILES)
 from .jit import kernel
 
 # the cache types stored as rows of a matrix type, by row dtype: their row dequantizers
-_ROW_TYPE = {types.uint16: quant.TYPES["f16"].code, types.uint8: quant.TYPES["q8_0"].code}
+_F16 = quant.TYPES["f16"].code
+DECODE_ROWS = 64  # rows a work item of decode_f16 converts
+_ROW_TYPE = {types.uint16: _F16, types.uint8: quant.TYPES["q8_0"].code}
 
 
 @kernel(exact=True)
@@ -134,3 +137,15 @@ def _store_kv_row_impl(src, dst, tile):
             encode_q8_0(x, dst.reshape((1, dst.shape[0])))
         return store_q8_0
     return None
+
+
+@kernel(parallel=True)
+def decode_f16(bits, out):
+    """out [N, D] float32 = the float16 values whose bits are `bits` [N, D] (uint16), exactly,
+    through the f16 type's own row tile (the CPU's conversion instruction): numpy's cast
+    converts a value at a time, and a prefill chunk over a cached prefix decodes every layer's
+    rows, all of them again for each chunk and each slot."""
+    N = bits.shape[0]
+    for c in prange((N + DECODE_ROWS - 1) // DECODE_ROWS):
+        for r in range(c * DECODE_ROWS, min(N, (c + 1) * DECODE_ROWS)):
+            family.tile(_F16, "row", bits, 32, r, out, r)

@@ -16,6 +16,7 @@ import numpy as np
 
 from .lookup import LookupProposer
 from .loop import ROWS, Speculation
+from .tuner import Acceptance, expected_tokens
 from .verify import Verifier
 
 
@@ -46,7 +47,6 @@ def slot_lookup(view, rows: int) -> Speculation | None:
 
 
 GAIN = 1.01  # a guess row must shorten the predicted time to the last slot's end this much
-DECAY = 0.9  # as Tuner's: the weight of earlier steps' acceptance
 PRIOR = 0.25  # a row's cost beyond the first, as a share of a one-row step, until measured
 EMA = 0.2
 
@@ -84,7 +84,7 @@ def makespan(accept: list[float], k: list[int], left: list[int], others: int, co
     tokens a step (expect 1 + a + ... + a^k tokens a step) for its `left` tokens, beside
     `others` one-token rows that last as long as the longest: the step's rows, and so its
     cost, fall as slots end."""
-    ends = sorted((n / sum(a ** j for j in range(ki + 1)), ki + 1)
+    ends = sorted((n / expected_tokens(ki, a), ki + 1)
                   for a, ki, n in zip(accept, k, left))
     rows = sum(r for _, r in ends) + others
     t = done = 0.0
@@ -141,7 +141,7 @@ class SpecChain:
         self.spec = spec
         self.proposer = LookupProposer()
         spec.proposed = spec.accepted = 0
-        self.taken, self.missed = 1.0, 1.0  # decayed counts, as Tuner's
+        self.accept = Acceptance()
         self.sampled = 0  # tokens drawn
         self.steps = self.handed = 0  # verify steps sampled, and their tokens handed over
         self.stop = False  # the request thread has stopped: queue no more rows
@@ -152,7 +152,7 @@ class SpecChain:
 
     @property
     def acceptance(self) -> float:
-        return self.taken / (self.taken + self.missed)
+        return self.accept.rate
 
     def sample(self, logits) -> int:
         token = self.sampler.sample(logits, self.history)
@@ -194,8 +194,7 @@ class SpecChain:
         while j < len(came) and came[j] == guesses[j]:
             j += 1
         if j < len(came) or j == len(guesses):
-            self.taken = self.taken * DECAY + j
-            self.missed = self.missed * DECAY + (j < len(guesses))
+            self.accept.observe(len(guesses), j)
             self.shadow = None
 
     def most(self, view) -> int:

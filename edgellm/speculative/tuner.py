@@ -25,11 +25,27 @@ def expected_tokens(k: int, a: float) -> float:
     return float(sum(a ** i for i in range(k + 1)))
 
 
-class _Kind:
-    """One kind of guesses' decayed counts and pauses."""
+class Acceptance:
+    """Decayed counts of guesses taken and steps that missed: the per-token acceptance."""
 
     def __init__(self):
-        self.taken, self.missed = 1.0, 1.0  # decayed counts: guesses taken, steps that missed
+        self.taken, self.missed = 1.0, 1.0  # a prior of 1/2
+
+    @property
+    def rate(self) -> float:
+        return self.taken / (self.taken + self.missed)
+
+    def observe(self, guessed: int, taken: int) -> None:
+        """A verify step's outcome: `taken` of `guessed` guesses accepted."""
+        self.taken = self.taken * DECAY + taken
+        self.missed = self.missed * DECAY + (taken < guessed)
+
+
+class _Kind(Acceptance):
+    """One kind of guesses' acceptance and pauses."""
+
+    def __init__(self):
+        super().__init__()
         self.skip, self.backoff = 0, 2
 
 
@@ -56,8 +72,7 @@ class Tuner:
 
     def acceptance(self, kind: int = 0) -> float:
         """The per-token acceptance of guesses of `kind` so far (a prior of 1/2)."""
-        k = self._kind(kind)
-        return k.taken / (k.taken + k.missed)
+        return self._kind(kind).rate
 
     def cost(self, n: int) -> float:
         """A step of n rows against a one-row step (measured where both are)."""
@@ -88,9 +103,7 @@ class Tuner:
 
     def observe(self, guessed: int, taken: int, kind: int = 0) -> None:
         """A verify step's outcome: `taken` of `guessed` guesses of `kind` accepted."""
-        st = self._kind(kind)
-        st.taken = st.taken * DECAY + taken
-        st.missed = st.missed * DECAY + (taken < guessed)
+        self._kind(kind).observe(guessed, taken)
 
     def timed(self, n: int, secs: float) -> None:
         """A step of n rows took secs. The first step of each n is not counted (it may have

@@ -119,7 +119,9 @@ def cross_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, out: np.ndarra
             kt.dtype != np.float32 or v.dtype != np.float32:
         raise ValueError(f"kt {list(kt.shape)} and v {list(v.shape)} must be C-contiguous "
                          f"float32 [{H}, {Dh}, P] and [{H}, P, {Dh}]")
-    if q.size:
+    if q.size and B == 1 < T:  # a prompt's rows: all of them read each key group once,
+        _cross(q.reshape(T, 1, H, Dh), kt, v, out.reshape(T, 1, H, Dh))  # as beams do
+    elif q.size:
         _cross(q, kt, v, out)
 
 

@@ -302,9 +302,8 @@ class Transcriber:
         no-speech probability)."""
         m, model = self.meta, self.model
         eot, cache = m.tokens["eot"], model.new_cache(cross)
-        logits = model.decode(prompt, cache, last_only=False)
-        sot_at = prompt.index(m.tokens["sot"])
-        no_speech = float(_softmax(logits[sot_at])[m.tokens["no_speech"]])
+        logits = model.decode(prompt, cache, rows=[prompt.index(m.tokens["sot"]), -1])
+        no_speech = float(_softmax(logits[0])[m.tokens["no_speech"]])
         rows, tokens, total = logits[-1:].copy(), [], 0.0
         room = model.context - len(prompt)
         while True:
@@ -330,8 +329,8 @@ class Transcriber:
             return self.greedy(cross, prompt, max_new_tokens, timestamps)
         m, model = self.meta, self.model
         one = model.new_cache(cross)
-        logits = model.decode(prompt, one, last_only=False)
-        no_speech = float(_softmax(logits[prompt.index(m.tokens["sot"])])[m.tokens["no_speech"]])
+        logits = model.decode(prompt, one, rows=[prompt.index(m.tokens["sot"]), -1])
+        no_speech = float(_softmax(logits[0])[m.tokens["no_speech"]])
         limit = min(max_new_tokens, model.context - len(prompt))
         cache = one.repeat(n, len(prompt) + limit)  # the positions this window can reach
 

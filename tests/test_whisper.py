@@ -14,7 +14,7 @@ from conftest import FIXTURES
 import edgellm
 from edgellm.audio import load_audio, log_mel
 from edgellm.audio.mel import window as cut
-from edgellm.errors import ArgumentError, AudioError, ModelKindError
+from edgellm.errors import ArgumentError, AudioError, ContextError, ModelKindError
 
 TINY = FIXTURES / "whisper-tiny-random"
 CLIPS = FIXTURES / "whisper"
@@ -339,7 +339,7 @@ def test_a_window_that_would_not_advance_is_left_behind(llm, monkeypatch):
     assert [s.seek for s in segments] == []  # zero-length segments are none
 
 
-@pytest.mark.parametrize("B, T, S", [(1, 1, 1), (1, 1, 37), (5, 1, 20), (2, 4, 9)])
+@pytest.mark.parametrize("B, T, S", [(1, 1, 1), (1, 1, 37), (5, 1, 20), (2, 4, 9), (1, 6, 11)])
 def test_decoder_attention_kernels_match_numpy(B, T, S):
     """seq2seq_attention: causal self-attention over the cache and cross-attention over
     one window's frames shared by every sequence, against numpy."""
@@ -398,3 +398,34 @@ def test_a_steps_small_kernels_run_on_step_threads(tiny, monkeypatch):
         layers = len(model.decoder)
         assert seen == [2] * layers * 4 + [1] * layers * 2  # prefills: all threads
         assert all(np.array_equal(a, b) for a, b in zip(out[None], out[1]))
+
+
+def test_a_prompts_logits_of_chosen_rows_and_the_beams_cache(tiny):
+    """decode(rows=...) gives those positions' logits of the whole prompt's (the output head
+    over only them: a prompt's no-speech row and last row are all decoding reads); a cache
+    repeated for beams holds the prompt's keys and values in every row, and reorder moves
+    only the rows whose source changed, duplicates included."""
+    with edgellm.load(tiny("q8_0"), threads=1) as llm:
+        model = llm.model
+        cross = model.cross(model.encode(window("fox")))
+        ids = np.array([50, 51, 52, 53, 54, 55, 56])
+        whole = model.decode(ids, model.new_cache(cross), last_only=False)
+        one = model.new_cache(cross)
+        chosen = model.decode(ids, one, rows=[2, -1])
+        assert chosen.shape == (2, whole.shape[1])
+        assert np.allclose(chosen, whole[[2, -1]], rtol=0, atol=1e-4)
+        with pytest.raises(ContextError, match="one sequence"):
+            model.decode(np.array([[5], [6]]), model.new_cache(cross, 2), rows=[0])
+        beams = one.repeat(3, room=20)
+        assert beams.k.shape[1:3] == (3, 20) and beams.length == len(ids)
+        for b in range(3):
+            assert np.array_equal(beams.k[:, b, :7], one.k[:, 0, :7])
+            assert np.array_equal(beams.v[:, b, :7], one.v[:, 0, :7])
+        rng = np.random.default_rng(0)
+        beams.k[:, :, :7] = rng.standard_normal(beams.k[:, :, :7].shape)
+        beams.v[:, :, :7] = rng.standard_normal(beams.v[:, :, :7].shape)
+        for source in ([0, 1, 2], [2, 2, 0], [1, 0, 0]):
+            want_k, want_v = beams.k[:, source, :7].copy(), beams.v[:, source, :7].copy()
+            beams.reorder(source)
+            assert np.array_equal(beams.k[:, :, :7], want_k)
+            assert np.array_equal(beams.v[:, :, :7], want_v)

@@ -169,19 +169,24 @@ class DecoderCache:
         room = self.k.shape[2] if room is None else room
         assert self.length <= room <= self.k.shape[2]
         out = DecoderCache.__new__(DecoderCache)
-        out.k = np.repeat(self.k[:, :, :room], n, axis=1)
-        out.v = np.repeat(self.v[:, :, :room], n, axis=1)
+        # only the filled positions are copied: the rest is written before it is read
+        shape = (self.k.shape[0], n, room, *self.k.shape[3:])
+        out.k, out.v = np.empty(shape, np.float32), np.empty(shape, np.float32)
+        out.k[:, :, :self.length] = self.k[:, :, :self.length]
+        out.v[:, :, :self.length] = self.v[:, :, :self.length]
         out.length, out.cross = self.length, self.cross
         return out
 
     def reorder(self, source) -> None:
         """Row b takes row source[b]'s keys and values (a beam search's survivors)."""
         src = np.asarray(source, np.int64)
-        if np.array_equal(src, np.arange(self.batch)):
+        moved = np.flatnonzero(src != np.arange(self.batch))
+        if moved.size == 0:
             return
-        n = self.length
-        self.k[:, :, :n] = self.k[:, src, :n]
-        self.v[:, :, :n] = self.v[:, src, :n]
+        # only the rows that change are written (the right side is read first: a copy)
+        n, take = self.length, src[moved]
+        self.k[:, moved, :n] = self.k[:, take, :n]
+        self.v[:, moved, :n] = self.v[:, take, :n]
 
 
 class Whisper(Uncached):
@@ -355,11 +360,13 @@ class Whisper(Uncached):
         return np.ascontiguousarray(o.transpose(0, 2, 1, 3)).reshape(B * T, H * Dh)
 
     def decode(self, ids, cache: DecoderCache, last_only: bool = True,
-               cross_scores: list | None = None) -> np.ndarray:
+               cross_scores: list | None = None, rows=None) -> np.ndarray:
         """float32 logits of tokens `ids` after the cache's; the cache takes their keys and
         values. ids [T]: one sequence, logits [1 or T, vocab]; ids [B, T] (B the cache's
-        batch): logits [B, vocab] (last_only) or [B, T, vocab]. cross_scores: gets each
-        layer's cross-attention scores before the softmax, [B, H, T, P] (word timing)."""
+        batch): logits [B, vocab] (last_only) or [B, T, vocab]. rows (one sequence): the
+        logits of those positions of ids only, [len(rows), vocab] (a prompt's: the output
+        head over all its rows cost more than its layers). cross_scores: gets each layer's
+        cross-attention scores before the softmax, [B, H, T, P] (word timing)."""
         ids = np.asarray(ids, np.int64)
         single = ids.ndim == 1
         ids = ids.reshape(1, -1) if single else ids
@@ -379,12 +386,16 @@ class Whisper(Uncached):
             if narrow:
                 set_threads(threads)
         h = x.reshape(B, T, self.D)
-        h = self._norm(np.ascontiguousarray(h[:, -1] if last_only else h.reshape(B * T, -1)),
+        if rows is not None:
+            if not single:
+                raise ContextError("rows= picks positions of one sequence's logits")
+            h, last_only = h[0, np.asarray(rows, np.int64)], False
+        h = self._norm(np.ascontiguousarray(h[:, -1] if last_only else h.reshape(-1, self.D)),
                        *self.dec_ln)
         logits = np.empty((h.shape[0], self.args.vocab_size), np.float32)
         linear(self.embed, h, logits, precise=self.precise, act_dtype=self.act_dtype,
                decode=T == 1)
-        if single or last_only:
+        if single or last_only or rows is not None:
             return logits
         return logits.reshape(B, T, -1)
 

@@ -11,9 +11,11 @@
 
 Self-attention: each (sequence, row, head) is one work item (numpy's batched matmul ran
 them one small product at a time, with a copy of the cache's strided keys per call).
-Cross-attention: each (row, head) one item, all the sequences together, each group of
-four keys (then values) read once for all the beams, which a step of beam search spends
-most of its attention time reading. The softmax is exact (fastexp's
+Cross-attention of one row (greedy): each head one item, a stream through its keys and
+values (memory-bound). Of several rows (beams, a prompt's rows): each (head, block of rows)
+one item on prefill attention's register tiles, each key and value read once for four
+rows (_cross, the rows together in groups of four keys, remains for head sizes the tiles
+do not take). The softmax is exact (fastexp's
 exp_shift: libm's expf), summed in float32 as numpy's was.
 """
 
@@ -23,6 +25,7 @@ import numpy as np
 from numba import prange
 
 from .attention import combine
+from .attn_tiles import KW, QT, W, pv_tile, qk_tile
 from .encoder import softmax_scaled
 from .jit import kernel
 
@@ -80,6 +83,46 @@ def _cross(q, kt, v, out):
             out[b, t, h] = ob[b]
 
 
+ROWS = 64  # query rows per work item of _cross_tiles: its scores [64, 1,500] stay in L2
+
+
+@kernel(parallel=True)
+def _cross_tiles(q, kt, v, out):
+    """_cross for several query rows (beams, or a prompt's rows) on the register tiles of
+    prefill attention (attn_tiles.py: four rows x 32 keys a qk_tile, four rows a pv_tile,
+    where _combine_rows' loads and stores of each row's sums held it to a fraction of the
+    multiply-add rate): each (head, block of ROWS rows) one item, its rows' scores [R, P],
+    the keys past the last whole tile scored one at a time. q [R, H, Dh], Dh % W == 0."""
+    R, H, Dh = q.shape
+    P = kt.shape[2]
+    full = P // KW * KW
+    nb = (R + ROWS - 1) // ROWS
+    for item in prange(H * nb):
+        h, r0 = item // nb, (item % nb) * ROWS
+        n = min(R, r0 + ROWS) - r0
+        m = (n + QT - 1) // QT * QT  # whole tiles of rows: the padding rows score zeros
+        qm = np.zeros((m, Dh), dtype=np.float32)
+        for r in range(n):
+            qm[r] = q[r0 + r, h]
+        sc = np.zeros((m, P), dtype=np.float32)
+        k = kt[h]
+        for s0 in range(0, full, KW):
+            for m0 in range(0, m, QT):
+                qk_tile(k, s0, qm, m0, sc)
+        for r in range(n):
+            for p in range(full, P):
+                acc = np.float32(0.0)
+                for i in range(Dh):
+                    acc += qm[r, i] * k[i, p]
+                sc[r, p] = acc
+            softmax_scaled(sc[r], P, ONE)
+        om = np.zeros((m, Dh), dtype=np.float32)
+        for m0 in range(0, m, QT):
+            pv_tile(v[h], P, sc, m0, om)
+        for r in range(n):
+            out[r0 + r, h] = om[r]
+
+
 @kernel(parallel=True)
 def _self(q, k, v, S, out):
     B, T, H, Dh = q.shape
@@ -119,9 +162,9 @@ def cross_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, out: np.ndarra
             kt.dtype != np.float32 or v.dtype != np.float32:
         raise ValueError(f"kt {list(kt.shape)} and v {list(v.shape)} must be C-contiguous "
                          f"float32 [{H}, {Dh}, P] and [{H}, P, {Dh}]")
-    if q.size and B == 1 < T:  # a prompt's rows: all of them read each key group once,
-        _cross(q.reshape(T, 1, H, Dh), kt, v, out.reshape(T, 1, H, Dh))  # as beams do
-    elif q.size:
+    if B * T > 1 and Dh % W == 0:  # beams or a prompt's rows: the register tiles
+        _cross_tiles(q.reshape(B * T, H, Dh), kt, v, out.reshape(B * T, H, Dh))
+    elif q.size:  # one row (greedy): a stream through the keys and values
         _cross(q, kt, v, out)
 
 

@@ -181,6 +181,7 @@ class Transcriber:
             raise FormatError(f"{llm.packed.path}: the front end's {self.meta.n_mels} mel bins "
                               f"do not match the encoder's {self.model.n_mels}")
         self.frames = 2 * self.model.P  # log-mel frames per window
+        self._beams = None  # the last window's beam cache: its arrays serve the next one
         layers, H = len(self.model.decoder), self.model.H
         if any(a >= layers or b >= H for a, b in self.meta.alignment_heads):
             raise FormatError(f"{llm.packed.path}: an alignment head is outside the decoder's "
@@ -332,7 +333,8 @@ class Transcriber:
         logits = model.decode(prompt, one, rows=[prompt.index(m.tokens["sot"]), -1])
         no_speech = float(_softmax(logits[0])[m.tokens["no_speech"]])
         limit = min(max_new_tokens, model.context - len(prompt))
-        cache = one.repeat(n, len(prompt) + limit)  # the positions this window can reach
+        # every position (the last window's arrays, whatever this one's prompt and limit)
+        cache = self._beams = one.repeat(n, model.context, self._beams)
 
         def step(ids):
             return model.decode(np.asarray(ids, np.int64).reshape(-1, 1), cache)

@@ -404,7 +404,8 @@ def test_a_prompts_logits_of_chosen_rows_and_the_beams_cache(tiny):
     """decode(rows=...) gives those positions' logits of the whole prompt's (the output head
     over only them: a prompt's no-speech row and last row are all decoding reads); a cache
     repeated for beams holds the prompt's keys and values in every row, and reorder moves
-    only the rows whose source changed, duplicates included."""
+    only the rows whose source changed, duplicates included; the next window's repeat
+    writes into the last one's arrays when their shape fits."""
     with edgellm.load(tiny("q8_0"), threads=1) as llm:
         model = llm.model
         cross = model.cross(model.encode(window("fox")))
@@ -429,3 +430,7 @@ def test_a_prompts_logits_of_chosen_rows_and_the_beams_cache(tiny):
             beams.reorder(source)
             assert np.array_equal(beams.k[:, :, :7], want_k)
             assert np.array_equal(beams.v[:, :, :7], want_v)
+        again = one.repeat(3, room=20, spare=beams)  # the next window: the same arrays
+        assert again.k is beams.k and again.v is beams.v and again.length == 7
+        assert np.array_equal(again.k[:, 2, :7], one.k[:, 0, :7])
+        assert one.repeat(2, room=20, spare=beams).k is not beams.k  # another shape

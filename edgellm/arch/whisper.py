@@ -162,16 +162,22 @@ class DecoderCache:
     def batch(self) -> int:
         return self.k.shape[1]
 
-    def repeat(self, n: int, room: int | None = None) -> DecoderCache:
-        """A new cache of n copies of this one-sequence cache (a prompt prefilled once for
-        every beam), with room for `room` positions in all (default: as many as this)."""
+    def repeat(self, n: int, room: int | None = None, spare: DecoderCache | None = None
+               ) -> DecoderCache:
+        """A cache of n copies of this one-sequence cache (a prompt prefilled once for
+        every beam), with room for `room` positions in all (default: as many as this);
+        spare: a cache no longer used whose arrays to take if their shape is the one needed
+        (a fresh 27 MB array faults its pages in again at every window)."""
         assert self.batch == 1
         room = self.k.shape[2] if room is None else room
         assert self.length <= room <= self.k.shape[2]
         out = DecoderCache.__new__(DecoderCache)
         # only the filled positions are copied: the rest is written before it is read
         shape = (self.k.shape[0], n, room, *self.k.shape[3:])
-        out.k, out.v = np.empty(shape, np.float32), np.empty(shape, np.float32)
+        if spare is not None and spare.k.shape == shape and spare is not self:
+            out.k, out.v = spare.k, spare.v
+        else:
+            out.k, out.v = np.empty(shape, np.float32), np.empty(shape, np.float32)
         out.k[:, :, :self.length] = self.k[:, :, :self.length]
         out.v[:, :, :self.length] = self.v[:, :, :self.length]
         out.length, out.cross = self.length, self.cross

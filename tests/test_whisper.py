@@ -434,3 +434,26 @@ def test_a_prompts_logits_of_chosen_rows_and_the_beams_cache(tiny):
         assert again.k is beams.k and again.v is beams.v and again.length == 7
         assert np.array_equal(again.k[:, 2, :7], one.k[:, 0, :7])
         assert one.repeat(2, room=20, spare=beams).k is not beams.k  # another shape
+
+
+def test_each_beams_cross_attention_is_what_it_gets_alone():
+    """A step's cross-attention gives each of B sequences the bits it gets decoding alone
+    (beam search then ranks what greedy would score); a prompt's rows, on the register
+    tiles, agree with the row-at-a-time results to rounding."""
+    from edgellm.kernels.seq2seq_attention import cross_attention
+
+    rng = np.random.default_rng(1)
+    H, Dh, P = 2, 32, 75
+    kt = rng.standard_normal((H, Dh, P), dtype=np.float32)
+    v = rng.standard_normal((H, P, Dh), dtype=np.float32)
+    q = rng.standard_normal((5, 1, H, Dh), dtype=np.float32)
+    out = np.empty_like(q)
+    cross_attention(q, kt, v, out)
+    for b in range(5):
+        alone = np.empty_like(q[:1])
+        cross_attention(np.ascontiguousarray(q[b:b + 1]), kt, v, alone)
+        assert np.array_equal(alone, out[b:b + 1])
+    rows = np.ascontiguousarray(q.reshape(1, 5, H, Dh))
+    together = np.empty_like(rows)
+    cross_attention(rows, kt, v, together)
+    assert np.allclose(together.reshape(out.shape), out, rtol=0, atol=1e-5)

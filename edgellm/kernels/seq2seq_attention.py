@@ -11,11 +11,12 @@
 
 Self-attention: each (sequence, row, head) is one work item (numpy's batched matmul ran
 them one small product at a time, with a copy of the cache's strided keys per call).
-Cross-attention of one row (greedy): each head one item, a stream through its keys and
-values (memory-bound). Of several rows (beams, a prompt's rows): each (head, block of rows)
-one item on prefill attention's register tiles, each key and value read once for four
-rows (_cross, the rows together in groups of four keys, remains for head sizes the tiles
-do not take). The softmax is exact (fastexp's
+Cross-attention of a step (one row per sequence): each (row, head) one item, all the
+sequences together, each group of four keys (then values) read once for all the beams, in
+the order one sequence alone sums them (a beam's result is what greedy would get; a step
+is memory-bound: the register tiles gave the same time from memory). Of a prompt's rows:
+each (head, block of rows) one item on prefill attention's register tiles, each key and
+value read once for four rows (where each row read all of them alone). The softmax is exact (fastexp's
 exp_shift: libm's expf), summed in float32 as numpy's was.
 """
 
@@ -162,9 +163,9 @@ def cross_attention(q: np.ndarray, kt: np.ndarray, v: np.ndarray, out: np.ndarra
             kt.dtype != np.float32 or v.dtype != np.float32:
         raise ValueError(f"kt {list(kt.shape)} and v {list(v.shape)} must be C-contiguous "
                          f"float32 [{H}, {Dh}, P] and [{H}, P, {Dh}]")
-    if B * T > 1 and Dh % W == 0:  # beams or a prompt's rows: the register tiles
+    if T > 1 and Dh % W == 0:  # a prompt's rows: the register tiles
         _cross_tiles(q.reshape(B * T, H, Dh), kt, v, out.reshape(B * T, H, Dh))
-    elif q.size:  # one row (greedy): a stream through the keys and values
+    elif q.size:  # a step's row of each sequence: each beam's sums those it gets alone
         _cross(q, kt, v, out)
 
 

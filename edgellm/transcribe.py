@@ -13,7 +13,8 @@
         tokens = at 0: beam search (beam_size 5; 1: greedy), above: the best of best_of
                  samples (transcribe_search.py); each step's logits with
                  begin_suppress_tokens (first step), suppress_tokens and the timestamp rules
-                 at -inf, until <|endoftext|> or max_new_tokens (half the decoder's positions)
+                 at -inf, until <|endoftext|>, max_new_tokens or the decoder's last
+                 position (faster-whisper's max_length 448; openai's stops at 224)
         done unless the compression ratio is over 2.4 or the average log-probability under
         -1 (silence excepted: no-speech probability over 0.6 with that low a probability)
       silence: no-speech probability over no_speech_threshold (0.6) while the average
@@ -201,7 +202,9 @@ class Transcriber:
                                     f"{language!r:.40}")
         if task == "translate" and not m.languages:
             raise ArgumentError("this model is English-only: it cannot translate")
-        limit = self.model.context // 2
+        # default: as many as the decoder's positions leave after the prompt, as
+        # faster-whisper's max_length (448 with the prompt) gives; openai's sample_len is 224
+        limit = self.model.context
         n = arguments.integer(max_new_tokens, "max_new_tokens", 1, limit, none=True)
         return language, limit if n is None else n
 

@@ -457,3 +457,22 @@ def test_each_beams_cross_attention_is_what_it_gets_alone():
     together = np.empty_like(rows)
     cross_attention(rows, kt, v, together)
     assert np.allclose(together.reshape(out.shape), out, rtol=0, atol=1e-5)
+
+
+def test_a_windows_token_budget_is_faster_whispers_by_default(llm, monkeypatch):
+    """Without max_new_tokens a window may decode until the decoder's last position (what
+    faster-whisper's max_length of 448 with the prompt allows; openai's 224 cut loops
+    short where faster-whisper's go on); given, it is the cap."""
+    from edgellm.transcribe import Transcriber
+
+    seen = []
+
+    def greedy(self, cross, prompt, max_new_tokens, timestamps):
+        seen.append(max_new_tokens)
+        return [], -1.0, 0.0
+
+    monkeypatch.setattr(Transcriber, "greedy", greedy)
+    for cap in (None, 7):
+        list(llm.transcribe(np.zeros(16000, np.float32), language="en", max_new_tokens=cap,
+                            no_speech_threshold=None, **GREEDY)[0])
+    assert seen[0] == llm.model.context and seen[-1] == 7

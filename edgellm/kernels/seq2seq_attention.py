@@ -16,8 +16,8 @@ sequences together, each group of four keys (then values) read once for all the 
 the order one sequence alone sums them (a beam's result is what greedy would get; a step
 is memory-bound: the register tiles gave the same time from memory). Of a prompt's rows:
 each (head, block of rows) one item on prefill attention's register tiles, each key and
-value read once for four rows (where each row read all of them alone). The softmax is exact (fastexp's
-exp_shift: libm's expf), summed in float32 as numpy's was.
+value read once for four rows (where each row read all of them alone). The softmax is
+exact (fastexp's exp_shift: libm's expf), summed in float32 as numpy's was.
 """
 
 from __future__ import annotations

@@ -106,23 +106,34 @@ def minilm_dir() -> Path:
     return target
 
 
-@functools.cache
-def whisper_base_dir() -> Path:
-    """The whisper-base CTranslate2 directory, fetched as `edgellm pull whisper-base` fetches
-    it (two packages joined, every file checked against the catalog's sha256), cached here."""
+def _pulled_source(name: str) -> Path:
+    """Catalog model `name`'s weights fetched as `edgellm pull` fetches them (packages joined,
+    checked against the catalog's sha256), cached here; skips only when pip cannot download."""
     from edgellm import pull
     from edgellm.errors import EdgeLLMError
 
     old = os.environ.get("EDGELLM_HOME")
     os.environ["EDGELLM_HOME"] = str(cache_dir())
     try:
-        return pull.fetch_source("whisper-base", say=lambda _: None)
+        return pull.fetch_source(name, say=lambda _: None)
     except EdgeLLMError as e:
         if "cannot download" in str(e):
-            pytest.skip(f"whisper-base: {e}")
+            pytest.skip(f"{name}: {e}")
         raise
     finally:
         if old is None:
             del os.environ["EDGELLM_HOME"]
         else:
             os.environ["EDGELLM_HOME"] = old
+
+
+@functools.cache
+def whisper_base_dir() -> Path:
+    """The whisper-base CTranslate2 directory (two packages joined)."""
+    return _pulled_source("whisper-base")
+
+
+@functools.cache
+def gemma3_gguf_path() -> Path:
+    """Gemma 3 270M's Q4_K_M GGUF (four chunk packages joined, 253 MB)."""
+    return _pulled_source("gemma3-270m")

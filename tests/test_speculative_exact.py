@@ -91,5 +91,5 @@ def test_default_model(kv_type):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
-def test_gemma3_270m(kv_type, tmp_path_factory):
-    _check(gemma3(tmp_path_factory.getbasetemp()), kv_type, chat=False)
+def test_gemma3_270m(kv_type):
+    _check(gemma3(), kv_type, chat=False)

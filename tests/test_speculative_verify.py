@@ -81,17 +81,17 @@ def test_default_model(kv_type):
 
 
 @pytest.mark.parametrize("kv_type", ["f32", "q8_0"])
-def test_gemma3_270m(kv_type, tmp_path_factory):
-    m = _model(gemma3(tmp_path_factory.getbasetemp()), kv_type)
+def test_gemma3_270m(kv_type):
+    m = _model(gemma3(), kv_type)
     rng = np.random.default_rng(3)
     prompt = [int(t) for t in rng.integers(0, m.args.vocab_size, 30)]
     tokens = [int(t) for t in rng.integers(0, m.args.vocab_size, 16)]
     _check(m, prompt, tokens, (4, 5) if kv_type == "f32" else (8,))
 
 
-def test_gemma3_270m_window_wraps(tmp_path_factory):
+def test_gemma3_270m_window_wraps():
     """Across the sliding window of 512: the spare slots keep every row's window whole."""
-    m = _model(gemma3(tmp_path_factory.getbasetemp()))
+    m = _model(gemma3())
     rng = np.random.default_rng(4)
     window = max(layer.window for layer in m.cache.layers)
     prompt = [int(t) for t in rng.integers(0, m.args.vocab_size, window - 5)]

@@ -3,6 +3,8 @@ pass over the cache. Each head's result is the one-group call's bit for bit (the
 step attends one KV group at a time and must equal the single step), whatever heads share a
 call, and matches a numpy softmax attention."""
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -77,3 +79,26 @@ def test_heads_match_softmax_attention():
         w = np.exp(s - s.max())
         ref = (w / w.sum()) @ vals
         np.testing.assert_allclose(out[hq * Dh:(hq + 1) * Dh], ref, rtol=1e-4, atol=1e-5)
+
+
+
+# sha256 (first 16 hex digits) of _f16_bits() as the step computed it when it decoded an f16
+# cache's rows into a float32 tile first (dots16 / wsum_rows now read them in place), on
+# the AVX-512 VNNI path
+F16_BEFORE = {"vnni": "f421764d798ffeb9"}
+
+
+def _f16_bits() -> str:
+    q, kb, vb, kf, vf, kc, vc, cpos = _setup("f16")
+    out = np.zeros(Hq * Dh, np.float32)
+    _heads(q, kb, vb, kc, vc, cpos, 0, Hq, out)
+    return hashlib.sha256(out.tobytes()).hexdigest()[:16]
+
+
+def test_f16_rows_read_in_place_attend_as_the_decoded_tile_did():
+    """The f16 cache's rows read in place (dots16 / wsum_rows convert them as they load,
+    exactly) give the attention of the rows decoded into a tile, bit for bit."""
+    from edgellm.runtime.simd import SIMD_PATH
+    if SIMD_PATH not in F16_BEFORE:
+        pytest.skip(f"no recorded result for the {SIMD_PATH} path")
+    assert _f16_bits() == F16_BEFORE[SIMD_PATH]

@@ -43,6 +43,27 @@ def test_dots16_on_strided_rows(D):
     assert not out[0].any() and not out[1, :4].any() and not out[1, 20:].any()
 
 
+@pytest.mark.parametrize("D", [256, 64, 40, 7])
+def test_row_kernels_read_f16_rows_as_their_float32_values_bit_for_bit(D):
+    """An f16 cache's rows (uint16 bits, converted as loaded) give the float32 kernels'
+    results on the decoded rows, bit for bit (the step read them through a decoded tile)."""
+    rng = np.random.default_rng(D + 1)
+    half = rng.standard_normal((30, 3, D + 5)).astype(np.float16)[:, 1, :D]
+    bits, vals = half.view(np.uint16), half.astype(np.float32)
+    W = rng.standard_normal((4, 40)).astype(np.float32)
+    out = rng.standard_normal((3, D)).astype(np.float32)
+    a, b = out.copy(), out.copy()
+    _wsum(bits, W, a)
+    _wsum(vals, W, b)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    if D % 16 == 0:
+        q = rng.standard_normal((2, D)).astype(np.float32)
+        a, b = np.zeros((2, 24), np.float32), np.zeros((2, 24), np.float32)
+        _dots(bits, q, a)
+        _dots(vals, q, b)
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 def test_geglu_tanh_matches_torchs_formula():
     rng = np.random.default_rng(0)
     g = (rng.standard_normal((3, 200)) * 4).astype(np.float32)

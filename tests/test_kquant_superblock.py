@@ -6,6 +6,8 @@ before a kernel runs."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 from test_kernels_kquant import raw_blocks
@@ -120,6 +122,58 @@ def test_int16_rows_are_exact_over_the_whole_int16_range(kind):
         xr = q[t].astype(np.float64) * 1e-3
         ref, scale = wd @ xr, np.abs(wd) @ np.abs(xr)
         assert (np.abs(out[0] - ref) <= 2e-6 * scale + 1e-30).all(), (t, out[0] - ref)
+
+
+# sha256 (first 16 hex digits) of _decode_bits(kind) as the decode tiles computed it before
+# decode's q4_k / q5_k vpdpwssd pairs, gf2p8affineqb codes and L1 prefetch, on the AVX-512
+# VNNI path (the floats depend on a path's lanes, not on the CPU). Not recorded for the
+# portable paths, which those changes did not touch: there a q5_k row's last bits differed
+# between a process that compiled the kernel and one that loaded it from the cache
+BEFORE = {
+    ("vnni", "q4_k"): "380718a6e972e92c", ("vnni", "q5_k"): "35b1491cd2aba01a",
+    ("vnni", "q6_k"): "134e5d836749352e",
+}
+
+
+def _simd_key() -> str:
+    from edgellm.runtime import numba_setup, simd
+    return "avx2" if numba_setup.ISA == "avx2" else simd.SIMD_PATH
+
+
+def _decode_bits(kind) -> str:
+    """The decode rows of adversarial blocks (codes and 6-bit scales at their highest) on
+    int16 and int8 tokens at both ends of their ranges: sha256 of the float32 bits."""
+    N, K = 21, 1024
+    rng = np.random.default_rng(13)
+    raw = raw_blocks(kind, N * K // 256, rng, True).reshape(N, -1)
+    raw.flags.writeable = False
+    code = quant.TYPES[kind].code
+    h = hashlib.sha256()
+    for dtype, lo, hi in ((np.int16, -32768, 32767), (np.int8, -128, 127)):
+        q = rng.integers(lo, hi + 1, (4, K)).astype(dtype)
+        q[1], q[2] = lo, hi
+        q[3] = np.where(rng.random(K) < 0.5, lo, hi)
+        xq = act_quant_k.pack(q)
+        xd = rng.uniform(1e-4, 1e-2, (4, K // 256)).astype(np.float32)
+        xb = q.astype(np.int32).reshape(4, -1, 16).sum(-1, dtype=np.int32)
+        for t in range(4):
+            one = np.full((1, N), np.nan, np.float32)
+            kquant_kact.mv_rows_kk(code, raw, xq[t:t + 1], xd[t:t + 1], xb[t:t + 1], one, 0, N)
+            assert np.isfinite(one).all()
+            h.update(one.tobytes())
+    return h.hexdigest()[:16]
+
+
+@pytest.mark.parametrize("kind", SB)
+def test_decode_rows_are_the_tiles_of_before_bit_for_bit(kind):
+    """Decode's tiles changed how each lane's integer is made (q4_k / q5_k on int16: the
+    two byte-half dots as an i16 pair times (sc, 256 sc) in one vpdpwssd; q4_k's codes by
+    gf2p8affineqb where the CPU has GFNI), not the integer nor the float work on it: the
+    rows are the ones the tiles computed before, bit for bit, on every SIMD path."""
+    key = (_simd_key(), kind)
+    if key not in BEFORE:
+        pytest.skip(f"no recorded rows for the {key[0]} path")
+    assert _decode_bits(kind) == BEFORE[key]
 
 
 def test_actk_and_quantize_k_refuse_what_does_not_fit():

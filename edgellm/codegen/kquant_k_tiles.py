@@ -17,6 +17,11 @@ float work; llama.cpp's q4_K x q8_K, ggml-cpu's x86 quants.c):
             high bytes q . hi - 32 . hi, a third vpdpbusd: a lane holds only its own
             values), then the lane times its block's scale (vpmulld), where widening the
             codes to 16 bits and multiplying them by the scale cost a vpmullw per 32.
+            Decode's q4_k / q5_k tile (RT = 1) keeps the two dots apart in a lane's i16
+            halves, (H << 16) + L with H = codes . hi (|H| < 2^14) and L = lo . codes
+            (0 <= L < 2^15), and one vpdpwssd with the pair (sc, 256 sc) adds sc (256 H +
+            L) to the super-block's sum: the same integer, for a vpmulld and a vpaddd less
+            a 64 values (q6_k's L can be negative, which borrows from H: it keeps vpmulld).
             A lane sums 16 products a super-block: |16 x 4096 x 32768| <= 2^31. Elsewhere
             the codes widened to 16 bits times the block's scale, then a pair-sum dot with
             x (vpmaddwd). The lanes group the products differently on the two paths (4
@@ -34,7 +39,7 @@ from __future__ import annotations
 
 from numba import types
 
-from ..runtime.simd import VNNI
+from ..runtime.simd import GFNI, VNNI
 from . import ir as irh
 from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
 from .kquant_tiles import SUPER_BYTES, _codes, _sc_min_bytes
@@ -43,16 +48,30 @@ __all__ = ["kk_codegen"]
 
 _MINS = ("q4_k", "q5_k")
 NACC = 2  # integer accumulators a super-block (summed at its end)
-# bytes the one-token tile (decode's) prefetches ahead of the super-block it reads, into L2:
+# bytes the one-token tile (decode's) prefetches ahead of the super-block it reads, into L1:
 # a row's super-blocks, then the next row's, are one stream, which the hardware prefetcher
-# alone keeps too few lines ahead of on one core
+# alone keeps too few lines ahead of on one core (and does not follow across the 4 KiB
+# pages a file mapping is made of); into L1 beat L2 on the model file's own pages
 PF = 8192
+
+
+# gf2p8affineqb's bit matrices (one a 64-bit lane, row 0 in the top byte): byte & 15 in
+# the low 256 bits, byte >> 4 in the high 256
+_NIBBLES = [0x0102040800000000] * 4 + [0x1020408000000000] * 4
 
 
 def _codes_pairs_q4k(b, p):
     """q4_k's super-block at p as 4 <64 x i8> codes, blocks (2k, 2k + 1) side by side: each
-    32 bytes broadcast to both halves (a load), then one 16-bit shift by 0 or 4 a half and a
+    32 bytes broadcast to both halves (a load), then with GFNI one gf2p8affineqb (the low
+    half's bytes & 15, the high half's >> 4), else one 16-bit shift by 0 or 4 a half and a
     mask (where splitting the nibbles of 32 bytes and joining two halves took three)."""
+    if GFNI:
+        affine = irh._llvm_fn(b, "llvm.x86.vgf2p8affineqb.512", _v(I8, 64),
+                              [_v(I8, 64), _v(I8, 64), I8])
+        mat = b.bitcast(_c(_v(irh.I64, 8), _NIBBLES), _v(I8, 64))
+        return [b.call(affine, [_pick(b, _load(b, p, 16 + 32 * k, _v(I8, 32)),
+                                      list(range(32)) * 2), mat, _c(I8, 0)])
+                for k in range(4)]
     shift = _c(_v(I16, 32), [0] * 16 + [4] * 16)
     srlv = irh._llvm_fn(b, "llvm.x86.avx512.psrlv.w.512", _v(I16, 32), [_v(I16, 32)] * 2)
     out = []
@@ -92,6 +111,10 @@ def kk_codegen(kind, RT):
         AB = A.width // 8
         busd = VNNI and A == I8  # vpmaddubsw + vpdpwssd
         split = VNNI and A == I16  # vpdpbusd on the low and high bytes (act_quant_k.SPLIT)
+        # decode's q4_k / q5_k tile: a lane's codes . x as the i16 pair (L, H), scaled and
+        # summed by one vpdpwssd (module docstring); the several-token tiles keep vpmulld
+        # (the same integers in the same lanes: the same floats)
+        pairs = split and mins and RT == 1
         wrow = w.row(i)
         toks = [b.add(t, _i64(s)) for s in range(RT)]
         xrow, drow, brow = ([a.row(tk) for tk in toks] for a in (xq, xd, xb))
@@ -107,12 +130,17 @@ def kk_codegen(kind, RT):
             p = b.gep(wrow, [b.mul(sb, _i64(SB))], inbounds=True)
             if RT == 1:
                 for c in range(0, SB, 64):
-                    irh._prefetch(b, b.gep(p, [_i64(PF + c)]), level=2)
+                    irh._prefetch(b, b.gep(p, [_i64(PF + c)]), level=1)
             if mins:
                 sm = _sc_min_bytes(b, p)
                 sc16 = b.zext(sm, _v(I16, 16))  # lanes 0-7 sc, 8-15 m
                 # a block's scale on its 32 values (int16 path), or on 16 pair sums (int8)
-                if split:  # on the i32 lanes of two blocks (8 lanes each)
+                if pairs:  # as i16 pairs (sc, 256 sc) on two blocks' lanes: bytes sc 0 0 sc
+                    zero8 = _c(_v(I8, 16), [0] * 16)
+                    scale = [b.bitcast(_pick(b, sm, [g for j in range(16) for g in
+                                                     (2 * k + j // 8, 16, 16, 2 * k + j // 8)],
+                                             zero8), v16i) for k in range(4)]
+                elif split:  # on the i32 lanes of two blocks (8 lanes each)
                     sc32 = b.zext(sm, v16i)
                     scale = [_pick(b, sc32, [2 * k + j // 8 for j in range(16)])
                              for k in range(4)]
@@ -164,6 +192,10 @@ def kk_codegen(kind, RT):
                         lo, hi = (b.bitcast(_load(b, xrow[s], b.add(x0, _i64(256 * h + 64 * k)),
                                                   _v(I8, 64)), v16i) for h in range(2))
                         dot = b.call(dpb, [zero16, cu[k], hi])  # codes (u8) . high bytes (s8)
+                        if pairs:  # (H << 16) + L, 0 <= L < 2^15: the pair (L, H)
+                            dot = b.call(dpb, [b.shl(dot, _c(v16i, [16] * 16)), lo, cs[k]])
+                            accs[0] = irh.vpdpwssd(b, accs[0], dot, scale[k])
+                            continue
                         if not mins:  # q6_k: (q - 32) . hi, each lane its own 4 values'
                             dot = b.sub(dot, b.call(dpb, [zero16, c32, hi]))
                         dot = b.call(dpb, [b.shl(dot, _c(v16i, [8] * 16)), lo, cs[k]])

@@ -11,15 +11,18 @@ tree (pairwise steps of two shuffles and an add), whose result has key r's sum i
       out[g, o0 + r] = scale * (K[s0 + r, :D] . q[g, :D])   for r < 16,  D = q.shape[1]
 
 K [n, >= D] and q [., D] are float32 with unit column stride (rows may be strided: a KV
-head's view of the cache); D % 16 == 0. The caller checks shapes, strides and bounds.
+head's view of the cache), or K float16 bits (uint16: an f16 cache's rows, converted as they
+are loaded, exactly: the float32 rows' products and sums); D % 16 == 0. The caller checks
+shapes, strides and bounds.
 
   wsum_rows(V, r0, m, W, g, w0, out, og)
       out[og, :D] += sum over j < m of W[g, w0 + j] * V[r0 + j, :D]   D = out.shape[1]
 
-The same layouts (any D): a numba loop over a strided view's row does not vectorize (its
-stride is a runtime value), and summing four rows per pass over out costs a load and a
-store of out per four rows; here 64 columns of out stay in 4 vectors (8 chains of fused
-multiply-adds on AVX2) over all m rows, then 16 at a time, then the last D % 16 one by one.
+The same layouts (any D; V float32 or f16 bits as K): a numba loop over a strided view's
+row does not vectorize (its stride is a runtime value), and summing four rows per pass over
+out costs a load and a store of out per four rows; here 64 columns of out stay in 4 vectors
+(8 chains of fused multiply-adds on AVX2) over all m rows, then 16 at a time, then the last
+D % 16 one by one.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ from numba.extending import intrinsic
 from ..codegen.ir import (
     F32,
     FAST,
+    I16,
     _c,
     _for,
+    _h2f,
     _i64,
     _load,
     _loop,
@@ -48,6 +53,22 @@ LANES = 16  # keys per call, and float32 lanes per vector
 # lanes of dots16's accumulators, one per key: 16 keys' 16-lane vectors are all 32 of
 # AVX-512's registers, but twice AVX2's 16 (they spill), so there 8 keys per pass
 ACC = LANES if VNNI else 8
+
+
+def _row_load(b, row, off, n, half):
+    """n float32 columns at float32 byte offset off of a row: float32, or (half) float16
+    bits at half the offset, converted."""
+    if not half:
+        return _load(b, row, off, _v(F32, n) if n > 1 else F32)
+    bits = _load(b, row, b.sdiv(off, _i64(2)), _v(I16, n) if n > 1 else I16)
+    return _h2f(b, bits)
+
+
+def _rows_type(name, a):
+    """TypingError unless a is a 2-D float32 or (f16 bits) uint16 array."""
+    if not (isinstance(a, types.Array) and a.ndim == 2
+            and a.dtype in (types.float32, types.uint16)):
+        raise TypingError(f"{name} must be a 2-D float32 or uint16 (f16) array, got {a}")
 
 
 def _transpose_sum(b, vecs):
@@ -75,6 +96,7 @@ def _transpose_sum(b, vecs):
 def _dots16_codegen(ctx, b, sig, args):
     K, q, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 4))
     s0, g, o0, scale = args[1], args[3], args[5], args[6]
+    half = sig.args[0].dtype == types.uint16
     vacc = _v(F32, ACC)
     qrow = q.row(g)
     sums = []
@@ -84,7 +106,8 @@ def _dots16_codegen(ctx, b, sig, args):
         def body(c, acc, krow=krow):
             off = b.mul(c, _i64(4 * ACC))
             qv = _load(b, qrow, off, vacc)
-            return [b.fadd(a, b.fmul(_load(b, k, off, vacc), qv, flags=FAST), flags=FAST)
+            return [b.fadd(a, b.fmul(_row_load(b, k, off, ACC, half), qv, flags=FAST),
+                           flags=FAST)
                     for a, k in zip(acc, krow, strict=True)]
 
         init = [_c(vacc, [0.0] * ACC)] * ACC
@@ -99,7 +122,8 @@ def _dots16_codegen(ctx, b, sig, args):
 
 @intrinsic
 def dots16(typingctx, K, s0, q, g, out, o0, scale):
-    for name, a in (("K", K), ("q", q), ("out", out)):
+    _rows_type("dots16: K", K)
+    for name, a in (("q", q), ("out", out)):
         if not (isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32):
             raise TypingError(f"dots16: {name} must be a 2-D float32 array, got {a}")
     for name, a in (("s0", s0), ("g", g), ("o0", o0)):
@@ -114,6 +138,7 @@ def dots16(typingctx, K, s0, q, g, out, o0, scale):
 def _wsum_rows_codegen(ctx, b, sig, args):
     V, W, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 3, 6))
     r0, m, g, w0, og = args[1], args[2], args[4], args[5], args[7]
+    half = sig.args[0].dtype == types.uint16
     wrow, orow = W.row(g), out.row(og)
 
     def chunks(c0, c1, width):
@@ -131,7 +156,8 @@ def _wsum_rows_codegen(ctx, b, sig, args):
                 wj = _load(b, wrow, b.mul(b.add(w0, j), _i64(4)), F32)
                 w = _splat(b, wj, LANES) if width > 1 else wj
                 vr = V.row(b.add(r0, j))
-                return [b.fadd(a, b.fmul(w, _load(b, vr, o, pt), flags=FAST), flags=FAST)
+                return [b.fadd(a, b.fmul(w, _row_load(b, vr, o, pt.count if width > 1 else 1,
+                                                     half), flags=FAST), flags=FAST)
                         for a, o in zip(acc, offs, strict=True)]
 
             acc = _for(b, _i64(0), m, acc, row)
@@ -153,7 +179,8 @@ def _wsum_rows_codegen(ctx, b, sig, args):
 
 @intrinsic
 def wsum_rows(typingctx, V, r0, m, W, g, w0, out, og):
-    for name, a in (("V", V), ("W", W), ("out", out)):
+    _rows_type("wsum_rows: V", V)
+    for name, a in (("W", W), ("out", out)):
         if not (isinstance(a, types.Array) and a.ndim == 2 and a.dtype == types.float32):
             raise TypingError(f"wsum_rows: {name} must be a 2-D float32 array, got {a}")
     for name, a in (("r0", r0), ("m", m), ("g", g), ("w0", w0), ("og", og)):

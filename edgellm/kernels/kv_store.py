@@ -111,6 +111,22 @@ def _kv_rows_impl(rows, s, m, tile):
     return decode
 
 
+def kv_block(rows, s, m, tile):
+    """(src, r): rows s .. s + m - 1 of a KV head's cache rows [n, width] as dots16 and
+    wsum_rows (dots.py) read them: float32 and f16 rows in place (those kernels convert f16
+    bits as they load them, exactly: a decoded tile's values), q8_0 rows decoded into tile
+    (kv_rows). The caller checks s + m <= n and m <= tile rows."""
+
+
+@overload(kv_block)
+def _kv_block_impl(rows, s, m, tile):
+    if rows.dtype in (types.float32, types.uint16):
+        return lambda rows, s, m, tile: (rows, s)
+    if rows.dtype in _ROW_TYPE:
+        return lambda rows, s, m, tile: kv_rows(rows, s, m, tile)
+    return None
+
+
 def store_kv_row(src, dst, tile):
     """dst [width] (one slot's row of one KV head) = src [Dh] float32 stored as the cache's
     kv_type, bit for bit as encode_rows (kv_cache.py) stores it; tile [>= 1, Dh] float32

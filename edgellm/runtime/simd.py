@@ -34,8 +34,8 @@ from numba.core import config
 
 from ..errors import ArgumentError
 
-__all__ = ["AMX", "ISA", "NATIVE_F16", "SIMD_PATH", "VNNI", "amx_permitted", "check_target",
-           "native_f16", "select_path", "target_features"]
+__all__ = ["AMX", "GFNI", "ISA", "NATIVE_F16", "SIMD_PATH", "VNNI", "amx_permitted",
+           "check_target", "native_f16", "select_path", "target_features"]
 ISA = numba_setup.ISA  # native, portable or avx2 (EDGELLM_ISA)
 
 
@@ -111,4 +111,7 @@ VNNI = SIMD_PATH == "vnni"
 if VNNI:  # ir.vpdpwssd's inline assembly needs LLVM's x86 assembly parser (numba sets up
     llb.initialize_native_asmparser()  # the target and printer only)
 AMX = _amx(VNNI)
+# on the vnni path, gf2p8affineqb (one byte-wise bit matrix a 64-bit lane: a shift and mask
+# of every byte in one operation) where the compile target has GFNI (Ice Lake, Zen 4 on)
+GFNI = VNNI and "gfni" in target_features()
 NATIVE_F16 = native_f16()  # else f16 scales are converted in integer IR (ir._h2f)

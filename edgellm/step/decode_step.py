@@ -74,7 +74,7 @@ from ..kernels.jit import GLUE, kernel
 from ..kernels.kquant import mvp_rows_k
 from ..kernels.kquant_int import has_kq, mv_rows_kq
 from ..kernels.kquant_kact import KK_CODES, mv_rows_kk
-from ..kernels.kv_store import kv_rows, store_kv_row
+from ..kernels.kv_store import kv_block, kv_rows, store_kv_row
 from ..kernels.moe import route, scatter_add
 from ..kernels.norms import add_inplace, rmsnorm, rmsnorm_heads
 from ..kernels.rope import apply_rope
@@ -390,8 +390,10 @@ def _attend_heads(qb, kb, vb, kvb, kc, vc, cpos, h0, h1, group, p, window, scale
     the cache slots (positions < p in the window) and this token (key, value rows
     kb, vb [kvh - kvb] of [*, Dh]).
 
-    The cache kc, vc [n, Hkv, width] is float32, or f16 / q8_0 rows (kv_types.py) that
-    kv_rows decodes into tile [LANES, Dh] a few rows at a time (never the whole cache).
+    The cache kc, vc [n, Hkv, width] is float32, or f16 / q8_0 rows (kv_types.py): dots16
+    and wsum_rows read float32 and f16 rows in place (kv_block), q8_0 rows are decoded into
+    tile [LANES, Dh] a few rows at a time (never the whole cache), as are the last n % 16
+    keys of any type (kv_rows).
     Position-major: 16 cached positions at a time, every KV head's rows of them (a
     position's rows of all heads are contiguous: one pass over the cache, in order, where a
     head at a time strides across it a page a row); each head's arithmetic is the one-head
@@ -417,7 +419,7 @@ def _attend_heads(qb, kb, vb, kvb, kc, vc, cpos, h0, h1, group, p, window, scale
                 keys = kc[:, kvh]  # [n, width], rows strided
                 if ahead > 0:
                     prefetch_rows(keys, s + LANES, ahead)
-                src, r = kv_rows(keys, s, LANES, tile)
+                src, r = kv_block(keys, s, LANES, tile)
                 for hq in range(max(h0, kvh * group), min(h1, (kvh + 1) * group)):
                     dots16(src, r, qb, hq - h0, scores, s, scale)
             s += LANES
@@ -463,7 +465,7 @@ def _attend_heads(qb, kb, vb, kvb, kc, vc, cpos, h0, h1, group, p, window, scale
             vals = vc[:, kvh]
             if ahead > 0:
                 prefetch_rows(vals, t + m, ahead)
-            src, r = kv_rows(vals, t, m, tile)
+            src, r = kv_block(vals, t, m, tile)
             for hq in range(max(h0, kvh * group), min(h1, (kvh + 1) * group)):
                 wsum_rows(src, r, m, scores, hq - h0, t, o2, hq)
         t += m

@@ -29,8 +29,9 @@ def pytest_configure(config):
 # cache tag: nothing shared with the host's kernels), run first. The README's `-n 2` hands
 # each worker a consecutive quarter of its share to start with, so these run one after
 # another on the first worker while the second compiles the host's kernels alone (two
-# workers starting on the same kernels compile them twice), and none is left to start near
-# the end while the other worker idles. Longest first.
+# workers starting on the same kernels would take turns: one compiles a kernel while the
+# other waits for it, runtime/numba_loading.py), and none is left to start near the end
+# while the other worker idles. Longest first.
 FIRST = [
     "tests/test_portable.py::test_kernel_and_fused_tests_pass_on_the_portable_path",
     "tests/test_isa.py::test_avx2_compiles_no_avx512_and_decodes_as_the_portable_path",

@@ -91,8 +91,14 @@ class BatchDecoder:
         D = self.model.args.hidden_size
         self.x = np.zeros((R, D), f32)
         self.x_at, self.logits_at = f.program.x_addr, f.program.logits_addr
+        # a verify step's attention scratch (batch_step._attend_run): per worker, up to R
+        # rows' rotated keys and query heads [R (Hq + 1), Dh], their scores and stats
+        nt, Dh = f.kq.shape[0], f.kq.shape[2]
+        Hq, slots = f.scores.shape[1] - 1, f.scores.shape[2]
+        self.run_q = np.zeros((nt, R * (Hq + 1), Dh), f32)
+        self.run_scores = np.zeros((nt, R * Hq + 1, max(slots, R * Hq)), f32)
         self.bufs = (self.mem, f.shared, f.private, self.xq, self.xd, self.xs, self.xds,
-                     self.kq, self.scores, self.state)
+                     self.kq, self.scores, self.state, self.run_q, self.run_scores)
         # parallel or serial chosen per row count: a 4-row step takes ~1.7x a 1-row one,
         # which one chooser for all counts took for a slow parallel step (over 1.5x its
         # best) and probed, or ran, serially (11 of 96 4-row steps in one server run)

@@ -164,8 +164,10 @@ class BatchDecoder:
             raise ValueError(f"{n} rows for {self.R} rows of {len(self.caches)} caches: "
                              f"slots {slots}")
         ahead = dict.fromkeys(slots, 0)  # rows of each slot so far
-        for s in ahead:
+        written = {}  # each slot's layers' slots written (read once: a verify step's rows
+        for s in ahead:  # are one slot's, and a row's Python work adds to its cost)
             check_rows(self.caches[s], slots.count(s))
+            written[s] = np.array([layer.written for layer in self.caches[s].layers], np.int64)
         for r, s in enumerate(slots):
             cache = self.caches[s]
             if cache.k_all is not self.rows[s][0] or cache.pos_all is not self.rows[s][2]:
@@ -177,10 +179,10 @@ class BatchDecoder:
             ang = float(p) * f.inv_freq  # as FusedDecoder.step computes them
             self.cos[r] = (np.cos(ang) * f.rope_scale).astype(np.float32)
             self.sin[r] = (np.sin(ang) * f.rope_scale).astype(np.float32)
-            written = np.array([layer.written for layer in cache.layers], np.int64) + j
+            w = written[s] + j
             caps = self.layers[r, :, ds.LAYER_CAP]  # the fused step's table: each layer's
-            self.layers[r, :, ds.LAYER_SLOT] = written % caps
-            self.layers[r, :, ds.LAYER_FILLED] = np.minimum(written, caps)
+            self.layers[r, :, ds.LAYER_SLOT] = w % caps
+            self.layers[r, :, ds.LAYER_FILLED] = np.minimum(w, caps)
         D, V = m.args.hidden_size, m.args.vocab_size
         embedding(m.embed, np.array(tokens, np.int64), self.x[:n])
         self.mem[:n, self.x_at:self.x_at + D] = self.x[:n]

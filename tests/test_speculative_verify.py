@@ -129,3 +129,35 @@ def test_threads_raised_after_the_model_was_built(converted):
         _check(m, prompt, tokens, (3,))
     finally:
         numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_rows_of_several_sequences_each_their_decode_steps_logits(kv_type, converted):
+    """A server's step: runs of rows of two caches, consecutive or alternating, each row
+    its sequence's single-step logits bit for bit (each run's rows attend in one pass over
+    their cache: batch_step._attend_run)."""
+    m = _model(converted("llama", "q4_1"), kv_type)
+    rng = np.random.default_rng(6)
+    V = m.args.vocab_size
+    prompts = [[int(t) for t in rng.integers(0, V, n)] for n in (13, 30)]
+    toks = [[int(t) for t in rng.integers(0, V, 9)] for _ in range(2)]
+    want = [_sequential(m, p, t) for p, t in zip(prompts, toks)]
+    m.reset()
+    m.forward(prompts[1], want="none")
+    second = m.new_cache()
+    second.restore(m.cache.state())
+    m.reset()
+    m.forward(prompts[0], want="none")
+    stepper = BatchDecoder(m, [m.cache, second], interleave=EXACT_INTERLEAVED, rows=8)
+    done = [0, 0]
+    for slots in ([0, 0, 0, 1, 1], [0, 1, 0, 1, 1, 0], [1, 1, 1, 0, 0, 0, 1]):
+        tokens = []
+        for s in slots:
+            tokens.append(toks[s][done[s]])
+            done[s] += 1
+        got = stepper.step(slots, tokens)
+        seen = [done[0] - slots.count(0), done[1] - slots.count(1)]
+        for r, s in enumerate(slots):
+            assert np.array_equal(_bits(got[r]), _bits(want[s][seen[s]])), (slots, r)
+            seen[s] += 1
+    assert done == [9, 9]

@@ -19,7 +19,9 @@ the compiler placed for one row hold for n:
           in its "g" tile's order); other matrices a tile of `tile` rows at a time (read
           from memory once, from L1 for the other rows), each row through _mv itself.
           Either way each row's result is its result alone
-  ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier
+  ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier;
+          rows of one cache (a verify step) in units of (run of its rows, KV group), each
+          block of the cache read once for the run's rows (_attend_chain)
   BARRIER once for all rows
   NORM QUANT ADD ACT  decode_step's functions for them (_norm_op ..), once per row on row
           r's arena and activation slots: a call per row and op (about a thousand a 4-row step)
@@ -42,6 +44,7 @@ import numpy as np
 from numba import literally, njit, prange
 from numba.extending import overload
 
+from ..kernels.dots import LANES
 from ..kernels.family import TILES, by_kind, codes_of, name_of, tile
 from ..kernels.interleave import ILV_BLOCK, ILV_ROWS
 from ..kernels.jit import GLUE, kernel
@@ -57,6 +60,7 @@ from .decode_step import (
     KV_F16,
     KV_F32,
     KV_Q8_0,
+    LAYER_FILLED,
     MAT_BLOCK,
     MAT_KIND,
     MAT_OFF,
@@ -66,6 +70,7 @@ from .decode_step import (
     _act_op,
     _add_op,
     _attend_group,
+    _attend_multi,
     _attend_scratch,
     _attend_vectors,
     _heads,
@@ -178,7 +183,7 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds, x16):
     meets all n rows per tile, the other rows a tile of `tile_rows` rows at a time, each
     row through the single step's _mv."""
     prog, mats, consts, params, ints_all, blob, lora = model
-    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs[:10]
     ints = ints_all[0]
     o = operands(op, PROJ)
     m = mats[o.mat]
@@ -262,20 +267,82 @@ def _repeats(slots, n):
 def _attend_chain(tid, nt, op, model, bufs, kv, k_all, v_all, pos, slots, n):
     """_attend_units where rows share a cache, row j of a cache at its next position + j
     (its layer table's slot and filled count those of the single step there). Every
-    unit first stores its row's k, v and position in its slot; after a barrier every unit
-    attends, row j over its filled slots: the rows before it are there as the single step
+    unit first stores its row's k, v and position in its slot; after a barrier every row
+    attends over its filled slots: the rows before it are there as the single step
     stored them, the rows after it (positions past its own) masked as the slots they
     overwrote would have been (batched.check_rows: out of the window), so each row
-    attends as the single step at its position, bit for bit. A second barrier ends the op,
-    as the first ends _attend_units."""
+    attends as the single step at its position, bit for bit. The attention runs in units
+    of (run of rows of one cache, KV group) (_runs), all the run's rows per key block read
+    (decode_step._attend_multi). A second barrier ends the op, as the first ends
+    _attend_units."""
     scratch, u0, u1 = _attend_setup(tid, nt, op, model, bufs, k_all, n)
     for u in range(u0, u1):  # store
         _attend_unit(tid, u, model, bufs, kv, k_all, v_all, pos, slots, scratch, False, True)
     _record_positions(scratch[0], kv, k_all, pos, slots, u0, u1)
     barrier(bufs[9], nt)
-    for u in range(u0, u1):  # attend
-        _attend_unit(tid, u, model, bufs, kv, k_all, v_all, pos, slots, scratch, True, False)
+    Hkv = k_all.shape[2]
+    # runs no longer than n / nt where the KV groups alone do not split evenly
+    most = n if Hkv % nt == 0 else (n + nt - 1) // nt
+    runs = _runs(slots, n, most, -1)
+    w0, w1 = _heads(runs * Hkv, tid, nt)
+    for u in range(w0, w1):  # attend
+        a, b = _run(slots, n, most, u // Hkv)
+        _attend_run(tid, u % Hkv, a, b, model, bufs, kv, k_all, v_all, pos, slots, scratch)
     barrier(bufs[9], nt)
+
+
+@kernel
+def _runs(slots, n, most, k):
+    """Rows 0..n-1 cut into runs of consecutive rows of one cache, at most `most` rows each:
+    the number of runs (k < 0), else run k's first row."""
+    count, length = 0, 0
+    for r in range(n):
+        if r == 0 or slots[r] != slots[r - 1] or length == most:
+            if count == k:
+                return r
+            count, length = count + 1, 0
+        length += 1
+    return count if k < 0 else n
+
+
+@kernel
+def _run(slots, n, most, k):
+    """Run k's rows [a, b) (_runs)."""
+    return _runs(slots, n, most, k), _runs(slots, n, most, k + 1)
+
+
+@kernel
+def _attend_run(tid, kvh, a, b, model, bufs, kv, k_all, v_all, pos, slots, scratch):
+    """KV group kvh of rows a..b (one cache's consecutive positions): each row's query
+    heads and key rotated (as _attend_unit's), then decode_step._attend_multi over them."""
+    prog, mats, consts, params, ints_all, blob, lora = model
+    mem, shared, private = bufs[0], bufs[1], bufs[2]
+    mq, msc = bufs[10][tid], bufs[11][tid]
+    _, _, pos_all, layers, cos_all, sin_all = kv
+    o, scale, softcap, group, Hq, Dh, kbuf, qbuf, tile, sc, stats = scratch
+    Hkv = k_all.shape[2]
+    c, nr = slots[a], b - a
+    lt = layers[a, o.layer]
+    start, cap, window = lt[0], lt[1], lt[2]
+    ks, qs = mq[:nr], mq[nr:nr + nr * group]
+    hq = kvh * group
+    for j in range(a, b):
+        q, k, v, out = _attend_vectors(o, mem[j], shared, private, tid, Hq, Hkv, Dh)
+        cos, sin = cos_all[j, o.rope:o.rope + 1], sin_all[j, o.rope:o.rope + 1]
+        i = j - a
+        _prep_heads(o, consts, params, ints_all[j], q, k, kvh, hq, group, ks[i],
+                    qs[i * group:(i + 1) * group], cos, sin)
+    v_at, out_at = _addr(shared, private, tid, o.v), _addr(shared, private, tid, o.dst)
+    _attend_multi(qs, ks, mem, v_at, out_at, a, b, k_all[c, start:start + cap],
+                  v_all[c, start:start + cap], pos_all[c, start:start + cap], kvh, group, Hq,
+                  pos, layers[:, o.layer, LAYER_FILLED], window, scale, softcap,
+                  msc[:nr * group], msc[nr * group:nr * group + 1], tile[:LANES])
+
+
+@kernel
+def _addr(shared, private, tid, addr):
+    """Program address addr in worker tid's arena (decode_step._vec's)."""
+    return addr if addr >= 0 else shared + tid * private + (-1 - addr)
 
 
 @kernel
@@ -335,7 +402,7 @@ def _record_positions(o, kv, k_all, pos, slots, u0, u1):
 def _batch_worker(tid, nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, feats):
     """Worker tid's run of the program over rows 0..n-1 (see the module docstring)."""
     prog, mats, consts, params, ints_all, blob, lora = model
-    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs
+    mem, shared, private, xq, xd, xs, xds, kq, scores, state = bufs[:10]
     k_all, v_all, pos_all, layers, cos, sin = kv
     eps, offset = consts[C_EPS], consts[C_NORM_OFFSET]
     for i in range(prog.shape[0]):
@@ -379,8 +446,9 @@ def batch_parallel(nt, model, bufs, kv, pos, slots, n, precise, tile, ilv, feats
     """One step of rows 0..n-1 on nt threads (nt == numba.get_num_threads(), omp layer).
 
     model: the fused step's tables, with ints [R, .] (a copy per row: MoE's routes);
-    bufs = (mem [R, S], shared, private, xq, xd, xs, xds [R, .], kq, scores, state):
-    per-row arenas and act slots, shared attention scratch and barrier; kv = (k, v
+    bufs = (mem [R, S], shared, private, xq, xd, xs, xds [R, .], kq, scores, state, run_q,
+    run_scores): per-row arenas and act slots, shared attention scratch and barrier, the
+    verify rows' attention scratch (batched.py); kv = (k, v
     [R, slots, Hkv, row bytes] (bytes, as the fused step passes them: its _worker's
     types), pos [R, slots], layers [R, L, LAYER_WIDTH], cos, sin [R, sets, Dh/2]): caches
     by slot, the rest by row; pos [R], slots [R]: each row's position and cache; ilv =

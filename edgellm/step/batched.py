@@ -91,8 +91,14 @@ class BatchDecoder:
         D = self.model.args.hidden_size
         self.x = np.zeros((R, D), f32)
         self.x_at, self.logits_at = f.program.x_addr, f.program.logits_addr
+        # a verify step's attention scratch (batch_step._attend_run): per worker, up to R
+        # rows' rotated keys and query heads [R (Hq + 1), Dh], their scores and stats
+        nt, Dh = f.kq.shape[0], f.kq.shape[2]
+        Hq, slots = f.scores.shape[1] - 1, f.scores.shape[2]
+        self.run_q = np.zeros((nt, R * (Hq + 1), Dh), f32)
+        self.run_scores = np.zeros((nt, R * Hq + 1, max(slots, R * Hq)), f32)
         self.bufs = (self.mem, f.shared, f.private, self.xq, self.xd, self.xs, self.xds,
-                     self.kq, self.scores, self.state)
+                     self.kq, self.scores, self.state, self.run_q, self.run_scores)
         # parallel or serial chosen per row count: a 4-row step takes ~1.7x a 1-row one,
         # which one chooser for all counts took for a slow parallel step (over 1.5x its
         # best) and probed, or ran, serially (11 of 96 4-row steps in one server run)
@@ -158,8 +164,10 @@ class BatchDecoder:
             raise ValueError(f"{n} rows for {self.R} rows of {len(self.caches)} caches: "
                              f"slots {slots}")
         ahead = dict.fromkeys(slots, 0)  # rows of each slot so far
-        for s in ahead:
+        written = {}  # each slot's layers' slots written (read once: a verify step's rows
+        for s in ahead:  # are one slot's, and a row's Python work adds to its cost)
             check_rows(self.caches[s], slots.count(s))
+            written[s] = np.array([layer.written for layer in self.caches[s].layers], np.int64)
         for r, s in enumerate(slots):
             cache = self.caches[s]
             if cache.k_all is not self.rows[s][0] or cache.pos_all is not self.rows[s][2]:
@@ -171,10 +179,10 @@ class BatchDecoder:
             ang = float(p) * f.inv_freq  # as FusedDecoder.step computes them
             self.cos[r] = (np.cos(ang) * f.rope_scale).astype(np.float32)
             self.sin[r] = (np.sin(ang) * f.rope_scale).astype(np.float32)
-            written = np.array([layer.written for layer in cache.layers], np.int64) + j
+            w = written[s] + j
             caps = self.layers[r, :, ds.LAYER_CAP]  # the fused step's table: each layer's
-            self.layers[r, :, ds.LAYER_SLOT] = written % caps
-            self.layers[r, :, ds.LAYER_FILLED] = np.minimum(written, caps)
+            self.layers[r, :, ds.LAYER_SLOT] = w % caps
+            self.layers[r, :, ds.LAYER_FILLED] = np.minimum(w, caps)
         D, V = m.args.hidden_size, m.args.vocab_size
         embedding(m.embed, np.array(tokens, np.int64), self.x[:n])
         self.mem[:n, self.x_at:self.x_at + D] = self.x[:n]

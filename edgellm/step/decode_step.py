@@ -477,6 +477,110 @@ def _attend_heads(qb, kb, vb, kvb, kc, vc, cpos, h0, h1, group, p, window, scale
 
 
 @kernel
+def _attend_multi(qs, ks, mem, v_at, out_at, a, b, kc, vc, cpos, kvh, group, Hq, pos, fill,
+                  window, scale, softcap, scores, stats, tile):
+    """KV group kvh of rows a..b of one cache (a verify step's next positions): each row's
+    query heads over its filled slots and its own key, as _attend_heads computes them for
+    that row alone, bit for bit, but every block of 16 keys and values decoded and read once
+    for all the rows (a row's attention reads the cache as a decode step does: sharing the
+    reads is what makes a verify row cheaper than a step).
+
+    Row j (of a..b): query heads qs[(j - a) * group + g] [Dh] (rotated), its key ks[j - a]
+    (rotated), its value and output in its arena mem[j] at v_at, out_at (heads of Dh); its
+    position pos[j], slots written fill[j] (kc, vc, cpos [cap, ...] the layer's cache).
+    Per row, every key is scored by dots16 in the blocks of 16 its own slot count holds
+    whole and by the scalar loop after them, the softmax runs over its own count, and the
+    values are summed block by block in position order: _attend_heads' operations on the
+    same operands (f16 rows read in place by kv_block). Scratch: scores [>= (b - a) * group,
+    >= slots], stats [1, >= (b - a) *
+    group], tile [LANES, Dh]."""
+    nr, Dh = b - a, ks.shape[1]
+    nmax = 0
+    for j in range(a, b):
+        nmax = max(nmax, fill[j])
+    self_s = stats[0]
+    for j in range(nr):
+        kr = ks[j]
+        for g in range(group):
+            acc = np.float32(0.0)
+            for i in range(Dh):
+                acc += qs[j * group + g, i] * kr[i]
+            self_s[j * group + g] = acc * scale
+    keys, vals = kc[:, kvh], vc[:, kvh]  # [cap, width], rows strided
+    s = 0
+    if Dh % LANES == 0:
+        while s + LANES <= nmax:
+            ahead = min(LANES, nmax - s - LANES)
+            if ahead > 0:
+                prefetch_rows(keys, s + LANES, ahead)
+            src, r = kv_block(keys, s, LANES, tile)
+            for j in range(nr):
+                if s + LANES <= fill[a + j]:  # else its last keys: the scalar loop's
+                    for g in range(group):
+                        dots16(src, r, qs, j * group + g, scores, s, scale)
+            s += LANES
+    for j in range(nr):
+        n = fill[a + j]
+        t0 = n // LANES * LANES if Dh % LANES == 0 else 0
+        for t in range(t0, n):
+            src, r = kv_rows(keys, t, 1, tile)
+            kr = src[r]
+            for g in range(group):
+                acc = np.float32(0.0)
+                for i in range(Dh):
+                    acc += qs[j * group + g, i] * kr[i]
+                scores[j * group + g, t] = acc * scale
+    for j in range(nr):
+        n, p = fill[a + j], pos[a + j]
+        g0 = j * group
+        if softcap > 0:
+            for g in range(g0, g0 + group):
+                self_s[g] = softcap * np.tanh(self_s[g] / softcap)
+                for t in range(n):
+                    scores[g, t] = softcap * np.tanh(scores[g, t] / softcap)
+        for t in range(n):  # slots this row does not see
+            kp = cpos[t]
+            if not (kp >= 0 and kp < p and (window == 0 or p - kp < window)):
+                for g in range(g0, g0 + group):
+                    scores[g, t] = NEG
+        vr = mem[a + j, v_at + kvh * Dh:v_at + (kvh + 1) * Dh]
+        for g in range(group):
+            row = scores[g0 + g]
+            best = max(self_s[g0 + g], row_max(scores, g0 + g, n))
+            e_self = np.exp(self_s[g0 + g] - best)
+            exp_shift(row, n, best)
+            total = e_self
+            for t in range(n):
+                total += row[t]
+            self_s[g0 + g] = np.float32(1.0) / total
+            hq = kvh * group + g
+            o = mem[a + j, out_at + hq * Dh:out_at + (hq + 1) * Dh]
+            for i in range(Dh):
+                o[i] = e_self * vr[i]
+    t = 0
+    while t < nmax:  # LANES positions at a time, decoded once for all the rows
+        m = min(LANES, nmax - t)
+        ahead = min(LANES, nmax - t - m)
+        if ahead > 0:
+            prefetch_rows(vals, t + m, ahead)
+        src, r = kv_block(vals, t, m, tile)
+        for j in range(nr):
+            mj = min(m, fill[a + j] - t)
+            if mj > 0:
+                o2 = mem[a + j, out_at:out_at + Hq * Dh].reshape((Hq, Dh))
+                for g in range(group):
+                    wsum_rows(src, r, mj, scores, j * group + g, t, o2, kvh * group + g)
+        t += m
+    for j in range(nr):
+        for g in range(group):
+            inv = self_s[j * group + g]
+            hq = kvh * group + g
+            o = mem[a + j, out_at + hq * Dh:out_at + (hq + 1) * Dh]
+            for i in range(Dh):
+                o[i] *= inv
+
+
+@kernel
 def _attend(tid, nt, op, model, bufs, kv, p, f32, f16, q8_0):
     """The ATTEND op of worker tid (see the module docstring). kv's k, v are the cache's
     bytes [slots, Hkv, row bytes], whatever its kv_type (so that one compiled step can serve

@@ -61,3 +61,29 @@ def test_int16_activations_take_the_16_row_panels(dtype, rows):
     xq, xd, xs, xds = quantized(rng.standard_normal((3, 256)).astype(np.float32), dtype)
     out = np.zeros((3, w.shape[0]), np.float32)
     assert done(w, xq, xd, xds, out) == rows
+
+
+@pytest.mark.skipif(not VNNI, reason="the 16-row panels run on AVX-512 VNNI only")
+@pytest.mark.parametrize("kind", ["q4_k", "q6_k"])
+def test_the_tile_is_vpdpwssd_on_broadcast_activations(kind):
+    """The 8-token tile issues one vpdpwssd a chunk and token, its activations broadcast
+    from memory ({1to16}), no register broadcasts of them and no widening."""
+    from numba import njit, typeof
+
+    tile = getattr(panel16, f"ktile16_{kind}_run")
+
+    def probe(panel, scales, xq, xd, xds, out):
+        tile(panel, scales, 0, xq, xd, xds, 0, out, 0)
+
+    K = 64
+    args = (np.zeros((1, K // 32 * panel16.BLOCK16), np.uint8),
+            np.zeros((1, K // 32 * panel16.SCALES16), np.float32),
+            np.zeros((8, K), np.int16), np.zeros((8, K // 32), np.float32),
+            np.zeros((8, K // 32), np.float32), np.zeros((8, 16), np.float32))
+    f = njit(probe)
+    sig = tuple(typeof(a) for a in args)
+    f.compile(sig)
+    ops = [ln.split() for ln in f.inspect_asm(sig).splitlines() if ln.startswith("\t")]
+    dots = [op for op in ops if op[0] == "vpdpwssd"]
+    assert len(dots) >= 128 and all("{1to16}" in op[1] for op in dots)
+    assert not [op for op in ops if op[0] in ("vpbroadcastq", "vpmovzxbw", "vpmaddwd")]

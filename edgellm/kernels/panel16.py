@@ -27,8 +27,8 @@ _tokens16), so every output is the 8-row path's bit for bit (tests/test_panel16.
 
   pack16_<q4_k|q5_k|q6_k>(w, i, panel, scales, g)     rows i..i+15 -> panel row g
   ktile16_<q4_k|q6_k>_<variant>(panel, scales, g, xq, xd, xds, t | toks, out, i)
-      out[u, i + r] = row i + r . token u, r < 16, for the tile's tokens u: "run" t..t+7;
-      "flex8", "flex4" toks[0, :8], toks[0, :4]; "two4" toks[0, :4] in two float chains
+      out[u, i + r] = row i + r . token u, r < 16, for the tile's tokens u: "run" t..t+7,
+      "flex4" toks[0, :4], "two4" toks[0, :4] in two float chains
   k16_rows(kind, w, xq, xd, xds, out, r0, r1, T)   the whole groups of 16 rows of
       r0..r1-1 through the panels where xq is int16 on VNNI (else none); returns the
       first row not done
@@ -242,8 +242,8 @@ def _make_pack16(kind):
 
 
 def _make_ktile16(kind, variant):
-    """ktile16_<kind>_<variant>: "run" (SLOTS tokens t..t+SLOTS-1), "flex8" (SLOTS tokens
-    toks), "flex4" (4 tokens toks), "two4" (4 tokens toks, two float chains each)."""
+    """ktile16_<kind>_<variant>: "run" (SLOTS tokens t..t+SLOTS-1), "flex4" (4 tokens toks),
+    "two4" (4 tokens toks, two float chains each)."""
     S = 4 if variant.endswith("4") else SLOTS
     run = variant == "run"
     arrays = {0: types.uint8, 1: types.float32, 3: types.int16, 4: types.float32,
@@ -258,10 +258,10 @@ def _make_ktile16(kind, variant):
 pack16_q4_k = _make_pack16("q4_k")
 pack16_q5_k = _make_pack16("q5_k")
 pack16_q6_k = _make_pack16("q6_k")
-ktile16_q4_k_run, ktile16_q4_k_flex8, ktile16_q4_k_flex4, ktile16_q4_k_two4 = (
-    _make_ktile16("q4_k", v) for v in ("run", "flex8", "flex4", "two4"))
-ktile16_q6_k_run, ktile16_q6_k_flex8, ktile16_q6_k_flex4, ktile16_q6_k_two4 = (
-    _make_ktile16("q6_k", v) for v in ("run", "flex8", "flex4", "two4"))
+ktile16_q4_k_run, ktile16_q4_k_flex4, ktile16_q4_k_two4 = (
+    _make_ktile16("q4_k", v) for v in ("run", "flex4", "two4"))
+ktile16_q6_k_run, ktile16_q6_k_flex4, ktile16_q6_k_two4 = (
+    _make_ktile16("q6_k", v) for v in ("run", "flex4", "two4"))
 
 
 @kernel
@@ -285,24 +285,19 @@ def _run16(kind, panel, scales, xq, xd, xds, t, out, i):
 
 @njit(**INLINE)
 def _flex16(kind, two, first, last, panel, scales, xq, xd, xds, toks, out, i):
-    """Tokens first..last-1 (at most SLOTS; at most 4 if two) in the fewest slots, the last
-    token repeated to fill them (computed the same way each time); two: two float chains."""
-    n = 4 if two or last - first <= 4 else SLOTS
-    for s in range(n):
+    """Tokens first..last-1 (at most 4) in a tile of 4, the last token repeated to fill it
+    (computed the same way each time); two: two float chains."""
+    for s in range(4):
         toks[0, s] = min(first + s, last - 1)
     if kind == Q6_K:
         if two:
             ktile16_q6_k_two4(panel, scales, 0, xq, xd, xds, toks, out, i)
-        elif n == 4:
-            ktile16_q6_k_flex4(panel, scales, 0, xq, xd, xds, toks, out, i)
         else:
-            ktile16_q6_k_flex8(panel, scales, 0, xq, xd, xds, toks, out, i)
+            ktile16_q6_k_flex4(panel, scales, 0, xq, xd, xds, toks, out, i)
     elif two:
         ktile16_q4_k_two4(panel, scales, 0, xq, xd, xds, toks, out, i)
-    elif n == 4:
-        ktile16_q4_k_flex4(panel, scales, 0, xq, xd, xds, toks, out, i)
     else:
-        ktile16_q4_k_flex8(panel, scales, 0, xq, xd, xds, toks, out, i)
+        ktile16_q4_k_flex4(panel, scales, 0, xq, xd, xds, toks, out, i)
 
 
 @kernel
@@ -316,8 +311,9 @@ def _tokens16(kind, panel, scales, xq, xd, xds, out, i, T, toks):
         _run16(kind, panel, scales, xq, xd, xds, t, out, i)
     if n1 % SLOTS and n1 > SLOTS:
         _run16(kind, panel, scales, xq, xd, xds, n1 - SLOTS, out, i)
-    elif n1 % SLOTS:
-        _flex16(kind, False, 0, n1, panel, scales, xq, xd, xds, toks, out, i)
+    elif n1 % SLOTS:  # fewer than SLOTS tokens: four at a time
+        for t in range(0, n1, 4):
+            _flex16(kind, False, t, n1, panel, scales, xq, xd, xds, toks, out, i)
     if n1 < T:
         _flex16(kind, True, n1, T, panel, scales, xq, xd, xds, toks, out, i)
 
@@ -336,7 +332,7 @@ def _k16_impl(kind, w, xq, xd, xds, out, r0, r1, T):
     K = xq.shape[1]
     panel = np.empty((1, K // 32 * BLOCK16), np.uint8)
     scales = np.empty((1, K // 32 * SCALES16), np.float32)
-    toks = np.empty((1, SLOTS), np.int64)
+    toks = np.empty((1, 4), np.int64)
     for i in range(r0, g, ROWS16):
         _pack16(kind, w, i, panel, scales)
         _tokens16(kind, panel, scales, xq, xd, xds, out, i, T, toks)

@@ -33,6 +33,7 @@ from .matmul import (
     thread_count,
     thread_part,
 )
+from .panel16 import k16_rows
 from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     pack_q4_k,
     pack_q5_k,
@@ -132,6 +133,7 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
         _pack_q4_1_panel(kind, w, i + GROUP, panel, scales, 1)
         tile(PANEL_Q4_1, "amx", panel, scales, xq, xd, xs, xds, out, bx, i, ta)
         amx_tail(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, ta, T)
+    a1 = k16_rows(kind, w, xq, xd, xds, out, a1, g1, T)  # int16 on VNNI: 16-row panels
     for i in range(a1, g1, GROUP):
         if kind != Q6_K:
             _pack_q4_1_panel(kind, w, i, panel, scales, 0)

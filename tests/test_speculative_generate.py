@@ -83,6 +83,10 @@ def test_tuner_weighs_a_drafts_cost_and_stops_it_for_the_generation():
     for taken in (1, 0, 1, 0):
         assert t.length(7) >= 1  # guessing while the acceptance is measured
         t.observe(1, taken)
+    for _ in range(20):  # the one-row step is timed again now and then
+        t.timed(2, 1.12)
+    assert t.length(7) == 0 and t.since_plain >= 16
+    t.timed(1, 1.0)
     assert t.length(7) == 0
     assert [t.length(7) for _ in range(200)] == [0] * 200  # no probes: the draft would
     t.start()  # have to catch up on every token it missed

@@ -29,6 +29,7 @@ DECAY = 0.9  # the weight of earlier steps' acceptance at each new step
 EMA = 0.2  # the weight of a new timing
 BACKOFF_MAX = 64  # plain steps at most between two probes
 EVIDENCE = 4  # verify steps of costly guesses before their acceptance may stop them
+RETIME = 16  # costly guesses: a plain step to time after this many verify steps
 
 
 def expected_tokens(k: int, a: float) -> float:
@@ -78,6 +79,7 @@ class Tuner:
         self.guess_prior = guess_prior
         self.guess_secs: float | None = None  # seconds of one of the draft's steps (EMA)
         self.guess_seen = False
+        self.since_plain = 0  # verify steps since the last timed plain step
         self.start()
 
     def start(self, measured: bool = True) -> None:
@@ -114,7 +116,8 @@ class Tuner:
         most = min(most, self.rows - 1)
         if most <= 0:
             return 0
-        if self.guess_prior and self.measured and 1 not in self.secs:
+        if self.guess_prior and self.measured and (1 not in self.secs or
+                                                   self.since_plain >= RETIME):
             return 0  # a plain step to time: costly guesses are weighed against it
         st = self._kind(kind)
         if st.stopped:
@@ -146,6 +149,7 @@ class Tuner:
     def timed(self, n: int, secs: float) -> None:
         """A step of n rows took secs. The first step of each n is not counted (it may have
         compiled or paged in the kernel); later ones move the estimate as _follow says."""
+        self.since_plain = 0 if n == 1 else self.since_plain + 1
         if n not in self.seen:
             self.seen.add(n)
             return

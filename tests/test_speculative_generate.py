@@ -91,14 +91,18 @@ def test_tuner_weighs_a_drafts_cost_and_stops_it_for_the_generation():
     assert [t.length(7) for _ in range(200)] == [0] * 200  # no probes: the draft would
     t.start()  # have to catch up on every token it missed
     for _ in range(20):
-        t.observe(2, 2)
-    k = t.length(7)
-    assert k >= 1
-    free = Tuner(8)  # the same costs and acceptance, guesses free (lookup): longer
+        t.observe(9, 8)  # 8 guesses in 9 taken, still no gain: the draft reads every token
+    assert t.length(7) == 0
+    cheap = Tuner(8, guess_prior=0.2)  # a draft at a fifth of a step pays
+    cheap.secs, cheap.seen = t.secs, t.seen
+    free = Tuner(8)  # the same costs and acceptance, guesses free (lookup): no shorter
     free.secs, free.seen = t.secs, t.seen
     for _ in range(20):
-        free.observe(2, 2)
-    assert free.length(7) > k
+        cheap.observe(9, 8)
+        free.observe(9, 8)
+    k = cheap.length(7)
+    assert k >= 1
+    assert free.length(7) >= k
 
 
 @pytest.fixture(scope="module")

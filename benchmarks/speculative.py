@@ -1,9 +1,17 @@
-"""Prompt lookup decoding against plain decoding on SmolLM2-135M: decode tokens/s of the
-same greedy answers (identical, checked), alternating plain and lookup in one process per
-thread count (medians of --rounds), with the acceptance rate.
+"""Prompt lookup (or a draft model) against plain decoding on SmolLM2-135M: decode tokens/s
+of the same greedy answers (identical, checked), alternating plain and speculative in one
+process per thread count (medians of --rounds), with the acceptance rate.
 
-    python benchmarks/speculative.py [--model FILE] [--threads 1 2] [--rounds 2]
-                                     [--max-tokens 160] [--json OUT]
+    python benchmarks/speculative.py [--model FILE] [--draft MODEL] [--threads 1 2]
+        [--rounds 2] [--max-tokens 160] [--tasks NAME ...] [--json OUT]
+        [--llama-cpp BIN_DIR --gguf TARGET.gguf [--gguf-draft DRAFT.gguf]]
+
+--draft MODEL: the target guesses with MODEL (load(model, draft=MODEL)) instead of prompt
+lookup: e.g. a q8_0 target and its q4_0 file. --llama-cpp: llama.cpp's own llama-lookup
+(or llama-speculative with --gguf-draft) on the same GGUF files and prompts, against its
+plain decoding, as a side by side column (llamacpp_spec.py), its answer's first 120
+characters compared with edgellm's plain answer (the two runtimes' q8_0 activations round
+differently, so near-ties may go another way: `same` says whether they agree).
 
 Tasks: input-grounded (a rename in a 60-line function, JSON fields from a ~400-token
 document, a summary that quotes it) and open-ended chat. Decode tok/s is Stats'
@@ -91,15 +99,16 @@ def child(args) -> dict:
     import edgellm
 
     plain = edgellm.load(args.model, threads=args.threads)
-    spec = edgellm.load(args.model, threads=args.threads, draft="lookup")
+    spec = edgellm.load(args.model, threads=args.threads, draft=args.draft or "lookup")
     out = {}
-    for name, (kind, text) in TASKS.items():
+    for name in args.tasks:
+        kind, text = TASKS[name]
         msgs = [{"role": "user", "content": text}]
         for llm in (plain, spec):  # warm: compiled kernels, the tuner's first timings
             llm.generate(msgs, max_tokens=8, temperature=0)
         runs = {"plain": [], "lookup": []}
         cpu = {"plain": [], "lookup": []}
-        tokens, acc = {}, []
+        tokens, acc, texts = {}, [], {}
         for _ in range(args.rounds):
             for label, llm in (("plain", plain), ("lookup", spec)):
                 chunks = []
@@ -112,6 +121,7 @@ def child(args) -> dict:
                 st = chunks[-1].stats
                 runs[label].append(st.decode_tok_s)
                 tokens[label] = [c.token for c in chunks]
+                texts[label] = "".join(c.text for c in chunks)
                 if label == "lookup":
                     acc.append((st.proposed_tokens, st.accepted_tokens))
         p, a = sum(x for x, _ in acc), sum(y for _, y in acc)
@@ -121,8 +131,46 @@ def child(args) -> dict:
                      "speedup": med["lookup"] / med["plain"],
                      "cpu_speedup": cmed["lookup"] / cmed["plain"], "proposed": p, "accepted": a,
                      "acceptance": a / p if p else 0.0, "tokens": len(tokens["plain"]),
-                     "identical": tokens["plain"] == tokens["lookup"]}
+                     "identical": tokens["plain"] == tokens["lookup"], "text": texts["plain"],
+                     "prompt": plain.apply_chat_template(msgs)}
     return out
+
+
+def llama_cpp(args, results: dict) -> dict:
+    """llama.cpp's columns: per thread count and task, its plain and speculative runs
+    alternating (medians of --rounds)."""
+    import llamacpp_spec
+
+    kind = "draft" if args.gguf_draft else "lookup"
+    out = {}
+    for t, res in results.items():
+        out[t] = {}
+        for name, r in res.items():
+            runs = {"plain": [], kind: []}
+            for _ in range(args.rounds):
+                for k in runs:
+                    runs[k].append(llamacpp_spec.run(args.llama_cpp, k, args.gguf,
+                                                     args.gguf_draft, r["prompt"],
+                                                     args.max_tokens, t))
+            med = {k: {f: statistics.median(x[f] for x in v) for f in ("tok_s", "cpu_tok_s")}
+                   for k, v in runs.items()}
+            last = runs[kind][-1]
+            out[t][name] = {"plain_tok_s": med["plain"]["tok_s"],
+                            "spec_tok_s": med[kind]["tok_s"],
+                            "speedup": med[kind]["tok_s"] / med["plain"]["tok_s"],
+                            "cpu_speedup": med[kind]["cpu_tok_s"] / med["plain"]["cpu_tok_s"],
+                            "proposed": last["proposed"], "accepted": last["accepted"],
+                            "acceptance": last["accepted"] / max(last["proposed"], 1),
+                            "same": _same(runs["plain"][-1]["text"], r["text"]),
+                            "identical": runs["plain"][-1]["text"] == last["text"]}
+    return out
+
+
+def _same(a: str, b: str, n: int = 120) -> bool:
+    """Whether two answers agree on their first n characters (or the shorter one)."""
+    a, b = a.strip(), b.strip()
+    m = min(n, len(a), len(b))
+    return a[:m] == b[:m]
 
 
 def main() -> None:
@@ -131,6 +179,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--draft", default=None, help="a draft model file (default: lookup)")
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    ap.add_argument("--llama-cpp", default=None, metavar="BIN_DIR",
+                    help="llama.cpp's build/bin with llama-lookup and llama-speculative")
+    ap.add_argument("--gguf", default=None, help="the target as GGUF (for --llama-cpp)")
+    ap.add_argument("--gguf-draft", default=None, help="the draft as GGUF (for --llama-cpp)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -138,24 +192,43 @@ def main() -> None:
         args.threads = args.threads[0]
         print(json.dumps(child(args)))
         return
+    if args.llama_cpp and not args.gguf:
+        ap.error("--llama-cpp needs --gguf (the target's GGUF file)")
     results, loads = {}, {}
     for t in args.threads:
-        proc = subprocess.run([sys.executable, __file__, "--child", "--model", args.model,
-                               "--threads", str(t), "--rounds", str(args.rounds),
-                               "--max-tokens", str(args.max_tokens)],
-                              capture_output=True, text=True, check=True)
+        cmd = [sys.executable, __file__, "--child", "--model", args.model, "--threads", str(t),
+               "--rounds", str(args.rounds), "--max-tokens", str(args.max_tokens),
+               "--tasks", *args.tasks] + (["--draft", args.draft] if args.draft else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
         results[t] = json.loads(proc.stdout.strip().splitlines()[-1])
         with open("/proc/loadavg") as f:
             loads[t] = f.read().split()[0]
-    print(f"{'task':16} {'threads':>7} {'plain':>8} {'lookup':>8} {'x':>6} {'x cpu':>6} "
-          f"{'accept':>7} {'tokens':>6} same  load")
+    label = "draft" if args.draft else "lookup"
+    print(f"{'task':16} {'threads':>7} {'plain':>8} {label:>8} {'x':>6} {'x cpu':>6} "
+          f"{'accept':>7} {'prop/acc':>9} {'tokens':>6} same  load")
     for t, res in results.items():
         for name, r in res.items():
             print(f"{name:16} {t:>7} {r['plain_tok_s']:8.1f} {r['lookup_tok_s']:8.1f} "
                   f"{r['speedup']:6.2f} {r['cpu_speedup']:6.2f} {r['acceptance']:7.2f} "
-                  f"{r['tokens']:6} {r['identical']!s:5} {loads[t]}")
+                  f"{r['proposed']:>4}/{r['accepted']:<4} {r['tokens']:6} "
+                  f"{r['identical']!s:5} {loads[t]}")
+    llama = {}
+    if args.llama_cpp:
+        llama = llama_cpp(args, results)
+        with open("/proc/loadavg") as f:
+            load = f.read().split()[0]
+        print(f"\nllama.cpp ({'llama-speculative' if args.gguf_draft else 'llama-lookup'} "
+              f"against its plain decoding; same: its plain answer begins as edgellm's)")
+        print(f"{'task':16} {'threads':>7} {'plain':>8} {'spec':>8} {'x':>6} {'x cpu':>6} "
+              f"{'accept':>7} {'prop/acc':>9} same  load")
+        for t, res in llama.items():
+            for name, r in res.items():
+                print(f"{name:16} {t:>7} {r['plain_tok_s']:8.1f} {r['spec_tok_s']:8.1f} "
+                      f"{r['speedup']:6.2f} {r['cpu_speedup']:6.2f} {r['acceptance']:7.2f} "
+                      f"{r['proposed']:>4}/{r['accepted']:<4} {r['same']!s:5} {load}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"load": loads, "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"load": loads, "results": results,
+                                               "llama_cpp": llama}, indent=1))
 
 
 if __name__ == "__main__":

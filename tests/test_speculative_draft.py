@@ -79,6 +79,21 @@ def test_greedy_is_the_targets_output(converted):
         assert guessed > 0
 
 
+def test_the_draft_reads_the_prompt_before_the_first_token(converted):
+    """The draft's prefill is the prompt's cost, not the decode's (it was run at the first
+    guess, after the first token)."""
+    ids = [int(t) for t in reference("llama")["input_ids"]][:12]
+    with edgellm.load(converted("llama", "q8_0"), draft=str(converted("llama", "q4_0"))) \
+            as spec:
+        draft = spec.speculation.draft.model
+        with spec.stream(ids, max_tokens=6, temperature=0) as chunks:
+            next(iter(chunks))
+            assert draft.tokens == ids
+        a, _ = _tokens(spec, ids, max_tokens=6, temperature=0)
+    with edgellm.load(converted("llama", "q8_0")) as plain:
+        assert a == _tokens(plain, ids, max_tokens=6, temperature=0)[0]
+
+
 def test_sampling_is_reproducible_by_seed(converted, monkeypatch):
     """The same seed, the same output, whatever the step timings were."""
     monkeypatch.undo()  # the tuner's own costs

@@ -70,6 +70,41 @@ def test_tuner_keeps_each_kind_of_guess_apart():
     assert t.length(7, kind=2) == 0
     assert t.acceptance(4) > 0.9 > 0.1 > t.acceptance(2)
 
+def test_tuner_weighs_a_drafts_cost_and_stops_it_for_the_generation():
+    # a draft step costs half a target step (SmolLM2-135M q4_0 against q8_0): a guess taken
+    # half the time does not pay for its draft step, one always taken does
+    t = Tuner(8, guess_prior=0.5)
+    assert t.length(7) == 0  # no timed plain step yet: a plain step, to time it
+    t.secs = {1: 1.0, 2: 1.12, 3: 1.45, 4: 1.76, 5: 2.26, 6: 2.57, 7: 3.05, 8: 3.34}
+    t.seen = set(range(1, 9))
+    t.guessed(1, 0.5)  # the first timing is left out
+    t.guessed(3, 1.5)
+    assert t.guess_cost() == pytest.approx(0.5)
+    for taken in (1, 0, 1, 0):
+        assert t.length(7) >= 1  # guessing while the acceptance is measured
+        t.observe(1, taken)
+    for _ in range(20):  # the one-row step is timed again now and then
+        t.timed(2, 1.12)
+    assert t.length(7) == 0 and t.since_plain >= 16
+    t.timed(1, 1.0)
+    assert t.length(7) == 0
+    assert [t.length(7) for _ in range(200)] == [0] * 200  # no probes: the draft would
+    t.start()  # have to catch up on every token it missed
+    for _ in range(20):
+        t.observe(9, 8)  # 8 guesses in 9 taken, still no gain: the draft reads every token
+    assert t.length(7) == 0
+    cheap = Tuner(8, guess_prior=0.2)  # a draft at a fifth of a step pays
+    cheap.secs, cheap.seen = t.secs, t.seen
+    free = Tuner(8)  # the same costs and acceptance, guesses free (lookup): no shorter
+    free.secs, free.seen = t.secs, t.seen
+    for _ in range(20):
+        cheap.observe(9, 8)
+        free.observe(9, 8)
+    k = cheap.length(7)
+    assert k >= 1
+    assert free.length(7) >= k
+
+
 @pytest.fixture(scope="module")
 def pair():
     with edgellm.load(smollm2(), draft="lookup") as spec, edgellm.load(smollm2()) as plain:

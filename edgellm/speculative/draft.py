@@ -12,9 +12,17 @@ draw of the generation, the draft's and the target's, comes from an rng keyed by
 seed and its position, the draft runs each token after the prompt through its decode
 step alone (its distribution at a position does not depend on how its tokens were
 grouped), and the tuner sizes the guesses from the acceptance alone, not from timings
-(Tuner.start(measured=False))."""
+(Tuner.start(measured=False)).
+
+The draft reads the prompt with the target (prefill, before the first token: its cost is
+the prompt's, not the decode's). Greedy, it catches up on the tokens it missed while the
+tuner had guessing off in one chunk (the prefill's kernels: its guesses may round
+differently, the output is the target's whatever they are). `spent` holds the decode
+steps the last proposal ran and their seconds (the tuner's measure of a guess's cost)."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -34,6 +42,20 @@ class DraftProposer:
         self.sampler = None if greedy else Sampler(sampler.params, sampler.vocab_size)
         self.seed = None if greedy else sampler.params.seed
         self.qs: list[np.ndarray] | None = None
+        self.spent = (0, 0.0)  # decode steps the last proposal ran, and their seconds
+
+    def prefill(self, prompt: list[int]) -> None:
+        """Run the prompt through the draft (with the target's prefill)."""
+        if not self.model.tokens and prompt:
+            self.model.forward(np.array(prompt, np.int64), want="none")
+
+    def _step(self, token: int) -> np.ndarray:
+        """One of the draft's decode steps, counted in `spent`."""
+        t0 = time.perf_counter()
+        logits = self.model.forward(np.array([token], np.int64), want="last")
+        steps, secs = self.spent
+        self.spent = (steps + 1, secs + time.perf_counter() - t0)
+        return logits
 
     def _sync(self, history: list[int]) -> np.ndarray:
         """The draft's logits after `history`: its cache cut back to the longest prefix it
@@ -48,11 +70,16 @@ class DraftProposer:
         if not m.tokens:  # the prompt: prefilled
             return m.forward(np.array(history, np.int64), want="last")
         m.truncate(common)
-        for t in history[len(m.tokens):]:
-            logits = m.forward(np.array([t], np.int64), want="last")
+        rest = history[len(m.tokens):]
+        if self.sampler is None and len(rest) > 2:  # greedy catching up: one chunk
+            m.forward(np.array(rest[:-1], np.int64), want="none")
+            rest = rest[-1:]
+        for t in rest:
+            logits = self._step(t)
         return logits
 
     def propose(self, history: list[int], k: int) -> list[int]:
+        self.spent = (0, 0.0)
         if k <= 0:
             self.qs = None
             return []
@@ -71,7 +98,7 @@ class DraftProposer:
             guesses.append(token)
             seen.append(token)
             if i < k - 1:
-                logits = self.model.forward(np.array([token], np.int64), want="last")
+                logits = self._step(token)
         self.qs = qs if self.sampler is not None else None
         return guesses
 
@@ -96,6 +123,12 @@ def draft_speculation(llm, path: str):
     if not Verifier.usable(llm.model):
         draft.close()
         return None
-    spec = Speculation(llm.model, lambda sampler: DraftProposer(draft, sampler))
+    spec = Speculation(llm.model, lambda sampler: DraftProposer(draft, sampler),
+                       guess_prior=_bytes(draft.model) / _bytes(llm.model))
     spec.draft = draft
     return spec
+
+
+def _bytes(model) -> int:
+    """Weight bytes a decode step of `model` reads (the prior of a step's cost)."""
+    return sum(w.nbytes for w in model.streamed())

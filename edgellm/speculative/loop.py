@@ -20,11 +20,12 @@ class Speculation:
     """A model's speculative decoding: its proposer (made per generation by `proposer()`),
     verify step and tuner, and the counts of guessed and accepted tokens."""
 
-    def __init__(self, model, proposer, rows: int = ROWS, verifier=None):
+    def __init__(self, model, proposer, rows: int = ROWS, verifier=None,
+                 guess_prior: float = 0.0):
         self.model, self.make_proposer = model, proposer
         # verifier: Verifier's fits(n) and run(tokens) (a server's slot: served.py's)
         self.verifier = Verifier(model, rows) if verifier is None else verifier
-        self.tuner = Tuner(rows)
+        self.tuner = Tuner(rows, guess_prior)  # guess_prior: a guess's cost (Tuner)
         self.proposed = self.accepted = 0  # this generation's
 
     draft = None  # the draft model's LLM (draft.py), closed with the target
@@ -94,7 +95,11 @@ def _guesses(proposer, tuner, history: list[int], most: int) -> list[int]:
         guesses = proposer.propose(history, min(most, tuner.rows - 1))
         return guesses[:tuner.length(most, proposer.kind)] if guesses else []
     k = tuner.length(most)
-    return proposer.propose(history, k) if k else []
+    if not k:
+        return []
+    guesses = proposer.propose(history, k)
+    tuner.guessed(*proposer.spent)
+    return guesses
 
 
 def _allowed(constraint, guesses: list[int]) -> list[int]:
@@ -122,6 +127,8 @@ def speculative_steps(model, prompt: np.ndarray, sampler, history: list[int],
     if constraint is not None:
         constraint.fill_async()
     logits = model.forward(prompt, want="last", shift=shift)
+    if hasattr(proposer, "prefill"):  # a draft model reads the prompt now, not mid-decode
+        proposer.prefill(history)
     token = _pick(logits, sampler, history, constraint, keyed)
     produced = 1
     yield token

@@ -1,8 +1,8 @@
 """Loading cached kernels lighter: what numba does on a cache hit that a warm start pays for.
 
 `install()` (called once by kernels/jit.py, before any kernel loads) changes two things in
-how numba loads a kernel from its on-disk cache, one in how it saves one, and one in the code
-it compiles.
+how numba loads a kernel from its on-disk cache, and one in how it saves one; compiling is
+unchanged.
 
 - numba's `Cache.load_overload` refreshes the target context before every load: the first
   time, that imports and installs every lowering registry numba has (a visible share of a
@@ -30,17 +30,6 @@ it compiles.
   The lock is the operating system's (fcntl): a process that dies holding it releases it, and
   a wait gives up after WAIT_S seconds (then it compiles, as numba would).
 
-- Each compiled library calls its own copies of the functions linked into it ("own-copies").
-  numba links a callee's code into the caller as `linkonce_odr` (a weak symbol in the
-  object code it runs and caches), so a call binds by name to the first definition in the
-  process. Those names carry a per-process compile counter (`B2v6`): the glue closures
-  family.py makes (one qualname, many bodies) can get the same name in two processes for
-  different code, and a kernel loaded from the cache then runs another kernel's glue; where
-  the names do mean the same function, the copy that runs still depends on what the process
-  compiled or loaded first, so a process that compiled a kernel and one that loaded it could
-  differ in the last bits (fastmath: the copies are optimized apart). After optimization
-  (inlining unchanged) the linked copies are made internal: each object calls its own.
-
 Each change is made only where numba has the internals it relies on (checked here;
 numba 0.61-0.68 do); otherwise numba is left as it is and loads as before.
 """
@@ -54,13 +43,13 @@ WAIT_S = 1200.0  # longest wait for another process's compile of a signature (th
 
 
 def installed() -> tuple[str, ...]:
-    """The changes install() made: "lazy-refresh", "keyed-saves", "compile-locks",
-    "own-copies", "bitcode-for-linking"."""
+    """The changes install() made: "lazy-refresh", "bitcode-for-linking", "keyed-saves",
+    "compile-locks"."""
     return tuple(_INSTALLED)
 
 
 def install() -> None:
-    """Make the changes where numba allows (idempotent)."""
+    """Make both changes where numba allows (idempotent)."""
     if _INSTALLED:
         return
     try:
@@ -83,7 +72,6 @@ def install() -> None:
 
     _keyed_saves(caching)
     _compile_locks(caching)
-    _own_copies(codegen)
     lib = getattr(codegen, "JITCodeLibrary", None)
     base = getattr(codegen, "CPUCodeLibrary", None)
     if lib is None or base is None or not hasattr(lib, "_unserialize") \
@@ -252,21 +240,3 @@ def _compile_locks(caching) -> None:
     cache.load_overload = load_or_claim
     disp.compile = compile
     _INSTALLED.append("compile-locks")
-
-
-def _own_copies(codegen) -> None:
-    """Linked-in functions internal in each library's final module (the module docstring)."""
-    base = getattr(codegen, "CPUCodeLibrary", None)
-    linkage = getattr(getattr(codegen, "ll", None), "Linkage", None)
-    if base is None or linkage is None or not hasattr(base, "_optimize_final_module"):
-        return
-    optimize = base._optimize_final_module
-
-    def _optimize_final_module(self):
-        optimize(self)
-        for fn in self._final_module.functions:
-            if not fn.is_declaration and fn.linkage == linkage.linkonce_odr:
-                fn.linkage = linkage.internal
-
-    base._optimize_final_module = _optimize_final_module
-    _INSTALLED.append("own-copies")

@@ -306,7 +306,9 @@ def test_vnni_int16_q4_k_decode_tile_widens_64_codes_at_a_time():
 def test_vnni_int16_superblock_tiles_split_into_vpdpbusd(kind):
     """The decode tile on int16 super-block activations (act_quant_k.SPLIT: low and high
     bytes): two vpdpbusd per 64 values (q6_k: three), no codes widened to 16 bits and
-    multiplied by their scale (vpmullw), no vpdpwssd."""
+    multiplied by their scale (vpmullw); q4_k / q5_k keep each lane's two byte-half sums as
+    an i16 pair and scale them with one vpdpwssd (q6_k's low-byte dot may be negative: no
+    pair, no vpdpwssd)."""
     t = quant.TYPES[kind]
     w = np.zeros((4, t.block_bytes(256)), np.uint8)
     w.flags.writeable = False
@@ -319,7 +321,8 @@ def test_vnni_int16_superblock_tiles_split_into_vpdpbusd(kind):
 
     asm = probe_asm(probe, w, xq, xd, xb, out)
     assert asm.count("vpdpbusd") >= (12 if kind == "q6_k" else 8)
-    assert "vpmullw" not in asm and "vpdpwssd" not in asm
+    assert "vpmullw" not in asm
+    assert ("vpdpwssd" in asm) == (kind != "q6_k"), kind
 
 
 def _kk_tile_asm(kind: str, dtype, rt: int = 1) -> str:
@@ -340,23 +343,25 @@ def _kk_tile_asm(kind: str, dtype, rt: int = 1) -> str:
 @pytest.mark.skipif(not X86, reason="checks x86 prefetch instructions")
 @pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
 def test_superblock_decode_tiles_prefetch_ahead(kind):
-    """Decode's one-token super-block tiles prefetch the weights PF bytes ahead into L2 (a
+    """Decode's one-token super-block tiles prefetch the weights PF bytes ahead into L1 (a
     line per 64 bytes of a super-block: the hardware prefetcher alone keeps one core's
-    stream short of memory's rate); prefill's 4-token tiles, bound by their dot products,
-    do not."""
+    stream short of memory's rate, and L2 left it short on the file's 4 KiB pages);
+    prefill's 4-token tiles, bound by their dot products, do not."""
     for dtype in (np.int16, np.int8):
-        assert "prefetcht1" in _kk_tile_asm(kind, dtype), (kind, dtype)
+        assert "prefetcht0" in _kk_tile_asm(kind, dtype), (kind, dtype)
         assert "prefetch" not in _kk_tile_asm(kind, dtype, 4), (kind, dtype)
 
 
 @pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
 def test_vnni_int16_q4_k_superblock_tile_unpacks_in_vectors():
     """q4_k's decode tile on int16 super-block activations: each 32 code bytes broadcast to
-    both halves of a register and shifted by 0 or 4 per half (vpsrlvw), no halves joined
-    (vinserti64x4); the 6-bit scales and minima unpacked in xmm operations, not scalar
-    shifts and masks (kquant_tiles._sc_min_bytes)."""
+    both halves of a register and split into nibbles by one gf2p8affineqb where the CPU has
+    GFNI, else shifted by 0 or 4 per half (vpsrlvw); no halves joined (vinserti64x4); the
+    6-bit scales and minima unpacked in xmm operations, not scalar shifts and masks
+    (kquant_tiles._sc_min_bytes)."""
     asm = _kk_tile_asm("q4_k", np.int16)
-    assert asm.count("vpsrlvw") >= 4 and "vinserti64x4" not in asm
+    unpack = "vgf2p8affineqb" if simd.GFNI else "vpsrlvw"
+    assert asm.count(unpack) >= 4 and "vinserti64x4" not in asm
     assert not re.search(r"\b(shrl|andl)\b", asm)
 
 

@@ -69,6 +69,7 @@ from .decode_step import (
     SLOTS,
     _act_op,
     _add_op,
+    _addr,
     _attend_group,
     _attend_multi,
     _attend_scratch,
@@ -194,7 +195,7 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds, x16):
     if not float_acts and m[MAT_BLOCK] == 32:
         kmax = ints[I_KMAX]
         q0, b0, nb = slot * kmax, slot * (kmax // 32), K // 32
-        dst = o.dst if o.dst >= 0 else shared + tid * private + (-1 - o.dst)
+        dst = _addr(shared, private, tid, o.dst)
         c0 = group_rows(kinds, m[MAT_KIND], m, o.mat, o.row0, rows, K, xq[:n, q0:q0 + K],
                         xd[:n, b0:b0 + nb], xs[:n, 2 * b0:2 * b0 + nb], xds[:n, b0:b0 + nb],
                         mem[:n, dst:dst + rows], blob, ilv, n, r0, r1)
@@ -337,12 +338,6 @@ def _attend_run(tid, kvh, a, b, model, bufs, kv, k_all, v_all, pos, slots, scrat
                   v_all[c, start:start + cap], pos_all[c, start:start + cap], kvh, group, Hq,
                   pos, layers[:, o.layer, LAYER_FILLED], window, scale, softcap,
                   msc[:nr * group], msc[nr * group:nr * group + 1], tile[:LANES])
-
-
-@kernel
-def _addr(shared, private, tid, addr):
-    """Program address addr in worker tid's arena (decode_step._vec's)."""
-    return addr if addr >= 0 else shared + tid * private + (-1 - addr)
 
 
 @kernel

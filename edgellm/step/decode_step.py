@@ -152,9 +152,14 @@ def _heads(n, tid, nt):
 @kernel
 def _vec(mem, shared, private, tid, addr, n):
     """The float32 [n] vector at program address addr (see the module docstring)."""
-    if addr < 0:
-        addr = shared + tid * private + (-1 - addr)
-    return mem[addr:addr + n]
+    a = _addr(shared, private, tid, addr)
+    return mem[a:a + n]
+
+
+@kernel
+def _addr(shared, private, tid, addr):
+    """Program address addr's offset in mem: worker tid's private part for addr < 0."""
+    return addr if addr >= 0 else shared + tid * private + (-1 - addr)
 
 
 @kernel

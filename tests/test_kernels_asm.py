@@ -12,6 +12,7 @@ lowers to; these tests read the assembly of freshly compiled (uncached) kernels:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -49,14 +50,24 @@ def _kernel(kind: str, role: str):
     return registry.KERNELS[quant.TYPES[kind].code][role]
 
 
+# assembly already read in this process, by (kernel, argument types): tests that check
+# different instructions of one kernel share its compile (a prefill panel kernel takes
+# seconds; the AMX test reads the same panels as the int16 VNNI one)
+_ASM: dict[tuple, str] = {}
+
+
 def fresh_asm(dispatcher, *args) -> str:
-    """Assembly of dispatcher's Python function compiled now, bypassing the kernel cache."""
-    options = dict(dispatcher.targetoptions, cache=False)
-    options.pop("nopython", None)
-    f = numba.njit(**options)(dispatcher.py_func)
+    """Assembly of dispatcher's Python function compiled now (once per process and argument
+    types), bypassing the kernel cache."""
     sig = tuple(numba.typeof(a) for a in args)
-    f.compile(sig)
-    return f.inspect_asm(sig)
+    key = (dispatcher, sig)
+    if key not in _ASM:
+        options = dict(dispatcher.targetoptions, cache=False)
+        options.pop("nopython", None)
+        f = numba.njit(**options)(dispatcher.py_func)
+        f.compile(sig)
+        _ASM[key] = f.inspect_asm(sig)
+    return _ASM[key]
 
 
 def probe_asm(probe, *args) -> str:
@@ -301,30 +312,7 @@ def test_vnni_int16_q4_k_decode_tile_widens_64_codes_at_a_time():
     assert asm.count("vpmovzxbw") <= 4
 
 
-@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
-@pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
-def test_vnni_int16_superblock_tiles_split_into_vpdpbusd(kind):
-    """The decode tile on int16 super-block activations (act_quant_k.SPLIT: low and high
-    bytes): two vpdpbusd per 64 values (q6_k: three), no codes widened to 16 bits and
-    multiplied by their scale (vpmullw); q4_k / q5_k keep each lane's two byte-half sums as
-    an i16 pair and scale them with one vpdpwssd (q6_k's low-byte dot may be negative: no
-    pair, no vpdpwssd)."""
-    t = quant.TYPES[kind]
-    w = np.zeros((4, t.block_bytes(256)), np.uint8)
-    w.flags.writeable = False
-    xq, xd = np.zeros((4, 256), np.int16), np.zeros((4, 1), np.float32)
-    xb, out = np.zeros((4, 16), np.int32), np.zeros((4, 4), np.float32)
-    tile = TILES[t.code]["1"]
-
-    def probe(w, xq, xd, xb, out):
-        tile(w, 256, 0, xq, xd, xb, 0, out)
-
-    asm = probe_asm(probe, w, xq, xd, xb, out)
-    assert asm.count("vpdpbusd") >= (12 if kind == "q6_k" else 8)
-    assert "vpmullw" not in asm
-    assert ("vpdpwssd" in asm) == (kind != "q6_k"), kind
-
-
+@functools.cache  # one compile for every test reading the tile
 def _kk_tile_asm(kind: str, dtype, rt: int = 1) -> str:
     """Assembly of kind's 1 x rt tile on super-block activations (act_quant_k's ActK)."""
     t = quant.TYPES[kind]
@@ -338,6 +326,20 @@ def _kk_tile_asm(kind: str, dtype, rt: int = 1) -> str:
         tile(w, 256, 0, xq, xd, xb, 0, out)
 
     return probe_asm(probe, w, xq, xd, xb, out)
+
+
+@pytest.mark.skipif(simd.SIMD_PATH != "vnni", reason="host lacks AVX512-VNNI (or portable forced)")
+@pytest.mark.parametrize("kind", ["q4_k", "q5_k", "q6_k"])
+def test_vnni_int16_superblock_tiles_split_into_vpdpbusd(kind):
+    """The decode tile on int16 super-block activations (act_quant_k.SPLIT: low and high
+    bytes): two vpdpbusd per 64 values (q6_k: three), no codes widened to 16 bits and
+    multiplied by their scale (vpmullw); q4_k / q5_k keep each lane's two byte-half sums as
+    an i16 pair and scale them with one vpdpwssd (q6_k's low-byte dot may be negative: no
+    pair, no vpdpwssd)."""
+    asm = _kk_tile_asm(kind, np.int16)
+    assert asm.count("vpdpbusd") >= (12 if kind == "q6_k" else 8)
+    assert "vpmullw" not in asm
+    assert ("vpdpwssd" in asm) == (kind != "q6_k"), kind
 
 
 @pytest.mark.skipif(not X86, reason="checks x86 prefetch instructions")

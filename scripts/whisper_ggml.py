@@ -44,7 +44,7 @@ from converter.ct2_source import _array, read_variables  # noqa: E402
 from edgellm.audio.mel import mel_filters  # noqa: E402
 
 MAGIC = 0x67676D6C
-N_TEXT_TOKENS = 50257  # the byte-level BPE tokens; <|endoftext|> (50257 in multilingual) on are special
+N_TEXT_TOKENS = 50257  # byte-level BPE tokens; from <|endoftext|> (50257) on: special
 _LAYER = re.compile(r"(encoder|decoder)/layer_(\d+)/(.+)/(weight|bias|gamma|beta)")
 _GLOBAL = {"encoder/conv1/weight": "encoder.conv1.weight",
            "encoder/conv1/bias": "encoder.conv1.bias",

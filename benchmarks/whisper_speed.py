@@ -1,7 +1,7 @@
 """Whisper base speed: edgellm against faster-whisper (CTranslate2 int8), same weights.
 
     python benchmarks/whisper_speed.py [--rounds 2] [--threads 1,2] [--beams 1,5]
-        [--clips 30,300] [--model FILE] [--ct2 DIR] [--whispercpp BIN --ggml FILE]
+        [--clips 30,300] [--model FILE] [--ct2 DIR] [--whispercpp BIN --ggml FILE[,FILE]]
         [--step-threads 1]
 
 Clips: English prose (Python's own documentation, pydoc_data.topics: sentences of plain
@@ -18,8 +18,14 @@ numba kernels are cached, CTranslate2 allocates), times the encoder on one 30 s 
 (the best of 3), then one transcription of the clip. Prints a JSON line per run, then
 medians: wall time and its ratio (edgellm / faster-whisper: the target is 0.67 or less),
 CPU-time ratio (steadier on a busy machine), encoder seconds per window, peak RSS, and the
-load average. whisper.cpp's CLI (--whispercpp, with a ggml file of the same weights) is
-run the same way if given: its encoder time is what it prints. --step-threads 1 runs
+load average. whisper.cpp's CLI (--whispercpp and --ggml, or WHISPER_CPP_CLI and
+WHISPER_CPP_MODEL: whisper-cli and a ggml file of the same weights, which
+scripts/whisper_ggml.py writes; skipped with a message when absent) runs in the same
+rounds with its own defaults (beam or greedy as asked, best of 5, temperature fallback,
+the previous text as prompt, timestamps): its time is its own total less its model load,
+its encoder time per window what it prints (encode time / runs, the cross keys and values
+included, like edgellm's; its CPU time estimated as the process's in the same share), its
+CPU time (model load included) and peak RSS its process's (wait4). --step-threads 1 runs
 edgellm's decoding steps' layers on one thread (Whisper.step_threads; the output head and
 the encoder on all): on a loaded machine, threads that wait for a descheduled one at each
 of a step's parallel regions spin. Needs faster-whisper, espeak-ng and sox (not project
@@ -36,6 +42,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -137,31 +144,72 @@ def child(args) -> None:
                       "text": "".join(texts).strip()}), flush=True)
 
 
-def run_whispercpp(args, clip: Path, beam: int, threads: int) -> dict:
-    """whisper.cpp's CLI on the clip: wall time, its own encode time, peak RSS (GNU time
-    would add a dependency: ru_maxrss of the children instead)."""
-    cmd = [args.whispercpp, "-m", args.ggml, "-f", str(clip), "-t", str(threads), "-l", "en",
-           "-bs", str(beam), "-bo", "5" if beam > 1 else "1", "-nt"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    dt = time.perf_counter() - t0
-    if r.returncode:
-        sys.exit(f"whisper.cpp failed: {r.stderr.strip().splitlines()[-1:]}")
-    m = re.search(r"encode time =\s*([\d.]+) ms /\s*(\d+) runs", r.stderr)
-    enc = float(m.group(1)) / 1000 / int(m.group(2)) if m else float("nan")
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return {"runtime": "whisper.cpp", "clip_s": None, "beam": beam, "threads": threads,
-            "seconds": round(dt, 3), "cpu_seconds": float("nan"), "encoder_s": round(enc, 3),
-            "encoder_cpu_s": float("nan"),
-            # ru_maxrss of children is the largest so far: only a lower bound after a bigger run
-            "peak_rss_mib": round(rss / 1024, 1) if rss > before else float("nan"),
-            "load": round(os.getloadavg()[0], 2), "text": " ".join(r.stdout.split())}
+def whispercpp_paths(args) -> tuple[str, list[str]] | None:
+    """(whisper-cli, [ggml models]) from --whispercpp/--ggml or WHISPER_CPP_CLI and
+    WHISPER_CPP_MODEL (comma-separated), or None (with the reason printed) when either is
+    not given or not there."""
+    cli = args.whispercpp or os.environ.get("WHISPER_CPP_CLI")
+    model = args.ggml or os.environ.get("WHISPER_CPP_MODEL")
+    if not cli and not model:
+        print("whisper.cpp: skipped (give --whispercpp BIN --ggml FILE, or WHISPER_CPP_CLI "
+              "and WHISPER_CPP_MODEL)", file=sys.stderr)
+        return None
+    models = (model or "").split(",")
+    for what, path in (("whisper-cli", cli), *(("ggml model", m) for m in models)):
+        if not path or not Path(path).is_file():
+            print(f"whisper.cpp: skipped ({what} {path or 'not given'} is not a file)",
+                  file=sys.stderr)
+            return None
+    return cli, models
+
+
+def ggml_type(path: str) -> str:
+    """The weight type a whisper.cpp model file's header names (its ftype)."""
+    with open(path, "rb") as f:
+        ftype = int.from_bytes(f.read(48)[44:48], "little") % 1000  # GGML_QNT_VERSION_FACTOR
+    return {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 8: "q5_0",
+            9: "q5_1"}.get(ftype, f"ftype {ftype}")
+
+
+def run_whispercpp(args, ggml: str, clip: Path, beam: int, threads: int) -> dict:
+    """whisper.cpp's CLI on the clip, its defaults otherwise (temperature fallback, the
+    previous text as prompt, timestamps): its own timings (total less model load, encode
+    time per run), CPU time and peak RSS of the process from wait4."""
+    cmd = [args.whispercpp, "-m", ggml, "-f", str(clip), "-t", str(threads), "-l", "en",
+           "-bs", str(beam), "-bo", "5"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    with tempfile.TemporaryFile("w+") as fo, tempfile.TemporaryFile("w+") as fe:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=fo, stderr=fe, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)  # reaped here: its own rusage
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        fo.seek(0), fe.seek(0)
+        out, err = fo.read(), fe.read()
+    if proc.returncode:
+        sys.exit(f"whisper.cpp failed: {err.strip().splitlines()[-3:]}")
+
+    def ms(name: str) -> tuple[float, int]:
+        """(seconds, runs) of one of whisper_print_timings' lines."""
+        m = re.search(rf"{name} time =\s*([\d.]+) ms(?: /\s*(\d+) runs)?", err)
+        return (float(m.group(1)) / 1000, int(m.group(2) or 1)) if m else (float("nan"), 1)
+
+    (total, _), (load, _), (enc, runs) = ms("total"), ms("load"), ms("encode")
+    cpu = usage.ru_utime + usage.ru_stime
+    text = " ".join(re.sub(r"^\[[^]]*\]", "", line).strip() for line in out.splitlines())
+    return {"runtime": f"whisper.cpp {ggml_type(ggml)}", "clip_s": None, "beam": beam,
+            "threads": threads, "seconds": round(total - load, 3),
+            "wall_with_load_s": round(wall, 3), "cpu_seconds": round(cpu, 3),
+            "encoder_s": round(enc / runs, 3),
+            # its CPU time in the share of its wall time the encoder took (an estimate)
+            "encoder_cpu_s": round(cpu * enc / total / runs, 3),
+            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
+            "load": round(os.getloadavg()[0], 2), "text": " ".join(text.split())}
 
 
 def run(label: str, target: str, clip: Path, beam: int, threads: int, args) -> dict:
-    if label == "whisper.cpp":
-        row = run_whispercpp(args, clip, beam, threads)
+    if label.startswith("whisper.cpp"):
+        row = run_whispercpp(args, target, clip, beam, threads)
         row["clip_s"] = int(clip.stem.split("-")[1][:-1])
     else:
         row = run_child(__file__, label, threads, ["--child", target, "--beams", str(beam),
@@ -193,8 +241,10 @@ def main() -> None:
     ap.add_argument("--clips", default="30,300", help="clip lengths in seconds")
     ap.add_argument("--model", default=None, help="the edgellm file (default: whisper-base)")
     ap.add_argument("--ct2", default=str(Path.home() / ".cache/edgellm/sources/whisper-base"))
-    ap.add_argument("--whispercpp", default=None, help="whisper.cpp's CLI binary")
-    ap.add_argument("--ggml", default=None, help="a ggml file of the same weights")
+    ap.add_argument("--whispercpp", default=None,
+                    help="whisper.cpp's whisper-cli (or WHISPER_CPP_CLI); skipped if absent")
+    ap.add_argument("--ggml", default=None, help="whisper.cpp's model file of the same weights "
+                    "(or WHISPER_CPP_MODEL; scripts/whisper_ggml.py writes it)")
     ap.add_argument("--workdir", default="/tmp/edgellm-whisper-bench")
     ap.add_argument("--step-threads", type=int, default=0,
                     help="threads of edgellm's decoding steps' layers (default: all)")
@@ -210,8 +260,11 @@ def main() -> None:
         args.model = str(resolve("whisper-base"))
     clips = make_clips(Path(args.workdir), [int(s) for s in args.clips.split(",")])
     targets = {"edgellm": args.model, "faster-whisper": "faster-whisper"}
-    if args.whispercpp:
-        targets["whisper.cpp"] = "whisper.cpp"
+    paths = whispercpp_paths(args)
+    if paths:
+        args.whispercpp = paths[0]
+        for ggml in paths[1]:
+            targets[f"whisper.cpp {ggml_type(ggml)}"] = ggml
     rows = []
     for clip in clips.values():
         for beam in (int(b) for b in args.beams.split(",")):

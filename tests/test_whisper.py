@@ -459,6 +459,52 @@ def test_each_beams_cross_attention_is_what_it_gets_alone():
     assert np.allclose(together.reshape(out.shape), out, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("kd, vd, tol", [(np.int16, np.int16, 1e-3), (np.int8, np.int8, 0.1),
+                                         (np.int16, np.int8, 0.1)])
+def test_integer_cross_keys_and_values_are_the_float_ones_within_rounding(kd, vd, tol):
+    """A quantized file's cross keys and values as integers (keys on a scale per channel,
+    values per frame): each number within half a step of its float value; the attention
+    over them within rounding of the float attention, each beam's row the bits it gets
+    alone, a prompt's rows (register tiles over the converted head) within 1e-5 of the
+    step's."""
+    from edgellm.kernels.seq2seq_attention import cross_attention, quantize_cross
+
+    rng = np.random.default_rng(2)
+    H, Dh, P = 2, 32, 75
+    k = rng.standard_normal((P, H * Dh), dtype=np.float32)
+    v = rng.standard_normal((P, H * Dh), dtype=np.float32)
+    k[:, 3] = v[5, :Dh] = 0.0  # a channel, a value of zeros: scale 0, no division by it
+    kt, vq, ks, vs = quantize_cross(k, v, H, kd, vd)
+    assert kt.dtype == kd and vq.dtype == vd and kt.shape == (H, Dh, P)
+    assert vq.shape == (H, P, Dh) and ks.shape == (H, Dh) and vs.shape == (H, P)
+    kf = np.ascontiguousarray(k.reshape(P, H, Dh).transpose(1, 2, 0))
+    vf = np.ascontiguousarray(v.reshape(P, H, Dh).transpose(1, 0, 2))
+    ks64, vs64 = ks.astype(np.float64), vs.astype(np.float64)  # 0.51: float32's 1 / scale
+    assert np.all(np.abs(kt * ks64[:, :, None] - kf) <= ks64[:, :, None] * 0.51)
+    assert np.all(np.abs(vq * vs64[:, :, None] - vf) <= vs64[:, :, None] * 0.51)
+    assert np.abs(kt).max() == np.iinfo(kd).max and np.abs(vq).max() == np.iinfo(vd).max
+    assert ks[0, 3] == vs[0, 5] == 0 and not kt[0, 3].any() and not vq[0, 5].any()
+    q = rng.standard_normal((5, 1, H, Dh), dtype=np.float32)
+    want, out = np.empty_like(q), np.empty_like(q)
+    cross_attention(q, kf, vf, want)
+    cross_attention(q, kt, vq, out, (ks, vs))
+    assert np.abs(out - want).max() < tol
+    for b in range(5):
+        alone = np.empty_like(q[:1])
+        cross_attention(np.ascontiguousarray(q[b:b + 1]), kt, vq, alone, (ks, vs))
+        assert np.array_equal(alone, out[b:b + 1])
+    rows = np.ascontiguousarray(q.reshape(1, 5, H, Dh))
+    together = np.empty_like(rows)
+    cross_attention(rows, kt, vq, together, (ks, vs))
+    assert np.allclose(together.reshape(out.shape), out, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="int8 or int16"):
+        cross_attention(q, kt.astype(np.int32), vq, out, (ks, vs))
+    with pytest.raises(ValueError, match="ks must be"):
+        cross_attention(q, kt, vq, out, (ks[:, :-1], vs))
+    with pytest.raises(ValueError, match="int8 or int16"):
+        quantize_cross(k, v, H, np.float16)
+
+
 def test_a_windows_token_budget_is_faster_whispers_by_default(llm, monkeypatch):
     """Without max_new_tokens a window may decode until the decoder's last position (what
     faster-whisper's max_length of 448 with the prompt allows; openai's 224 cut loops

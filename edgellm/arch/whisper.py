@@ -32,7 +32,10 @@ each of B sequences: the matrix-vector row groups over the B rows at once,
 kernels/linear.py's decode=True, so a weight block comes from memory once for all beams and
 each beam's logits are what it would get alone); its attention over at most 448 own
 positions and the 1,500 encoder frames is kernels/seq2seq_attention.py's (every sequence,
-row and head a work item; the cross keys and values read in place by every beam).
+row and head a work item; the cross keys and values read in place by every beam). A
+quantized file's cross keys and values are integers with a scale per key and per value
+(cross_dtype: int8 keys, int16 values): a step reads them as they are, 14 MB where float32
+was 37.
 """
 
 from __future__ import annotations
@@ -45,9 +48,9 @@ import numpy as np
 
 from ..errors import ContextError, FormatError, ModelKindError
 from ..kernels.encoder import add_layernorm, bias_gelu, packed_attention
-from ..kernels.linear import embedding, gemm, linear
+from ..kernels.linear import ActQ8, embedding, gemm, linear, quantize_act
 from ..kernels.registry import INT8
-from ..kernels.seq2seq_attention import cross_attention, self_attention
+from ..kernels.seq2seq_attention import cross_attention, quantize_cross, self_attention
 from ..kernels.whisper_attention import quantized_attention
 from ..kernels.whisper_decode import layernorm_rows
 from ..modelfile.config import ModelArgs
@@ -149,8 +152,9 @@ class Block:
 class DecoderCache:
     """The decoder state of `batch` sequences decoding one window together (beams or
     samples, all at the same length): self-attention keys and values [layers, batch, n_ctx,
-    H, Dh], `length` positions filled; the window's cross keys [layers, H, Dh, P] and values
-    [layers, H, P, Dh] (Whisper.cross), computed once and shared by every sequence."""
+    H, Dh], `length` positions filled; the window's cross keys [H, Dh, P] and values [H, P,
+    Dh] of each layer (Whisper.cross: float32, or integers and their scales), computed once
+    and shared by every sequence."""
 
     def __init__(self, layers: int, n_ctx: int, H: int, Dh: int, cross, batch: int = 1):
         self.k = np.zeros((layers, batch, n_ctx, H, Dh), np.float32)
@@ -237,6 +241,14 @@ class Whisper(Uncached):
         # a window, and the transcripts' agreement with the float model's was measured the
         # same (docs/speech.md); the decoder and the cross keys and values keep act_dtype
         self.encoder_act = np.int8
+        # a quantized file's cross keys and values (cross()): (keys', values') integer types,
+        # keys on a scale per channel, values per frame, read by the decoder's
+        # cross-attention as they are: a greedy step read 37 MB of float32 from them, its
+        # largest part, 14 MB so. int8 values moved near-tie words of the fidelity clips
+        # (docs/speech.md), int8 keys did not; None keeps float32 (float files always:
+        # their tokens must equal transformers')
+        self.cross_dtype: tuple | None = (np.int8, np.int16)
+        self._acts: dict[int, ActQ8] = {}  # _act's buffers by features
 
     # weights ---------------------------------------------------------------------------
     def _vector(self, name: str) -> np.ndarray:
@@ -276,18 +288,32 @@ class Whisper(Uncached):
         return h
 
     def _linear(self, w: Tensor, x: np.ndarray, bias: np.ndarray | None = None,
-                encoder: bool = False, decode: bool = False, act_dtype=None) -> np.ndarray:
+                encoder: bool = False, decode: bool = False, act_dtype=None,
+                act: ActQ8 | None = None) -> np.ndarray:
         """x [T, K] @ w.T + bias; decode: x's rows are separate sequences' steps; act_dtype:
-        the integer activations (default: the model's)."""
+        the integer activations (default: the model's); act: x already quantized (_act)."""
         out = np.empty((x.shape[0], w.shape[0]), np.float32)
         if encoder and (self.precise or w.type not in INT8):
             gemm(w, x, out)  # float activations over many rows: the panel kernels
         else:
             act_dtype = self.act_dtype if act_dtype is None else act_dtype
-            linear(w, x, out, precise=self.precise, act_dtype=act_dtype, decode=decode)
+            linear(w, x, out, precise=self.precise, act_dtype=act_dtype, decode=decode,
+                   act=act)
         if bias is not None:
             out += bias
         return out
+
+    def _act(self, w: Tensor, x: np.ndarray) -> ActQ8 | None:
+        """x [T, D] quantized to the decoder's activations once for the projections that
+        share it (self-attention's q, k, v: what each linear() would do alone); None where
+        w's product takes float rows."""
+        if self.precise or w.type not in INT8:
+            return None
+        T, K = x.shape
+        act = self._acts.get(K)
+        if act is None or act.T_max < T:  # grows to the longest prompt seen
+            act = self._acts[K] = ActQ8(T, K, self.act_dtype)
+        return quantize_act(x, act)
 
     def _mlp(self, blk: Block, x: np.ndarray, encoder: bool, decode: bool = False) -> None:
         act = self.encoder_act if encoder else None
@@ -336,17 +362,27 @@ class Whisper(Uncached):
             self._mlp(blk, x, True)
         return self._norm(x, *self.enc_ln)
 
-    def cross(self, enc: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per decoder layer (K [H, Dh, P], V [H, P, Dh]) of a window's encoder output."""
+    def cross(self, enc: np.ndarray) -> list[tuple]:
+        """Per decoder layer (K [H, Dh, P], V [H, P, Dh]) of a window's encoder output,
+        float32; a quantized file's (cross_dtype) (K, V, K's scales [H, Dh], V's [H, P])
+        with K and V integers (kernels/seq2seq_attention.py's quantize_cross)."""
         P, H, Dh = enc.shape[0], self.H, self.Dh
         out = []
         for blk in self.decoder:
             c = blk.cross
-            k = self._linear(c.k, enc, None, True).reshape(P, H, Dh)
-            v = self._linear(c.v, enc, c.v_bias, True).reshape(P, H, Dh)
+            k = self._linear(c.k, enc, None, True)
+            v = self._linear(c.v, enc, c.v_bias, True)
+            if self._cross_int(c):
+                out.append(quantize_cross(k, v, H, *self.cross_dtype))
+                continue
+            k, v = k.reshape(P, H, Dh), v.reshape(P, H, Dh)
             out.append((np.ascontiguousarray(k.transpose(1, 2, 0)),
                         np.ascontiguousarray(v.transpose(1, 0, 2))))
         return out
+
+    def _cross_int(self, c: Attention) -> bool:
+        return self.cross_dtype is not None and not self.precise and c.k.type in INT8 and \
+            self.Dh % 16 == 0
 
     # decoder -----------------------------------------------------------------------------
     def new_cache(self, cross, batch: int = 1) -> DecoderCache:
@@ -422,21 +458,28 @@ class Whisper(Uncached):
         for i, blk in enumerate(self.decoder):
             a = blk.attn
             h = self._norm(x, a.ln_w, a.ln_b)
-            q = lin(a.q, h, a.q_bias) * np.float32(self.scale)
-            cache.k[i, :, p0:S] = lin(a.k, h).reshape(B, T, H, Dh)
-            cache.v[i, :, p0:S] = lin(a.v, h, a.v_bias).reshape(B, T, H, Dh)
+            act = self._act(a.q, h)
+            q = lin(a.q, h, a.q_bias, act=act)
+            q *= np.float32(self.scale)
+            cache.k[i, :, p0:S] = lin(a.k, h, act=act).reshape(B, T, H, Dh)
+            cache.v[i, :, p0:S] = lin(a.v, h, a.v_bias, act=act).reshape(B, T, H, Dh)
             att = np.empty_like(q)
             self_attention(q.reshape(B, T, H, Dh), cache.k[i], cache.v[i], S,
                            att.reshape(B, T, H, Dh))
             x += lin(a.o, att, a.o_bias)
             c = blk.cross
             h = self._norm(x, c.ln_w, c.ln_b)
-            q = lin(c.q, h, c.q_bias) * np.float32(self.scale)
-            kt, v = cache.cross[i]  # one window's, shared by the B sequences
+            q = lin(c.q, h, c.q_bias)
+            q *= np.float32(self.scale)
+            kt, v, *scales = cache.cross[i]  # one window's, shared by the B sequences
             if cross_scores is None:
                 att = np.empty_like(q)
-                cross_attention(q.reshape(B, T, H, Dh), kt, v, att.reshape(B, T, H, Dh))
+                cross_attention(q.reshape(B, T, H, Dh), kt, v, att.reshape(B, T, H, Dh),
+                                scales or None)
             else:  # word timing keeps the scores
+                if scales:  # integers: their float values
+                    kt = kt.astype(np.float32) * scales[0][:, :, None]
+                    v = v.astype(np.float32) * scales[1][:, :, None]
                 att = self._attend(heads(q), kt[None], v[None], cross_scores)
             x += lin(c.o, att, c.o_bias)
             self._mlp(blk, x, False, T == 1)

@@ -92,3 +92,47 @@ def test_f16_rows_read_in_place_attend_as_their_float32_values():
     as32 = [c.view(np.float16).astype(np.float32) for c in (kc, vc)]
     _heads(q, kb, vb, *as32, cpos, 0, Hq, want)
     np.testing.assert_allclose(got, want, rtol=0, atol=4e-7 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind,softcap", [("f32", 0.0), ("f16", 0.0), ("q8_0", 0.0),
+                                          ("f16", 3.0)])
+def test_rows_in_one_pass_equal_each_row_alone_bit_for_bit(kind, softcap):
+    """_attend_multi (a verify step's rows of one cache, each key block read once for all
+    of them) gives each row what the one-group call gives it alone: rows whose slot counts
+    end inside a block of 16, on its edge and past it (the scalar tail of one row is dots16
+    of the next), at their own positions."""
+    from edgellm.step.decode_step import _attend_multi
+
+    q, kb, vb, kf, vf, kc, vc, cpos = _setup(kind)
+    rng = np.random.default_rng(7)
+    fill = np.array([29, 31, 32, 33, 36, 37], np.int64)  # slots each row has written
+    R = fill.shape[0]
+    pos = (P - R + np.arange(R)).astype(np.int64)
+    qs = rng.standard_normal((R, Hq, Dh)).astype(np.float32)
+    ks = rng.standard_normal((R, Hkv, Dh)).astype(np.float32)
+    vs = rng.standard_normal((R, Hkv * Dh)).astype(np.float32)
+    cap = np.float32(softcap)
+    v_at, out_at = 3, 3 + Hkv * Dh  # the rows' arenas: value, then output
+    for a, b in ((0, R), (1, 4), (5, 6)):
+        mem = np.zeros((R, out_at + Hq * Dh), np.float32)
+        mem[:, v_at:v_at + Hkv * Dh] = vs
+        want = np.zeros((R, Hq * Dh), np.float32)
+        for kvh in range(Hkv):
+            g0 = kvh * GROUP
+            qr = np.ascontiguousarray(qs[a:b, g0:g0 + GROUP].reshape(-1, Dh))
+            kr = np.ascontiguousarray(ks[a:b, kvh])
+            scores = np.zeros(((b - a) * GROUP, N), np.float32)
+            stats = np.zeros((1, max(N, (b - a) * GROUP)), np.float32)
+            tile = np.zeros((16, Dh), np.float32)
+            _attend_multi(qr, kr, mem, v_at, out_at, a, b, kc, vc, cpos, kvh, GROUP, Hq,
+                          pos, fill, 0, SCALE, cap, scores, stats, tile)
+            for j in range(a, b):
+                n = fill[j]
+                scores = np.zeros((GROUP, N), np.float32)
+                stats = np.zeros((1, N), np.float32)
+                _attend_group(qs[j, g0:g0 + GROUP].copy(), GROUP, ks[j, kvh].copy(),
+                              vs[j, kvh * Dh:(kvh + 1) * Dh].copy(), kc[:n], vc[:n], cpos[:n],
+                              kvh, pos[j], 0, SCALE, cap, scores, stats, want[j], g0, tile)
+        got = mem[a:b, out_at:]
+        assert np.array_equal(got.view(np.uint32), want[a:b].view(np.uint32)), (a, b)
+        assert b - a == 1 or not np.array_equal(got[0], got[-1])  # rows that differ

@@ -388,6 +388,26 @@ def _attend_group(qg, ng, kh, vh, kc, vc, cpos, kvh, p, window, scale, softcap, 
                   hq0 + ng, ng, p, window, scale, softcap, scores, stats, out, tile)
 
 
+@njit(**GLUE, inline="always")
+def _cap_and_mask(scores, self_s, g0, g1, n, cpos, p, window, softcap):
+    """Heads g0..g1-1 of a token at position p: its scores [g, :n] over the cache slots and
+    self_s [g] (its own key's) capped (softcap > 0: softcap tanh(s / softcap)), then the
+    slots it does not see (empty, not before p, or outside a sliding window > 0) set to NEG.
+    The one-token step and a verify step's rows share it, inlined where numba types each
+    (compiled as a function of its own, LLVM contracts its tanh differently in the two
+    callers and a softcapped verify row no longer equals its decode step's bits)."""
+    if softcap > 0:
+        for g in range(g0, g1):
+            self_s[g] = softcap * np.tanh(self_s[g] / softcap)
+            for t in range(n):
+                scores[g, t] = softcap * np.tanh(scores[g, t] / softcap)
+    for t in range(n):
+        kp = cpos[t]
+        if not (kp >= 0 and kp < p and (window == 0 or p - kp < window)):
+            for g in range(g0, g1):
+                scores[g, t] = NEG
+
+
 @kernel
 def _attend_heads(qb, kb, vb, kvb, kc, vc, cpos, h0, h1, group, p, window, scale, softcap,
                   scores, stats, out, tile):
@@ -438,16 +458,7 @@ def _attend_heads(qb, kb, vb, kvb, kc, vc, cpos, h0, h1, group, p, window, scale
                     acc += qb[hq - h0, i] * kr[i]
                 scores[hq - h0, t] = acc * scale
     nh = h1 - h0
-    if softcap > 0:
-        for g in range(nh):
-            self_s[g] = softcap * np.tanh(self_s[g] / softcap)
-            for t in range(n):
-                scores[g, t] = softcap * np.tanh(scores[g, t] / softcap)
-    for t in range(n):  # slots this token does not see
-        kp = cpos[t]
-        if not (kp >= 0 and kp < p and (window == 0 or p - kp < window)):
-            for g in range(nh):
-                scores[g, t] = NEG
+    _cap_and_mask(scores, self_s, 0, nh, n, cpos, p, window, softcap)
     for g in range(nh):
         row = scores[g]
         best = max(self_s[g], row_max(scores, g, n))  # a vector max: the loop's is scalar
@@ -538,16 +549,7 @@ def _attend_multi(qs, ks, mem, v_at, out_at, a, b, kc, vc, cpos, kvh, group, Hq,
     for j in range(nr):
         n, p = fill[a + j], pos[a + j]
         g0 = j * group
-        if softcap > 0:
-            for g in range(g0, g0 + group):
-                self_s[g] = softcap * np.tanh(self_s[g] / softcap)
-                for t in range(n):
-                    scores[g, t] = softcap * np.tanh(scores[g, t] / softcap)
-        for t in range(n):  # slots this row does not see
-            kp = cpos[t]
-            if not (kp >= 0 and kp < p and (window == 0 or p - kp < window)):
-                for g in range(g0, g0 + group):
-                    scores[g, t] = NEG
+        _cap_and_mask(scores, self_s, g0, g0 + group, n, cpos, p, window, softcap)
         vr = mem[a + j, v_at + kvh * Dh:v_at + (kvh + 1) * Dh]
         for g in range(group):
             row = scores[g0 + g]

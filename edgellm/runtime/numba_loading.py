@@ -304,6 +304,10 @@ def _linked_copies(codegen) -> None:
             for src in sources:
                 if id(src) in needed:
                     mod.link_in(src, preserve=True)
+            # with the functions a given-back body calls that this optimization had inlined
+            for fn in mod.functions:
+                if not fn.is_declaration and fn.linkage in weak and fn.name in origin:
+                    linked.setdefault(fn.name, fn.linkage)
             for name in linked:
                 mod.get_function(name).linkage = linkage.internal
         self._edgellm_linked = linked

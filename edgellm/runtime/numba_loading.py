@@ -1,8 +1,8 @@
 """Loading cached kernels lighter: what numba does on a cache hit that a warm start pays for.
 
 `install()` (called once by kernels/jit.py, before any kernel loads) changes two things in
-how numba loads a kernel from its on-disk cache, two in how it saves and compiles one, and
-how it links the functions a kernel calls.
+how numba loads a kernel from its on-disk cache, and one in how it saves one; compiling is
+unchanged.
 
 - numba's `Cache.load_overload` refreshes the target context before every load: the first
   time, that imports and installs every lowering registry numba has (a visible share of a
@@ -30,23 +30,6 @@ how it links the functions a kernel calls.
   The lock is the operating system's (fcntl): a process that dies holding it releases it, and
   a wait gives up after WAIT_S seconds (then it compiles, as numba would).
 
-- Linking: numba links the code of each function a kernel calls into the kernel's library (a
-  copy, `linkonce_odr`: inlined where LLVM finds it worth it, else a weak symbol in the
-  object code it runs and caches) under a name made of its qualname, types and a per-process
-  compile counter. Names from two processes can so meet for different code (family.py's glue
-  closures: one qualname, many bodies): a call bound by name to the first definition in the
-  process, so a kernel loaded from the cache could run another kernel's glue, and a compile
-  linking two cached kernels kept one body for both. And a copy is optimized again in each
-  caller (fastmath: its sums reassociated), so the code that ran, and its last bits, depended
-  on what the process had compiled or loaded first. Now ("linked-copies"): a library's
-  module for linking renames the functions it linked in (their name and a hash of that
-  module; its own functions keep theirs, which callers declare), so that a compile links
-  two bodies under two names; after optimization, each linked function still called out
-  of line gets back the body the library it came from compiled (a kernel calling another
-  runs that kernel's code, bit for bit), and is made internal in the object code: each
-  object calls its own copies. Inlining is unchanged (callers link the copies with their
-  linkage as before).
-
 Each change is made only where numba has the internals it relies on (checked here;
 numba 0.61-0.68 do); otherwise numba is left as it is and loads as before.
 """
@@ -60,13 +43,13 @@ WAIT_S = 1200.0  # longest wait for another process's compile of a signature (th
 
 
 def installed() -> tuple[str, ...]:
-    """The changes install() made: "lazy-refresh", "keyed-saves", "compile-locks",
-    "linked-copies", "bitcode-for-linking"."""
+    """The changes install() made: "lazy-refresh", "bitcode-for-linking", "keyed-saves",
+    "compile-locks"."""
     return tuple(_INSTALLED)
 
 
 def install() -> None:
-    """Make the changes where numba allows (idempotent)."""
+    """Make both changes where numba allows (idempotent)."""
     if _INSTALLED:
         return
     try:
@@ -89,7 +72,6 @@ def install() -> None:
 
     _keyed_saves(caching)
     _compile_locks(caching)
-    _linked_copies(codegen)
     lib = getattr(codegen, "JITCodeLibrary", None)
     base = getattr(codegen, "CPUCodeLibrary", None)
     if lib is None or base is None or not hasattr(lib, "_unserialize") \
@@ -258,80 +240,3 @@ def _compile_locks(caching) -> None:
     cache.load_overload = load_or_claim
     disp.compile = compile
     _INSTALLED.append("compile-locks")
-
-
-
-def _linked_copies(codegen) -> None:
-    """Each library runs its own, unaltered copies of the functions linked into it (the
-    module docstring): renamed per library where other libraries link them, given back the
-    body their own library compiled after this library's optimization, internal in its
-    object code."""
-    import hashlib
-    import re
-
-    base, ll = getattr(codegen, "CPUCodeLibrary", None), getattr(codegen, "ll", None)
-    linkage = getattr(ll, "Linkage", None)
-    if base is None or linkage is None or not all(hasattr(base, n) for n in (
-            "_optimize_final_module", "_get_module_for_linking")):
-        return
-    optimize, get_module = base._optimize_final_module, base._get_module_for_linking
-    weak = (linkage.linkonce_odr, linkage.weak_odr, linkage.linkonce_any, linkage.weak_any)
-    tagged = re.compile(r"\.el[0-9a-f]{16}$")
-
-    def _optimize_final_module(self):
-        """numba's optimization, then each linked function still called out of line gets
-        the body it came with (from the first library whose module for linking defines
-        it), and internal linkage: its name stays this object's."""
-        optimize(self)
-        mod, sources, seen = self._final_module, [], set()
-        for lib in getattr(self, "_linking_libraries", ()):
-            if lib not in seen:
-                seen.add(lib)
-                sources.append(lib._get_module_for_linking())
-        origin: dict = {}
-        for src in sources:
-            for fn in src.functions:
-                if not fn.is_declaration and fn.linkage in weak:
-                    origin.setdefault(fn.name, src)
-        linked = {fn.name: fn.linkage for fn in mod.functions
-                  if not fn.is_declaration and fn.linkage in weak and fn.name in origin}
-        if linked:
-            # available_externally: a declaration to the linker, so that linking the
-            # module it came from again puts that module's definition in its place
-            for name in linked:
-                mod.get_function(name).linkage = linkage.available_externally
-            needed = {id(origin[name]) for name in linked}
-            for src in sources:
-                if id(src) in needed:
-                    mod.link_in(src, preserve=True)
-            # with the functions a given-back body calls that this optimization had inlined
-            for fn in mod.functions:
-                if not fn.is_declaration and fn.linkage in weak and fn.name in origin:
-                    linked.setdefault(fn.name, fn.linkage)
-            for name in linked:
-                mod.get_function(name).linkage = linkage.internal
-        self._edgellm_linked = linked
-
-    def _get_module_for_linking(self):
-        """numba's module for linking; the functions this library linked in get their
-        linkage back (a caller inlines them as before) and names of their own: the old
-        name and a hash of this module (callers link them only through this library's
-        own functions, which keep their names)."""
-        linked = getattr(self, "_edgellm_linked", None)
-        if linked and self._shared_module is None:
-            mod = get_module(self)
-            if mod is self._final_module:
-                mod = mod.clone()
-            for name, kind in linked.items():
-                mod.get_function(name).linkage = kind
-            tag = hashlib.sha256(mod.as_bitcode()).hexdigest()
-            for name in linked:
-                h = hashlib.sha256(f"{tag}{name}".encode()).hexdigest()[:16]
-                mod.get_function(name).name = f"{tagged.sub('', name)}.el{h}"
-            self._shared_module = mod
-            self._edgellm_linked = None
-        return get_module(self)
-
-    base._optimize_final_module = _optimize_final_module
-    base._get_module_for_linking = _get_module_for_linking
-    _INSTALLED.append("linked-copies")

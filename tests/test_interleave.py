@@ -184,12 +184,13 @@ def test_the_batched_step_reads_the_interleaved_copies(kind, converted):
 @pytest.mark.skipif(not simd.VNNI, reason="the halves are the VNNI path's")
 @pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
 def test_int16_halves_on_vpdpbusd_are_the_int16_words_bit_for_bit(kind):
-    """The q4 tiles on halves() (int16 activations split into a u8 and an s8 byte) compute
-    the same integers as on the int16 words (vpdpwssd), so the same floats: random codes and
-    activations over the whole int16 range, -32768 and 32767 in every block, 13 blocks (two
-    chains of unequal length); and prefill takes them (decode, the words: x16.DECODE_HALVES)."""
+    """The q4 tiles on halves() (int16 activations split into a u8 and an s8 byte) and on
+    pairs() (permuted within fours) compute the same integers as on the int16 words
+    (vpdpwssd), so the same floats: random codes and activations over the whole int16
+    range, -32768 and 32767 in every block, 13 blocks (two chains of unequal length); the
+    batched step takes halves, prefill pairs (decode, the words: x16.DECODE_HALVES)."""
     from edgellm.kernels import registry
-    from edgellm.kernels.x16 import tile_acts
+    from edgellm.kernels.x16 import prefill_acts, tile_acts
 
     N, K, T = 48, 416, 4
     rng = np.random.default_rng(11)
@@ -209,17 +210,27 @@ def test_int16_halves_on_vpdpbusd_are_the_int16_words_bit_for_bit(kind):
     wi = layouts.to_x16(raw, kind)
     words = np.full((T, N), np.nan, np.float32)
     _sixteen(kind, 1)(wi, xq, xd, xs, xds, words)
+    xp = np.zeros((T, K), np.uint16)
+    il.pairs(xq, xp)
+    np.testing.assert_array_equal(xp.view(np.int16).reshape(T, K // 32, 32),
+                                  xq.reshape(T, K // 32, 32)[:, :, il.PAIR_PERM])
     for RT in (1, 2, 4):
-        got = np.full((T, N), np.nan, np.float32)
-        _sixteen(kind, RT)(wi, xh, xd, xs, xds, got)
-        np.testing.assert_array_equal(got.view(np.int32), words.view(np.int32),
-                                      err_msg=f"RT={RT}")
+        for form, xa in (("halves", xh), ("pairs", xp)):
+            got = np.full((T, N), np.nan, np.float32)
+            _sixteen(kind, RT)(wi, xa, xd, xs, xds, got)
+            np.testing.assert_array_equal(got.view(np.int32), words.view(np.int32),
+                                          err_msg=f"{form} RT={RT}")
     code = quant.TYPES[kind].code
 
     @njit
-    def acts(xq):  # as the x16 kernels and the batched step call it: code a closure constant
+    def acts(xq):  # as the batched step calls it: code a closure constant
         return tile_acts(code, xq)
+
+    @njit
+    def prefill(xq):  # as the x16 prefill calls it
+        return prefill_acts(code, xq)
     assert acts(xq).dtype == np.uint8 and acts(xq.astype(np.int8)).dtype == np.int8
+    assert prefill(xq).dtype == np.uint16 and prefill(xq.astype(np.int8)).dtype == np.int8
     x16 = registry.X16[kind]
     got = np.full((1, N), np.nan, np.float32)
     x16["mv_rows"](wi, xq[:1], xd[:1], xs[:1], xds[:1], got, 16, 48)

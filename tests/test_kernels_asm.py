@@ -483,12 +483,14 @@ def test_q5_row_group_tiles(kind):
 
 
 @pytest.mark.skipif(not X86, reason="x86 instructions")
-@pytest.mark.parametrize("dtype", [np.int16, np.int8])
-@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q8_0"])
+@pytest.mark.parametrize("kind, dtype", [
+    *((k, d) for k in ("q4_0", "q4_1", "q8_0") for d in (np.int16, np.int8)),
+    ("q4_0", np.uint16), ("q4_1", np.uint16)])
 def test_interleaved_tiles(kind, dtype):
     """The batched step's interleaved tiles (interleave.itile_<kind>_16x4): on AVX-512 VNNI
     16 vpdpwssd a block and token for int16 activations (q4: on words permuted in registers,
-    the x16 layout being vpdpbusd's), 8 vpdpbusd for int8 ones (inline
+    the x16 layout being vpdpbusd's; as prefill's pairs(), uint16, permuted in memory: every
+    pair a broadcast operand), 8 vpdpbusd for int8 ones (inline
     assembly: not split into vpmaddwd + vpaddd), each activation pair or quadruple the
     instruction's broadcast memory operand (ir.vpdpwssd_bcast, vpdpbusd_bcast: no separate
     broadcast), and no horizontal sums; elsewhere vpmaddwd."""
@@ -513,7 +515,7 @@ def test_interleaved_tiles(kind, dtype):
         assert len(dots) >= 64 and asm.count("vpmaddwd") == 0, kind
         assert "vphaddd" not in asm, kind
     elif simd.SIMD_PATH == "vnni":
-        op, per = ("vpdpwssd", 64) if dtype == np.int16 else ("vpdpbusd", 32)
+        op, per = ("vpdpbusd", 32) if dtype == np.int8 else ("vpdpwssd", 64)
         folded = re.findall(op + r"\s+-?\d*\(%\w+\)\{1to16\}, %zmm\d+, %zmm\d+", asm)
         assert len(folded) >= per and asm.count("vpmaddwd") == 0, kind
         assert asm.count("vpbroadcastd") + asm.count("vbroadcastss") < len(folded) // 4, kind

@@ -34,8 +34,11 @@ halves() (per block 32 bytes lo = q & 255, then 32 bytes hi = q >> 8): a code n 
 valid u8 and s8, so sum n q = 256 sum n hi + sum lo n is two vpdpbusd per masked chunk
 (codes x hi broadcast from memory, lo broadcast x codes): the same integers as the words'
 with no code widened to 16 bits (_halves_dots; tile_acts in x16.py makes them once a
-call). q8_0's int16 chunk j sign-extended is the pairs (2j, 2j + 1) as stored, against the
-activations' pair j broadcast from memory.
+call). Or as pairs() (uint16 [T, K]: each block permuted within fours as PAIR_PERM, made
+once a call by x16.prefill_acts): then every pair is a broadcast memory operand, 16
+vpdpwssd a block and token and no broadcast in a register. q8_0's int16 chunk j
+sign-extended is the pairs (2j, 2j + 1) as stored, against the activations' pair j
+broadcast from memory.
 Either way each lane holds its row's block dot product: for q4 the integer the 8x1 tile
 reduces to, with the float work per block the 8x1 tile's as it is compiled (_scale), on 16
 lanes, with the blocks in group_blocks' two chains: lane by lane the 8x1 tile's operations
@@ -47,8 +50,8 @@ differs from the single step's by rounding), with no horizontal sums.
   itile_<q4_0|q4_1|q8_0>_16x<RT>(wi, g, xq, xd, xs, xds, t, out, i)
       out[t + s, i + r] = row 16g + r of W . token t + s, r < 16, s < RT
 xq int16 (the default path's: vpdpwssd), its halves() as uint8 [T, 2K] (q4 on VNNI only:
-vpdpbusd) or int8 (vpdpbusd; xs is read only there) on AVX-512 VNNI; elsewhere the generic
-multiply-add IR (vpmaddwd on x86). Callers validate
+vpdpbusd), its pairs() as uint16 [T, K] (q4) or int8 (vpdpbusd; xs is read only there) on
+AVX-512 VNNI; elsewhere the generic multiply-add IR (vpmaddwd on x86). Callers validate
 shapes (step/batched.py builds wi from a matrix the fused step checked): no bounds checks.
 """
 
@@ -88,7 +91,7 @@ from ..modelfile import quant
 from ..runtime.simd import VNNI
 from .jit import kernel
 
-__all__ = ["ILV_BLOCK", "ILV_ROWS", "halves", "interleave", "make_itile"]
+__all__ = ["ILV_BLOCK", "ILV_ROWS", "halves", "interleave", "make_itile", "pairs"]
 
 ILV_ROWS = 16  # weight rows of a group: one <16 x i32> lane each
 # int16 activations on the q4 byte layout: the shifts of a chunk's lanes whose low nibbles
@@ -178,7 +181,8 @@ def _itile_codegen(kind, RT):
                                    for k in (0, 2, 3, 4, 5, 7))
         g, t, i = args[1], args[6], args[8]
         halves = sig.args[2].dtype == types.uint8  # int16 activations as halves()
-        AB = 2 if halves or sig.args[2].dtype == types.int16 else 1
+        paired = sig.args[2].dtype == types.uint16  # int16 activations as pairs()
+        AB = 2 if halves or paired or sig.args[2].dtype == types.int16 else 1
         wrow = w.row(g)
         toks = [b.add(t, _i64(s)) for s in range(RT)]
         xrows, drows, srows, irows = ([a.row(u) for u in toks] for a in (xq, xd, xds, xs))
@@ -247,7 +251,16 @@ def _itile_codegen(kind, RT):
                         wv = b.and_(u, nib)  # lane l: row l's columns 8c + 4h + k, k < 4
                         for s in range(RT):
                             quad(s, (2 * c + h) % chains, wv, 8 * c + 4 * h)
-            if kind != "q8_0" and AB == 2:  # byte layout as i16 pairs, vpdpwssd
+            if kind != "q8_0" and paired:  # byte layout as i16 pairs, the token's pairs
+                for c in range(4):  # in their order in memory (pairs()): broadcast operands
+                    v = _load(b, p, q0 + 64 * c, v16i)
+                    for h, sh in enumerate(PAIR_SHIFT):
+                        u = b.lshr(v, _c(v16i, [sh] * L)) if sh else v
+                        j = 4 * c + h
+                        wv = b.and_(u, pair_mask)
+                        for s in range(RT):
+                            step(s, j % chains, wv, j)
+            elif kind != "q8_0" and AB == 2:  # byte layout as i16 pairs, vpdpwssd
                 # pair word 4c + h of the token's block permuted within fours (0, 2, 1, 3):
                 # its activations 8c + k, 8c + k + 2 (k = PAIR_COLS[h]), which the chunk's
                 # lanes shifted right by PAIR_SHIFT[h] and masked to 0x000F000F meet
@@ -316,6 +329,22 @@ def _halves_dots(b, p, q0, xrows, xoff, RT):
 
 
 @kernel
+def pairs(xq, xp):
+    """int16 activations xq [T, K] (K % 32 == 0) -> xp uint16 [T, K] (the int16 bits), the
+    q4 tiles' other form of them: each block of 32 permuted within fours (PAIR_PERM), so
+    that its i32 word j is the pair of activations the chunks' lanes shifted by
+    PAIR_SHIFT[j % 4] meet, read as a broadcast memory operand of vpdpwssd. Once per token
+    and matrix: every group reads it."""
+    for t in range(xq.shape[0]):
+        for bi in range(xq.shape[1] // 32):
+            for m in range(32):
+                xp[t, 32 * bi + m] = np.uint16(xq[t, 32 * bi + _PERM[m]])
+
+
+_PERM = np.array(PAIR_PERM, np.int64)
+
+
+@kernel
 def halves(xq, xh):
     """int16 activations xq [T, K] (K % 32 == 0) -> xh uint8 [T, 2K], the tiles' form of
     them on VNNI: per block of 32, its 32 low bytes (q & 255), then its 32 high bytes
@@ -330,7 +359,9 @@ def halves(xq, xh):
 
 def make_itile(kind, RT):
     """The intrinsic itile_<kind>_16x<RT> (tiles.py)."""
-    acts = (types.int8, types.int16) + ((types.uint8,) if VNNI and kind != "q8_0" else ())
+    acts = (types.int8, types.int16)
+    if kind != "q8_0":  # q4: pairs() anywhere, halves() on VNNI
+        acts += (types.uint16, types.uint8) if VNNI else (types.uint16,)
     arrays = {0: types.uint8, 2: acts, 3: types.float32,
               4: types.int32, 5: types.float32, 7: types.float32}
     return _typed(f"itile_{kind}_16x{RT}", _itile_codegen(kind, RT), arrays, ints=(1, 6, 8))

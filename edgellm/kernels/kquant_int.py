@@ -18,22 +18,13 @@ float-activation kernels only.
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 from ..codegen.int8_tiles import GROUP
 from ..modelfile import quant
 from .family import by_kind, tile
 from .jit import GLUE, kernel
-from .matmul import (
-    AMX_ROWS,
-    amx_rows,
-    amx_tail,
-    panel_tokens,
-    thread_count,
-    thread_part,
-)
-from .panel16 import k16_rows
+from .matmul import panel_tokens, thread_count, thread_part
 from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile time)
     pack_q4_k,
     pack_q5_k,
@@ -43,6 +34,7 @@ from .panel import (  # noqa: F401  (intrinsics, resolved by numba at compile ti
     ptile_q6_k_8x4,
     q6_k_wide,
 )
+from .panel16 import k16_rows
 
 __all__ = ["KQ_CODES", "has_kq", "mm_kq", "mv_kq", "mv_rows_kq"]
 
@@ -126,14 +118,7 @@ def mm_rows_panel(kind, w, xq, xd, xs, xds, out, r0, r1, T, panel, scales):
     (value d q + m per 32 values) and run on q4_1's tiles (matmul.panel_tokens); q6_k
     (d sc (q - 32), a scale per 16 values) on its own."""
     g1 = r0 + (r1 - r0) // GROUP * GROUP
-    a1, ta, bx = (amx_rows(xq, T, r0, g1) if kind != Q6_K
-                  else (r0, 0, np.empty((1, 0), np.uint8)))
-    for i in range(r0, a1, AMX_ROWS):  # q4_1's panels on AMX tiles (matmul.py)
-        _pack_q4_1_panel(kind, w, i, panel, scales, 0)
-        _pack_q4_1_panel(kind, w, i + GROUP, panel, scales, 1)
-        tile(PANEL_Q4_1, "amx", panel, scales, xq, xd, xs, xds, out, bx, i, ta)
-        amx_tail(PANEL_Q4_1, panel, scales, xq, xd, xs, xds, out, i, ta, T)
-    a1 = k16_rows(kind, w, xq, xd, xds, out, a1, g1, T)  # int16 on VNNI: 16-row panels
+    a1 = k16_rows(kind, w, xq, xd, xds, out, r0, g1, T)  # int16 on VNNI: 16-row panels
     for i in range(a1, g1, GROUP):
         if kind != Q6_K:
             _pack_q4_1_panel(kind, w, i, panel, scales, 0)

@@ -15,8 +15,9 @@ type's recipe) read the file's bytes in place, for decode, the batched step and 
       "embed"(wi, ids, out)                         rows ids dequantized
     }
 wi is the tensor's data, uint8 [rows / 16, 16 * row_bytes]; out[t, r] as linear.py's. On
-AVX-512 VNNI prefill's int16 activations reach the tiles as interleave.halves() (tile_acts:
-made once a call, shared by every group; decode's where DECODE_HALVES). Each
+AVX-512 VNNI prefill's int16 activations reach the tiles as interleave.pairs() (prefill_acts:
+made once a call, shared by every group), the batched step's as halves() (tile_acts; decode's
+where DECODE_HALVES). Each
 row's integer-activation result is the same whichever tile ("i1", "i2", "i4") had it
 (interleave.py), so prefill, decode and the batched step agree bit for bit. The float
 kernels sum each row's products in column order (not the rows layout's tile order: equal
@@ -32,7 +33,7 @@ from numba.extending import overload
 from ..modelfile import quant
 from ..runtime.simd import VNNI
 from .family import kern, name_of, tile
-from .interleave import halves
+from .interleave import halves, pairs
 from .jit import GLUE, kernel
 from .kquant import F16
 from .matvec import named
@@ -42,17 +43,26 @@ HALVES = ("q4_0", "q4_1")  # the types whose tiles take int16 activations as hal
 # Decode's matvec (one token) on halves: from L3 1.4-1.5x the int16 words' speed, but from
 # memory on one thread (the 1.7B shapes, a loaded host, benchmarks/tile_bound.py --matvec)
 # 3-8% slower: decode is bound by memory there, and keeps the words. The tiles of 2 and 4
-# tokens (prefill, the batched step) are bound by their instructions: always halves.
+# tokens are bound by their instructions: the batched step's on halves, prefill's (four
+# tokens a tile) on pairs, whose every activation pair is a broadcast memory operand (as
+# fast as halves on a quiet core, 0.8x the time where the core is contended; on the
+# 2-token tiles 1.05-1.09x halves' time: docs/design-figures.md).
 DECODE_HALVES = False
 
 
 def tile_acts(code, xq):
-    """The integer activations xq [T, K] as type `code`'s "i" tiles read them fastest: for
-    q4_0 / q4_1, int16 ones on AVX-512 VNNI as interleave.halves() (a new uint8 [T, 2K],
-    made once for all the matrix's groups: vpdpbusd on bytes where the int16 words take
-    vpdpwssd on codes widened to 16 bits), else xq itself. The same integer dot products,
-    so the same results bit for bit. code: a compile-time constant."""
+    """The integer activations xq [T, K] as type `code`'s "i" tiles of the batched step
+    read them fastest: for q4_0 / q4_1, int16 ones on AVX-512 VNNI as interleave.halves()
+    (a new uint8 [T, 2K], made once for all the matrix's groups: vpdpbusd on bytes where the
+    int16 words take vpdpwssd on codes widened to 16 bits), else xq itself. The same
+    integer dot products, so the same results bit for bit. code: a compile-time constant."""
     raise NotImplementedError("tile_acts runs in kernels only")
+
+
+def prefill_acts(code, xq):
+    """tile_acts for prefill's four-token tiles: q4_0 / q4_1 int16 activations on AVX-512
+    VNNI as interleave.pairs() (a new uint16 [T, K]), else xq itself."""
+    raise NotImplementedError("prefill_acts runs in kernels only")
 
 
 def decode_acts(code, xq):
@@ -60,25 +70,36 @@ def decode_acts(code, xq):
     raise NotImplementedError("decode_acts runs in kernels only")
 
 
-def _acts(code, xq, on):
+def _acts(code, xq, form):
     q4 = isinstance(code, types.IntegerLiteral) and name_of(code.literal_value) in HALVES
-    if on and VNNI and q4 and xq.dtype == types.int16:
+    if form == "halves" and VNNI and q4 and xq.dtype == types.int16:
         def impl(code, xq):
             xh = np.empty((xq.shape[0], 2 * xq.shape[1]), np.uint8)
             halves(xq, xh)
             return xh
+        return impl
+    if form == "pairs" and VNNI and q4 and xq.dtype == types.int16:
+        def impl(code, xq):
+            xp = np.empty(xq.shape, np.uint16)
+            pairs(xq, xp)
+            return xp
         return impl
     return lambda code, xq: xq
 
 
 @overload(tile_acts, jit_options=GLUE, prefer_literal=True)
 def _tile_acts(code, xq):
-    return _acts(code, xq, True)
+    return _acts(code, xq, "halves")
+
+
+@overload(prefill_acts, jit_options=GLUE, prefer_literal=True)
+def _prefill_acts(code, xq):
+    return _acts(code, xq, "pairs")
 
 
 @overload(decode_acts, jit_options=GLUE, prefer_literal=True)
 def _decode_acts(code, xq):
-    return _acts(code, xq, DECODE_HALVES)
+    return _acts(code, xq, "halves" if DECODE_HALVES else None)
 
 
 @kernel
@@ -139,7 +160,7 @@ def make_x16(code: int) -> dict:
     @kernel(parallel=True)
     @named(f"mm_x16_{name}")
     def mm(wi, xq, xd, xs, xds, out, T):
-        xa = tile_acts(code, xq[:T])
+        xa = prefill_acts(code, xq[:T])
         for g in prange(wi.shape[0]):
             kern(code, "x16_tokens", wi, g, xa, xd, xs, xds, out, T)
 

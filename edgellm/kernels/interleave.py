@@ -99,6 +99,7 @@ ILV_ROWS = 16  # weight rows of a group: one <16 x i32> lane each
 PAIR_SHIFT = (0, 8, 4, 12)
 PAIR_PERM = [4 * q + r for q in range(8) for r in (0, 2, 1, 3)]  # a block's activations
 # in the pairs' order: word 4c + h = activations 8c + k, 8c + k + 2
+_PERM = np.array(PAIR_PERM, np.int64)  # pairs()' table
 PF = 2048  # bytes a tile prefetches ahead of its block (measured best from memory
 # against 1024 and 4096 for the several-token tiles)
 PF_DECODE = 8192  # the q4 one-token tiles' (decode's): they run faster per byte, and
@@ -251,23 +252,17 @@ def _itile_codegen(kind, RT):
                         wv = b.and_(u, nib)  # lane l: row l's columns 8c + 4h + k, k < 4
                         for s in range(RT):
                             quad(s, (2 * c + h) % chains, wv, 8 * c + 4 * h)
-            if kind != "q8_0" and paired:  # byte layout as i16 pairs, the token's pairs
-                for c in range(4):  # in their order in memory (pairs()): broadcast operands
-                    v = _load(b, p, q0 + 64 * c, v16i)
-                    for h, sh in enumerate(PAIR_SHIFT):
-                        u = b.lshr(v, _c(v16i, [sh] * L)) if sh else v
-                        j = 4 * c + h
-                        wv = b.and_(u, pair_mask)
-                        for s in range(RT):
-                            step(s, j % chains, wv, j)
-            elif kind != "q8_0" and AB == 2:  # byte layout as i16 pairs, vpdpwssd
+            if kind != "q8_0" and AB == 2:  # byte layout as i16 pairs, vpdpwssd
                 # pair word 4c + h of the token's block permuted within fours (0, 2, 1, 3):
                 # its activations 8c + k, 8c + k + 2 (k = PAIR_COLS[h]), which the chunk's
-                # lanes shifted right by PAIR_SHIFT[h] and masked to 0x000F000F meet
-                pw = [b.bitcast(b.shuffle_vector(_load(b, xr, xoff, _v(I16, 32)),
-                                                 ir.Constant(_v(I16, 32), ir.Undefined),
-                                                 _c(_v(I32, 32), PAIR_PERM)), v16i)
-                      for xr in xrows]
+                # lanes shifted right by PAIR_SHIFT[h] and masked to 0x000F000F meet; as
+                # pairs() they are in that order in memory (broadcast operands), else
+                # permuted here in registers
+                pw = None if paired else [
+                    b.bitcast(b.shuffle_vector(_load(b, xr, xoff, _v(I16, 32)),
+                                               ir.Constant(_v(I16, 32), ir.Undefined),
+                                               _c(_v(I32, 32), PAIR_PERM)), v16i)
+                    for xr in xrows]
                 for c in range(4):
                     v = _load(b, p, q0 + 64 * c, v16i)
                     for h, sh in enumerate(PAIR_SHIFT):
@@ -275,6 +270,9 @@ def _itile_codegen(kind, RT):
                         wv = b.and_(u, pair_mask)
                         j = 4 * c + h
                         for s in range(RT):
+                            if paired:
+                                step(s, j % chains, wv, j)
+                                continue
                             xv = _splat(b, b.extract_element(pw[s], _c(I32, j)), L)
                             acc[s][j % chains] = dot(acc[s][j % chains], wv, xv)
             new = []
@@ -340,8 +338,6 @@ def pairs(xq, xp):
             for m in range(32):
                 xp[t, 32 * bi + m] = np.uint16(xq[t, 32 * bi + _PERM[m]])
 
-
-_PERM = np.array(PAIR_PERM, np.int64)
 
 
 @kernel

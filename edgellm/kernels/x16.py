@@ -72,19 +72,20 @@ def decode_acts(code, xq):
 
 def _acts(code, xq, form):
     q4 = isinstance(code, types.IntegerLiteral) and name_of(code.literal_value) in HALVES
-    if form == "halves" and VNNI and q4 and xq.dtype == types.int16:
+    if form is None or not (VNNI and q4 and xq.dtype == types.int16):
+        return lambda code, xq: xq
+    if form == "halves":
         def impl(code, xq):
             xh = np.empty((xq.shape[0], 2 * xq.shape[1]), np.uint8)
             halves(xq, xh)
             return xh
         return impl
-    if form == "pairs" and VNNI and q4 and xq.dtype == types.int16:
-        def impl(code, xq):
-            xp = np.empty(xq.shape, np.uint16)
-            pairs(xq, xp)
-            return xp
-        return impl
-    return lambda code, xq: xq
+
+    def impl(code, xq):  # "pairs"
+        xp = np.empty(xq.shape, np.uint16)
+        pairs(xq, xp)
+        return xp
+    return impl
 
 
 @overload(tile_acts, jit_options=GLUE, prefer_literal=True)

@@ -181,16 +181,16 @@ def test_the_batched_step_reads_the_interleaved_copies(kind, converted):
             assert (at < 0).all() and data.size == 0
 
 
-@pytest.mark.skipif(not simd.VNNI, reason="the halves are the VNNI path's")
 @pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
-def test_int16_halves_on_vpdpbusd_are_the_int16_words_bit_for_bit(kind):
-    """The q4 tiles on halves() (int16 activations split into a u8 and an s8 byte) and on
-    pairs() (permuted within fours) compute the same integers as on the int16 words
-    (vpdpwssd), so the same floats: random codes and activations over the whole int16
-    range, -32768 and 32767 in every block, 13 blocks (two chains of unequal length); the
-    batched step takes halves, prefill pairs (decode, the words: x16.DECODE_HALVES)."""
+def test_int16_halves_and_pairs_are_the_int16_words_bit_for_bit(kind):
+    """The q4 tiles on halves() (int16 activations split into a u8 and an s8 byte: VNNI
+    only) and on pairs() (permuted within fours) compute the same integers as on the int16
+    words, so the same floats: random codes and activations over the whole int16 range,
+    -32768 and 32767 in every block, 13 blocks (two chains of unequal length). On VNNI the
+    batched step takes halves, prefill pairs (decode, the words: x16.DECODE_HALVES); off
+    VNNI on x86 all three take pairs (x16.PAIRS_OFF_VNNI), elsewhere the words."""
     from edgellm.kernels import registry
-    from edgellm.kernels.x16 import prefill_acts, tile_acts
+    from edgellm.kernels.x16 import PAIRS_OFF_VNNI, decode_acts, prefill_acts, tile_acts
 
     N, K, T = 48, 416, 4
     rng = np.random.default_rng(11)
@@ -214,8 +214,9 @@ def test_int16_halves_on_vpdpbusd_are_the_int16_words_bit_for_bit(kind):
     il.pairs(xq, xp)
     np.testing.assert_array_equal(xp.view(np.int16).reshape(T, K // 32, 32),
                                   xq.reshape(T, K // 32, 32)[:, :, il.PAIR_PERM])
+    forms = (("halves", xh), ("pairs", xp)) if simd.VNNI else (("pairs", xp),)
     for RT in (1, 2, 4):
-        for form, xa in (("halves", xh), ("pairs", xp)):
+        for form, xa in forms:
             got = np.full((T, N), np.nan, np.float32)
             _sixteen(kind, RT)(wi, xa, xd, xs, xds, got)
             np.testing.assert_array_equal(got.view(np.int32), words.view(np.int32),
@@ -229,8 +230,15 @@ def test_int16_halves_on_vpdpbusd_are_the_int16_words_bit_for_bit(kind):
     @njit
     def prefill(xq):  # as the x16 prefill calls it
         return prefill_acts(code, xq)
-    assert acts(xq).dtype == np.uint8 and acts(xq.astype(np.int8)).dtype == np.int8
-    assert prefill(xq).dtype == np.uint16 and prefill(xq.astype(np.int8)).dtype == np.int8
+    @njit
+    def decode(xq):  # as the x16 matvec calls it
+        return decode_acts(code, xq)
+    paired = np.uint16 if simd.VNNI or PAIRS_OFF_VNNI else np.int16
+    assert acts(xq).dtype == (np.uint8 if simd.VNNI else paired)
+    assert prefill(xq).dtype == paired
+    assert decode(xq).dtype == (np.int16 if simd.VNNI else paired)
+    for form in (acts, prefill, decode):  # int8 activations as they are, on every path
+        assert form(xq.astype(np.int8)).dtype == np.int8
     x16 = registry.X16[kind]
     got = np.full((1, N), np.nan, np.float32)
     x16["mv_rows"](wi, xq[:1], xd[:1], xs[:1], xds[:1], got, 16, 48)

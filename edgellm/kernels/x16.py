@@ -17,7 +17,7 @@ type's recipe) read the file's bytes in place, for decode, the batched step and 
 wi is the tensor's data, uint8 [rows / 16, 16 * row_bytes]; out[t, r] as linear.py's. On
 AVX-512 VNNI prefill's int16 activations reach the tiles as interleave.pairs() (prefill_acts:
 made once a call, shared by every group), the batched step's as halves() (tile_acts; decode's
-where DECODE_HALVES); off VNNI on x86 every tile's as pairs() (PAIRS_OFF_VNNI). Each
+where DECODE_HALVES); off VNNI on x86 prefill's as pairs() too (PAIRS_OFF_VNNI). Each
 row's integer-activation result is the same whichever tile ("i1", "i2", "i4") had it
 (interleave.py), so prefill, decode and the batched step agree bit for bit. The float
 kernels sum each row's products in column order (not the rows layout's tile order: equal
@@ -51,9 +51,10 @@ HALVES = ("q4_0", "q4_1")  # the types whose tiles take int16 activations as hal
 # 2-token tiles 1.05-1.09x halves' time: docs/design-figures.md).
 DECODE_HALVES = False
 # Off VNNI (AVX2, and the generic path on any x86 CPU) the words are permuted in registers
-# for every pair, on the shuffle port the tiles run short of: pairs(), each pair a
-# broadcast load, measured faster for the tiles of one, two and four tokens alike
-# (docs/measurements.md), so every form is pairs there. aarch64 keeps the words: untimed.
+# for every pair, on the shuffle port the tiles run short of: prefill's pairs(), each pair a
+# broadcast load, made once a call for all its tokens, measured faster there. Decode and the
+# batched step keep the words: made per matrix call inside the step, the conversion cost
+# more than the tiles gained (docs/measurements.md). aarch64 keeps the words: untimed.
 PAIRS_OFF_VNNI = platform.machine().lower() in ("x86_64", "amd64")
 
 
@@ -68,22 +69,20 @@ def tile_acts(code, xq):
 
 def prefill_acts(code, xq):
     """tile_acts for prefill's four-token tiles: q4_0 / q4_1 int16 activations on AVX-512
-    VNNI as interleave.pairs() (a new uint16 [T, K]), else xq itself. Off VNNI on x86, all
-    three forms are pairs() (PAIRS_OFF_VNNI)."""
+    VNNI, and off VNNI on x86 (PAIRS_OFF_VNNI), as interleave.pairs() (a new uint16 [T, K]),
+    else xq itself."""
     raise NotImplementedError("prefill_acts runs in kernels only")
 
 
 def decode_acts(code, xq):
-    """tile_acts for decode's one-token tiles where DECODE_HALVES (pairs() off VNNI on
-    x86), else xq itself."""
+    """tile_acts for decode's one-token tiles where DECODE_HALVES, else xq itself."""
     raise NotImplementedError("decode_acts runs in kernels only")
 
 
 def _acts(code, xq, form):
     q4 = isinstance(code, types.IntegerLiteral) and name_of(code.literal_value) in HALVES
-    if not VNNI:
-        form = "pairs" if PAIRS_OFF_VNNI else None
-    if form is None or not (q4 and xq.dtype == types.int16):
+    usable = {"halves": VNNI, "pairs": VNNI or PAIRS_OFF_VNNI}
+    if not (usable.get(form, False) and q4 and xq.dtype == types.int16):
         return lambda code, xq: xq
     if form == "halves":
         def impl(code, xq):

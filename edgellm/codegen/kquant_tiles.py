@@ -34,7 +34,7 @@ from numba import types
 from ..runtime.simd import VNNI
 from . import ir as irh
 from .int8_tiles import GROUP, _q4_i16_vnni_group_codegen
-from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
+from .ir import F32, FAST, I8, I16, I32, ORDERED, _c, _i64, _load, _pick, _splat, _v
 
 __all__ = ["KQ_TYPES", "SUPER_BYTES", "make_ktile", "make_q5_group_tile"]
 
@@ -289,7 +289,9 @@ def _q5_codegen(kind, RT):
     On AVX-512 VNNI with int16 activations G = 8: one vpdpwssd per block, reduced as the
     super-block types' (_block_sums16) to a lane per block; elsewhere G = 4 (vpmaddwd,
     vphaddd). Blocks past the last G (K % 32 G) one at a time, their dots summed as
-    vectors (one horizontal sum at the end)."""
+    vectors (one horizontal sum at the end). Float work in the order written (ORDERED, no
+    reassoc): a row's sum is then the same wherever LLVM inlines the tile (decode's serial
+    rows, the parallel chunks), on every CPU's cost model."""
     one = kind == "q5_1"
     BB, h0 = (24, 4) if one else (22, 2)
     v8 = _v(F32, 8)
@@ -319,7 +321,7 @@ def _q5_codegen(kind, RT):
                 xs = [_load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
                       for g in range(G)]
                 foff = b.mul(k, _i64(4 * G))
-                f = b.fmul(dG, _load(b, drow[s], foff, vG), flags=FAST)
+                f = b.fmul(dG, _load(b, drow[s], foff, vG), flags=ORDERED)
                 if wssd:  # lane g: block g
                     q = _block_sums16(b, [_block_dot_wssd(b, dpw, codes[g], xs[g])
                                           for g in range(G)])
@@ -327,19 +329,19 @@ def _q5_codegen(kind, RT):
                     dots = [_block_dot(b, codes[g], xs[g]) for g in range(G)]
                     q = irh._hadd(b, irh._hadd(b, dots[0], dots[1]), irh._hadd(b, dots[2], dots[3]))
                     f = _pick(b, f, (0, 1, 2, 3, 0, 1, 2, 3))
-                new[s] = b.fadd(new[s], b.fmul(b.sitofp(q, v8), f, flags=FAST), flags=FAST)
+                new[s] = b.fadd(new[s], b.fmul(b.sitofp(q, v8), f, flags=ORDERED), flags=ORDERED)
                 new[RT + s] = b.fadd(new[RT + s], b.fmul(fm, _load(b, srow[s], foff, vG),
-                                                         flags=FAST), flags=FAST)
+                                                         flags=ORDERED), flags=ORDERED)
             return new
 
         init = [_c(v8, [0.0] * 8)] * RT + [_c(vG, [0.0] * G)] * RT
         st = irh._loop(b, b.sdiv(nb, _i64(G)), init, body)[0]
         res = []
         for s in range(RT):
-            fix = irh._hsum(b, st[RT + s])
+            fix = irh._hsum(b, st[RT + s], ORDERED)
             if not one:
-                fix = b.fmul(fix, _c(F32, -16.0), flags=FAST)
-            res.append(b.fadd(irh._hsum(b, st[s]), fix, flags=FAST))
+                fix = b.fmul(fix, _c(F32, -16.0), flags=ORDERED)
+            res.append(b.fadd(irh._hsum(b, st[s], ORDERED), fix, flags=ORDERED))
 
         vt = _v(F32, 16 if wssd else 8)
 
@@ -347,21 +349,21 @@ def _q5_codegen(kind, RT):
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
             codes = _q5_codes(b, p, h0)
             d = irh._f16(b, p, 0)
-            fm = irh._f16(b, p, 2) if one else b.fmul(d, _c(F32, -16.0), flags=FAST)
+            fm = irh._f16(b, p, 2) if one else b.fmul(d, _c(F32, -16.0), flags=ORDERED)
             new = list(st)
             for s in range(RT):
                 x = _load(b, xrow[s], b.mul(bi, _i64(32 * AB)), _v(A, 32))
                 dot = _block_dot_wssd(b, dpw, codes, x) if wssd else _block_dot(b, codes, x)
                 dx = _load(b, drow[s], b.mul(bi, _i64(4)), F32)
                 ds = _load(b, srow[s], b.mul(bi, _i64(4)), F32)
-                new[s] = b.fadd(st[s], b.fmul(fm, ds, flags=FAST), flags=FAST)
+                new[s] = b.fadd(st[s], b.fmul(fm, ds, flags=ORDERED), flags=ORDERED)
                 new[RT + s] = b.fadd(st[RT + s], b.fmul(b.sitofp(dot, vt), _splat(
-                    b, b.fmul(d, dx, flags=FAST), vt.count), flags=FAST), flags=FAST)
+                    b, b.fmul(d, dx, flags=ORDERED), vt.count), flags=ORDERED), flags=ORDERED)
             return new
 
         res = irh._for(b, b.mul(b.sdiv(nb, _i64(G)), _i64(G)), nb,
                    res + [_c(vt, [0.0] * vt.count)] * RT, tail)
-        res = [b.fadd(res[s], irh._hsum(b, res[RT + s]), flags=FAST) for s in range(RT)]
+        res = [b.fadd(res[s], irh._hsum(b, res[RT + s], ORDERED), flags=ORDERED) for s in range(RT)]
         for s in range(RT):
             irh._store(b, out, b.add(t, _i64(s)), i, res[s])
         return ctx.get_dummy_value()

@@ -310,6 +310,10 @@ def _ptile_codegen(kind, RT, A=I8):
     AB = A.width // 8
     X4 = ir.IntType(32 * AB)  # 4 activations
     wssd = VNNI and A == I16  # int16 activations on AVX-512 VNNI: vpdpwssd
+    # int16 activations elsewhere (AVX2: vpmaddwd): the same pair sums kept apart over the
+    # block's chunks and reduced once, not reduced to the 8 rows every chunk (the shuffles
+    # that reduction takes bounded the tile; q6_k keeps its own two-scale path)
+    pairs16 = wssd or A == I16 and kind != "q6_k"
     # q8_0's six tokens are six independent vpdpwssd chains already: a second chain a
     # token costs an add each (measured slower); q4's tiles measured slower with one.
     # q6_k's wide panels: one chain, measured faster than two (8x4; 8x6 slower either way)
@@ -331,6 +335,16 @@ def _ptile_codegen(kind, RT, A=I8):
         zero16 = _c(v16i, [0] * 16)
         dpw = _llvm_fn(b, "llvm.x86.avx512.vpdpwssd.512", v16i, [v16i] * 3) if wssd else None
 
+        def madd(acc, w, x):
+            """acc + w . x as i16 pairs: vpdpwssd on VNNI, else vpmaddwd and an add."""
+            if wssd:
+                return b.call(dpw, [acc, w, x])
+            v32 = _v(I32, 32)
+            prod = b.mul(b.sext(b.bitcast(w, _v(I16, 32)), v32),
+                         b.sext(b.bitcast(x, _v(I16, 32)), v32))
+            return b.add(acc, b.add(_pick(b, prod, range(0, 32, 2)),
+                                    _pick(b, prod, range(1, 32, 2))))
+
         def body(bi, st):
             pb = b.mul(bi, _i64(WIDE_BLOCK if q6w else PANEL_BLOCK))
             chunks = ([_load(b, prow, b.add(pb, _i64(64 * c)), _v(I16, 32)) for c in range(8)]
@@ -350,19 +364,19 @@ def _ptile_codegen(kind, RT, A=I8):
                         for s in range(RT)]
             if q6w:  # stored as 32 x i16
                 wide = [b.bitcast(ch, v16i) for ch in chunks]
-            elif wssd:  # the chunks as 32 x i16 (row r's 4 weights in lanes 4r..4r+3), shared
+            elif pairs16:  # the chunks as 32 x i16 (row r's 4 weights in lanes 4r..4r+3), shared
                 wide = [b.bitcast(b.zext(ch, _v(I16, 32)), v16i) for ch in chunks]
             for s in range(RT):
                 if signed(kind):  # the +128 of the weights, taken back
                     tot = _splat(b, b.mul(_load(b, irow[s], foff, I32), _c(I32, -128)), 8)
                 else:
                     tot = zero_i
-                if wssd:  # lanes 2r, 2r + 1 of the i32 sums are row r's
+                if pairs16:  # lanes 2r, 2r + 1 of the i32 sums are row r's
                     part = [zero16] * chains
                     for c in range(8):
                         x4 = _load(b, xrow[s], b.add(xoff, _i64(8 * c)), I64)
                         x4 = b.bitcast(_splat(b, x4, 8), v16i)
-                        part[c % chains] = b.call(dpw, [part[c % chains], wide[c], x4])
+                        part[c % chains] = madd(part[c % chains], wide[c], x4)
                     acc = b.add(part[0], part[1]) if chains == 2 else part[0]
                     acc = b.add(_pick(b, acc, range(0, 16, 2)), _pick(b, acc, range(1, 16, 2)))
                     if q6w:  # one scale a block, no offset: q8_0's float work

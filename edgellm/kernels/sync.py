@@ -34,9 +34,10 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ..runtime.simd import X86
+
 I32, I64 = ir.IntType(32), ir.IntType(64)
 _ARCH = platform.machine().lower()
-_X86 = _ARCH in ("x86_64", "amd64")
 _FUTEX = {("linux", "x86_64"): 202, ("linux", "amd64"): 202, ("linux", "aarch64"): 98,
           ("linux", "arm64"): 98}.get((sys.platform, _ARCH), 0)  # SYS_futex, 0: none
 SPIN_TICKS = 150_000  # x86: spin this many time-stamp counter ticks (tens of us) ...
@@ -98,7 +99,7 @@ def _no_args(emit):
 @_no_args
 def cpu_relax(builder) -> None:
     """A spin-wait hint (x86 pause, arm yield); nothing elsewhere."""
-    if _ARCH in ("x86_64", "amd64"):
+    if X86:
         _call(builder, ir.VoidType(), "llvm.x86.sse2.pause")
     elif _ARCH in ("aarch64", "arm64"):  # hint #1 = yield
         _call(builder, ir.VoidType(), "llvm.aarch64.hint", ir.Constant(ir.IntType(32), 1))
@@ -113,7 +114,7 @@ def os_yield(builder) -> None:
 @_no_args
 def ticks(builder) -> int:
     """x86: the time-stamp counter (rdtsc, constant rate); elsewhere 0 (an int64)."""
-    return _call(builder, I64, "llvm.readcyclecounter") if _X86 else ir.Constant(I64, 0)
+    return _call(builder, I64, "llvm.readcyclecounter") if X86 else ir.Constant(I64, 0)
 
 
 @intrinsic

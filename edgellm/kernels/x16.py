@@ -26,14 +26,12 @@ within float rounding). Callers validate shapes (linear.py, step/fused.py): no b
 
 from __future__ import annotations
 
-import platform
-
 import numpy as np
 from numba import prange, types
 from numba.extending import overload
 
 from ..modelfile import quant
-from ..runtime.simd import VNNI
+from ..runtime.simd import VNNI, X86
 from .family import kern, name_of, tile
 from .interleave import halves, pairs
 from .jit import GLUE, kernel
@@ -55,7 +53,7 @@ DECODE_HALVES = False
 # broadcast load, made once a call for all its tokens, measured faster there. Decode and the
 # batched step keep the words: made per matrix call inside the step, the conversion cost
 # more than the tiles gained (docs/measurements.md). aarch64 keeps the words: untimed.
-PAIRS_OFF_VNNI = platform.machine().lower() in ("x86_64", "amd64")
+PAIRS_OFF_VNNI = X86
 
 
 def tile_acts(code, xq):

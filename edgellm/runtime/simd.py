@@ -34,9 +34,10 @@ from numba.core import config
 
 from ..errors import ArgumentError
 
-__all__ = ["AMX", "GFNI", "ISA", "NATIVE_F16", "SIMD_PATH", "VNNI", "amx_permitted",
+__all__ = ["AMX", "GFNI", "ISA", "NATIVE_F16", "SIMD_PATH", "VNNI", "X86", "amx_permitted",
            "check_target", "native_f16", "select_path", "target_features"]
 ISA = numba_setup.ISA  # native, portable or avx2 (EDGELLM_ISA)
+X86 = platform.machine().lower() in ("x86_64", "amd64")  # a 64-bit x86 host
 
 
 def target_features() -> set[str]:
@@ -74,7 +75,7 @@ def native_f16() -> bool:
 def amx_permitted() -> bool:
     """Ask Linux for the AMX tile state (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA));
     without it the first tile instruction faults. Idempotent; False elsewhere or if refused."""
-    if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+    if platform.system() != "Linux" or not X86:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)

@@ -280,15 +280,33 @@ def _pack_q6_k_codegen(wide):
     return codegen
 
 
+def _madd16(b, acc, w, x):
+    """<16 x i32> acc + w . x as <32 x i16> pairs (lane j: w[2j] x[2j] + w[2j+1] x[2j+1]):
+    the generic IR of vpmaddwd and an add."""
+    v32 = _v(I32, 32)
+    prod = b.mul(b.sext(b.bitcast(w, _v(I16, 32)), v32), b.sext(b.bitcast(x, _v(I16, 32)), v32))
+    return b.add(acc, b.add(_pick(b, prod, range(0, 32, 2)), _pick(b, prod, range(1, 32, 2))))
+
+
 def _q6_k_block(b, wide, xrow, xoff, AB, dw_lo, dw_hi, dx, acc):
     """acc + one q6_k panel block for one token (8 rows) in the generic IR (int8
     activations, or no VNNI; int16 on VNNI has the wide panels): chunks 0-3 (values
     0-15) and 4-7 (values 16-31) summed apart, (lo dw_lo + hi dw_hi) dx. wide: the 8
-    chunks' codes sign-extended to <32 x i32>."""
+    chunks' codes sign-extended to <32 x i32>; for int16 activations (AB 2) to <32 x i16>
+    as <16 x i32>, whose pair sums (lanes 2r, 2r + 1: row r) are kept apart over a half's
+    four chunks and reduced once (a reduction to the 8 rows every chunk bounded the tile)."""
     v8 = _v(F32, 8)
     halves = []
     A = ir.IntType(8 * AB)
     for h in range(2):
+        if AB == 2:
+            pair = _c(_v(I32, 16), [0] * 16)
+            for c in range(4 * h, 4 * h + 4):
+                x4 = _load(b, xrow, b.add(xoff, _i64(8 * c)), I64)
+                pair = _madd16(b, pair, wide[c], b.bitcast(_splat(b, x4, 8), _v(I32, 16)))
+            tot = b.add(_pick(b, pair, range(0, 16, 2)), _pick(b, pair, range(1, 16, 2)))
+            halves.append(b.sitofp(tot, v8))
+            continue
         tot = _c(_v(I32, 8), [0] * 8)
         for c in range(4 * h, 4 * h + 4):
             x4 = _splat(b, _load(b, xrow, b.add(xoff, _i64(4 * AB * c)),
@@ -312,7 +330,7 @@ def _ptile_codegen(kind, RT, A=I8):
     wssd = VNNI and A == I16  # int16 activations on AVX-512 VNNI: vpdpwssd
     # int16 activations elsewhere (AVX2: vpmaddwd): the same pair sums kept apart over the
     # block's chunks and reduced once, not reduced to the 8 rows every chunk (the shuffles
-    # that reduction takes bounded the tile; q6_k keeps its own two-scale path)
+    # that reduction takes bounded the tile; q6_k's two-scale blocks do the same: _q6_k_block)
     pairs16 = wssd or A == I16 and kind != "q6_k"
     # q8_0's six tokens are six independent vpdpwssd chains already: a second chain a
     # token costs an add each (measured slower); q4's tiles measured slower with one.
@@ -337,13 +355,7 @@ def _ptile_codegen(kind, RT, A=I8):
 
         def madd(acc, w, x):
             """acc + w . x as i16 pairs: vpdpwssd on VNNI, else vpmaddwd and an add."""
-            if wssd:
-                return b.call(dpw, [acc, w, x])
-            v32 = _v(I32, 32)
-            prod = b.mul(b.sext(b.bitcast(w, _v(I16, 32)), v32),
-                         b.sext(b.bitcast(x, _v(I16, 32)), v32))
-            return b.add(acc, b.add(_pick(b, prod, range(0, 32, 2)),
-                                    _pick(b, prod, range(1, 32, 2))))
+            return b.call(dpw, [acc, w, x]) if wssd else _madd16(b, acc, w, x)
 
         def body(bi, st):
             pb = b.mul(bi, _i64(WIDE_BLOCK if q6w else PANEL_BLOCK))
@@ -358,7 +370,8 @@ def _ptile_codegen(kind, RT, A=I8):
             foff = b.mul(bi, _i64(4))
             new = []
             if kind == "q6_k" and not wssd:  # signed codes, two scales a block (docstring)
-                wide = [b.sext(ch, _v(I32, 32)) for ch in chunks]
+                wide = [b.bitcast(b.sext(ch, _v(I16, 32)), v16i) if A == I16 else
+                        b.sext(ch, _v(I32, 32)) for ch in chunks]
                 return [_q6_k_block(b, wide, xrow[s], xoff, AB, dw, mw,
                                     _splat(b, _load(b, drow[s], foff, F32), 8), st[s])
                         for s in range(RT)]

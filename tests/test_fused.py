@@ -8,9 +8,8 @@ from conftest import LLAMA_FAMILY, reference
 from reference_checks import check_fused_equals_per_operation, decode_fused_or_not
 
 import edgellm
-from edgellm.kernels import sync
 from edgellm.kernels.sync import CALM, SPIN_TICKS, atomic_add, barrier, new_state, ticks
-from edgellm.runtime import numba_setup
+from edgellm.runtime import numba_setup, simd
 
 
 @pytest.mark.parametrize("name", LLAMA_FAMILY)
@@ -171,7 +170,7 @@ def _late_rounds(state, out, late_ticks, n):
 
 
 @pytest.mark.serial  # another process on the cores changes which waits sleep
-@pytest.mark.skipif(numba_setup.THREADING_LAYER != "omp" or not sync._X86,
+@pytest.mark.skipif(numba_setup.THREADING_LAYER != "omp" or not simd.X86,
                     reason="needs omp's workers and the x86 time-stamp counter")
 def test_barrier_sleeps_and_wakes():
     """Waits longer than the spin budget go to sleep (futex) and are woken: every worker
@@ -189,7 +188,7 @@ def test_barrier_sleeps_and_wakes():
 
 
 @pytest.mark.serial  # another process on the cores makes a spinning wait sleep
-@pytest.mark.skipif(numba_setup.THREADING_LAYER != "omp" or not sync._X86,
+@pytest.mark.skipif(numba_setup.THREADING_LAYER != "omp" or not simd.X86,
                     reason="needs omp's workers and the x86 time-stamp counter")
 def test_barrier_spins_long_until_a_wait_sleeps():
     """A partner late by a few short spin budgets (a server's request thread preempting a

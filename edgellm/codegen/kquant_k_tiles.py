@@ -24,9 +24,14 @@ float work; llama.cpp's q4_K x q8_K, ggml-cpu's x86 quants.c):
             a 64 values (q6_k's L can be negative, which borrows from H: it keeps vpmulld).
             A lane sums 16 products a super-block: |16 x 4096 x 32768| <= 2^31. Elsewhere
             the codes widened to 16 bits times the block's scale, then a pair-sum dot with
-            x (vpmaddwd). The lanes group the products differently on the two paths (4
-            neighbours, or pairs of each block), so their float results may differ in the
-            last bits; the integers a super-block sums are the same
+            x (vpmaddwd); on x86 (act_quant_k.DEINT: each block of x as its even values,
+            then its odd ones) the codes are read as 16-bit words, whose low and high bytes
+            are a block's even and odd values, and masked and shifted in 16-bit lanes
+            (_code_words), not widened byte by byte on the shuffle port: lanes 0-7 sum the
+            even values' pairs (4k, 4k + 2), lanes 8-15 the odd ones'. The lanes group the
+            products differently on the three paths (4 neighbours, pairs of each block, or
+            pairs of its even and of its odd values), so their float results may differ in
+            the last bits; the integers a super-block sums are the same
   int8 x    on AVX-512 VNNI: two blocks' unsigned codes . x in one vpmaddubsw (16-bit
             pair sums: |2 x 63 x 128| < 2^15), then one vpdpwssd with the scales (q6_k's
             codes unsigned 0..63: 32 sum(sc_h xb_h) is taken off the lanes); elsewhere the
@@ -39,14 +44,18 @@ from __future__ import annotations
 
 from numba import types
 
-from ..runtime.simd import GFNI, VNNI
+from ..runtime.simd import GFNI, VNNI, X86
 from . import ir as irh
 from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
 from .kquant_tiles import SUPER_BYTES, _codes, _sc_min_bytes
 
-__all__ = ["kk_codegen"]
+__all__ = ["DEINT", "kk_codegen"]
 
 _MINS = ("q4_k", "q5_k")
+# off VNNI on x86 (AVX2, the generic path) the tiles read the codes as 16-bit words
+# (_code_words), against activations stored as each block's even values, then its odd ones
+# (act_quant_k writes them so, for both dtypes); aarch64 keeps the values in order (untimed)
+DEINT = X86 and not VNNI
 NACC = 2  # integer accumulators a super-block (summed at its end)
 # bytes the one-token tile (decode's) prefetches ahead of the super-block it reads, into L1:
 # a row's super-blocks, then the next row's, are one stream, which the hardware prefetcher
@@ -83,6 +92,47 @@ def _codes_pairs_q4k(b, p):
     return out
 
 
+def _code_words(b, kind, p, g):
+    """Block g of the super-block at p as its (even, odd) <16 x i16> codes (q4_k/q5_k
+    unsigned, q6_k q - 32): 32 code bytes loaded as 16-bit words, byte 2j (value 2j) the low
+    half of word j and byte 2j + 1 the high, so masks and shifts in 16-bit lanes take the
+    even and odd values apart (act_quant_k.DEINT's order) with no widening shuffle. q5_k's
+    and q6_k's high bits are shifted to bits 4 and 12 of the nibbles' word, so that one or
+    joins both halves' and one mask and one shift part them. One block at a time, made
+    where its dot needs it: all eight at once held more registers than AVX2 has."""
+    v = _v(I16, 16)
+
+    def k(n):
+        return _c(v, [n] * 16)
+
+    def shift(x, n):  # x << n (n may be negative: a right shift)
+        return b.shl(x, k(n)) if n > 0 else b.lshr(x, k(-n)) if n < 0 else x
+
+    if kind == "q4_k":  # blocks 2c, 2c + 1: chunk c's low, high nibbles
+        w = _load(b, p, 16 + 32 * (g // 2), v)
+        if g % 2:
+            return b.and_(b.lshr(w, k(4)), k(15)), b.lshr(w, k(12))
+        return b.and_(w, k(15)), b.and_(b.lshr(w, k(8)), k(15))
+    if kind == "q5_k":  # the nibbles as q4_k's, bit g of qh's bytes 2j, 2j + 1 above them
+        nib = shift(_load(b, p, 48 + 32 * (g // 2), v), -4 * (g % 2))
+        top = b.and_(shift(_load(b, p, 16, v), 4 - g), k(0x1010))
+    else:  # q6_k: blocks 4h + j: ql0, ql1's low nibbles, then their high ones; bits 2j of qh
+        h, j = divmod(g, 4)
+        nib = shift(_load(b, p, 64 * h + 32 * (j % 2), v), -4 * (j // 2))
+        top = b.and_(shift(_load(b, p, 128 + 32 * h, v), 4 - 2 * j), k(0x3030))
+    t = b.or_(b.and_(nib, k(0x0F0F)), top)
+    e, o = b.and_(t, k(0xFF)), b.lshr(t, k(8))
+    if kind == "q6_k":
+        return b.sub(e, k(32)), b.sub(o, k(32))
+    return e, o
+
+
+def _dot8(b, w16, x):
+    """The pair sums of <16 x i16> w16 . <16 x i8|i16> x, sign-extended: <8 x i32>."""
+    p = b.mul(b.sext(w16, _v(I32, 16)), b.sext(x, _v(I32, 16)))
+    return b.add(_pick(b, p, range(0, 16, 2)), _pick(b, p, range(1, 16, 2)))
+
+
 def _f16_pair(b, p, dx):
     """The f16 d, dmin at p times the float dx, each splat to <16 x f32>: one conversion
     and one multiply for the two."""
@@ -115,6 +165,7 @@ def kk_codegen(kind, RT):
         # summed by one vpdpwssd (module docstring); the several-token tiles keep vpmulld
         # (the same integers in the same lanes: the same floats)
         pairs = split and mins and RT == 1
+        words = DEINT  # the codes as 16-bit words against x's even and odd values
         wrow = w.row(i)
         toks = [b.add(t, _i64(s)) for s in range(RT)]
         xrow, drow, brow = ([a.row(tk) for tk in toks] for a in (xq, xd, xb))
@@ -145,7 +196,8 @@ def kk_codegen(kind, RT):
                     scale = [_pick(b, sc32, [2 * k + j // 8 for j in range(16)])
                              for k in range(4)]
                 else:
-                    scale = [_pick(b, sc16, [g] * (16 if busd else 32)) for g in range(8)]
+                    scale = [_pick(b, sc16, [g] * (16 if busd or words else 32))
+                             for g in range(8)]
                 mn = b.zext(_pick(b, sm, [8 + j // 2 for j in range(16)]), v16i)
             else:
                 d = irh._f16(b, p, 208)
@@ -155,9 +207,9 @@ def kk_codegen(kind, RT):
                     sc32 = b.sext(sc8, v16i)
                     scale = [_pick(b, sc32, [4 * k + j // 4 for j in range(16)])
                              for k in range(4)]
-                else:
-                    scale = [_pick(b, sc16, [2 * g + j // (8 if busd else 16)
-                                             for j in range(16 if busd else 32)])
+                else:  # words: lanes 0-7 of the even (odd) values are the block's first 16
+                    scale = [_pick(b, sc16, [2 * g + j // (8 if busd or words else 16)
+                                             for j in range(16 if busd or words else 32)])
                              for g in range(8)]
             if split and kind == "q4_k":
                 codes = None
@@ -165,6 +217,9 @@ def kk_codegen(kind, RT):
             elif busd or split:
                 codes = _codes(b, kind, p, signed=False)
                 w16 = None
+            elif words:  # one token: each block's made where its dot needs it (_code_words)
+                w16 = [tuple(b.mul(c, scale[g]) for c in _code_words(b, kind, p, g))
+                       for g in range(8)] if RT > 1 else None
             else:
                 codes = [(b.zext if mins else b.sext)(c, _v(I16, 32))
                          for c in _codes(b, kind, p, signed=not mins)]
@@ -200,6 +255,14 @@ def kk_codegen(kind, RT):
                             dot = b.sub(dot, b.call(dpb, [zero16, c32, hi]))
                         dot = b.call(dpb, [b.shl(dot, _c(v16i, [8] * 16)), lo, cs[k]])
                         accs[k % NACC] = b.add(accs[k % NACC], b.mul(dot, scale[k]))
+                elif words:  # lanes 0-7 the even values' pair sums, 8-15 the odd ones'
+                    for g in range(8):
+                        wg = w16[g] if w16 else [b.mul(c, scale[g])
+                                                 for c in _code_words(b, kind, p, g)]
+                        xe, xo = (_load(b, xrow[s], b.add(x0, _i64(AB * (32 * g + 16 * h))),
+                                        _v(A, 16)) for h in range(2))
+                        eo = _pick(b, _dot8(b, wg[0], xe), range(16), _dot8(b, wg[1], xo))
+                        accs[g % NACC] = b.add(accs[g % NACC], eo)
                 else:
                     for g in range(8):
                         xv = _load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))

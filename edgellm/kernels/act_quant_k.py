@@ -10,7 +10,11 @@ scale per 32 makes it scale and reduce each block apart. The rounding is act_qua
 llama.cpp's q8_K's): q = sign(v) floor(|v| + 0.5), v = x / d, in float32.
 Bit for bit quant_k.quantize_activations_k: compiled without fastmath. With int16 on
 AVX-512 VNNI (SPLIT) each super-block's 512 bytes of xq hold its 256 low bytes q & 255, then
-its 256 high bytes q >> 8 (values(xq) reads the integers back, pack(q) writes them).
+its 256 high bytes q >> 8 (values(xq) reads the integers back, pack(q) writes them). Off
+VNNI on x86 (DEINT) each block of 32 holds its 16 even-numbered values, then its 16 odd
+ones: the tiles read a K-quant's code bytes as 16-bit words, whose low and high bytes are a
+block's even and odd values (kquant_k_tiles.py), instead of widening each byte on the
+shuffle port.
 
     ActK(T_max, K, dtype)         the buffers (xq, xd, xb) and T, the rows last filled
     quantize_k(x, act)            x [T, K] into act's first T rows (validated)
@@ -40,12 +44,13 @@ from ..codegen.ir import (
     _splat,
     _v,
 )
+from ..codegen.kquant_k_tiles import DEINT
 from ..runtime.simd import VNNI
 from .act_buffers import Act
 from .jit import kernel
 
-__all__ = ["SPLIT", "ActK", "QK", "pack", "quant_row_k", "quantize_k", "quantize_rows_k",
-           "quantize_rows_k_parallel", "values"]
+__all__ = ["DEINT", "SPLIT", "ActK", "QK", "pack", "quant_row_k", "quantize_k",
+           "quantize_rows_k", "quantize_rows_k_parallel", "values"]
 
 QK = 256  # values per super-block (the K-quants' and q8_K's)
 SUM = 16  # values per sum in xb
@@ -53,6 +58,8 @@ PARALLEL_T = 16  # quantize with the parallel kernel from this many rows
 # int16 on AVX-512 VNNI: a super-block as its low bytes, then its high bytes, which the
 # tiles multiply by the codes in vpdpbusd (u8 x s8: kquant_k_tiles.py)
 SPLIT = VNNI
+# DEINT (off VNNI on x86): each block of 32 as its even values, then its odd ones
+EVEN_ODD = [*range(0, 32, 2), *range(1, 32, 2)]
 
 
 class ActK(Act):
@@ -91,8 +98,10 @@ def _quant_row_k_codegen(ctx, b, sig, args):
             m = b.call(maxnum, [m, b.call(fabs, [v])])
         amax = b.call(vmax, [m], fastmath=("nnan", "nsz"))
         d = b.fdiv(amax, _c(F32, qmax))
-        nz = b.fcmp_ordered("!=", d, _c(F32, 0.0))
-        inv = b.select(nz, b.fdiv(_c(F32, 1.0), d), _c(F32, 0.0))
+        # 0 where 1 / d is not finite (d 0, or so small a subnormal that 1 / d overflows),
+        # as the oracle: else 0 * inf would make NaNs, whose conversion to int is undefined
+        r = b.fdiv(_c(F32, 1.0), d)
+        inv = b.select(b.fcmp_ordered("<", r, _c(F32, float("inf"))), r, _c(F32, 0.0))
         iv = _splat(b, inv, 32)
         for g, v in enumerate(vs):
             sv = b.fmul(v, iv)
@@ -102,6 +111,8 @@ def _quant_row_k_codegen(ctx, b, sig, args):
             if split:  # the low bytes, then the high ones (SPLIT)
                 parts = ((0, b.trunc(q, _v(I8, 32))),
                          (QK, b.trunc(b.ashr(q, _c(_v(I16, 32), [8] * 32)), _v(I8, 32))))
+            elif DEINT:  # even values, then odd ones; the sums below are of q in order
+                parts = ((0, _pick(b, q, EVEN_ODD)),)
             else:
                 parts = ((0, q),)
             for at, v in parts:
@@ -149,7 +160,9 @@ def quantize_rows_k_parallel(x, xq, xd, xb, T):
 
 def values(xq: np.ndarray) -> np.ndarray:
     """The integers of activations xq [T, K] as the quantizer stored them (SPLIT: int16
-    super-blocks as bytes), int16 or int8 [T, K]."""
+    super-blocks as bytes; DEINT: blocks as even, then odd values), int16 or int8 [T, K]."""
+    if DEINT:
+        return xq.reshape(len(xq), -1, 2, 16).transpose(0, 1, 3, 2).reshape(xq.shape)
     if not (SPLIT and xq.dtype == np.int16):
         return xq
     b = xq.view(np.uint8).reshape(len(xq), -1, 2, QK)
@@ -159,6 +172,9 @@ def values(xq: np.ndarray) -> np.ndarray:
 
 def pack(q: np.ndarray) -> np.ndarray:
     """int16 or int8 integers q [T, K] in the layout the tiles read (values' inverse)."""
+    if DEINT:
+        return np.ascontiguousarray(q.reshape(len(q), -1, 16, 2).transpose(0, 1, 3, 2)
+                                    ).reshape(q.shape)
     if not (SPLIT and q.dtype == np.int16):
         return q.copy()
     u = q.view(np.uint16).reshape(len(q), -1, QK)

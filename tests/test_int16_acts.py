@@ -29,6 +29,8 @@ def test_quantizer_is_the_oracle():
     x = make_x(3, 160)
     x[0, :32] = 0  # a zero block
     x[2, 32:64] = np.float32(32767 / 2) * np.sign(x[2, 32:64])  # ties at .5 after scaling
+    x[1, 64:96] = 0
+    x[1, 70] = np.float32(1e-38)  # a block's lone tiny value: d subnormal, 1 / d overflows
     xq, xd, xs, xds = quantize16(x)
     rq, rd, rs = quant.quantize_activations_q16(x)
     np.testing.assert_array_equal(xq, rq)

@@ -169,6 +169,8 @@ def test_quantize_act_is_the_oracle(T, threads):
     x = make_x(T, 160)
     x[0, :32] = 0  # a zero block
     x[-1, 32:64] = np.float32(127 / 2) * np.sign(x[-1, 32:64])  # ties at .5 after scaling
+    x[0, 64:96] = 0
+    x[0, 70] = np.float32(1e-42)  # a subnormal alone: d subnormal, 1 / d overflows: codes 0
     act = L.quantize_act(x, L.ActQ8(50, 160))
     xq, xd, xs = quant.quantize_activations_q8(x)
     assert act.T == T

@@ -21,8 +21,8 @@ def _quant_row_codegen(ctx, b, sig, args):
     """Row t of X (float32 [T, K]) -> int8 (int16) blocks of 32, as quant.quantize_activations_q8
     (q16).
 
-    d = amax / 127 (32767), inv = 1 / d (0 if d == 0), q = sign(v) floor(|v| + 0.5) with v = x inv,
-    all in float32: bit for bit the reference when the calling kernel is `exact`.
+    d = amax / 127 (32767), inv = 1 / d (0 where not finite), q = sign(v) floor(|v| + 0.5)
+    with v = x inv, all in float32: bit for bit the reference when the calling kernel is `exact`.
     """
     x, xq, xd, xs, xds = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 4, 5))
     t = args[1]
@@ -40,8 +40,10 @@ def _quant_row_codegen(ctx, b, sig, args):
         v = _load(b, xr, b.mul(bi, _i64(128)), v32)
         amax = b.call(vmax, [b.call(fabs, [v])], fastmath=("nnan", "nsz"))  # order-free: exact
         d = b.fdiv(amax, _c(F32, qmax))
-        nz = b.fcmp_ordered("!=", d, _c(F32, 0.0))
-        inv = b.select(nz, b.fdiv(_c(F32, 1.0), d), _c(F32, 0.0))
+        # 0 where 1 / d is not finite (d 0, or a subnormal whose 1 / d overflows), as
+        # quant._inverse: else 0 * inf makes NaNs, whose conversion to int is undefined
+        r = b.fdiv(_c(F32, 1.0), d)
+        inv = b.select(b.fcmp_ordered("<", r, _c(F32, float("inf"))), r, _c(F32, 0.0))
         sv = b.fmul(v, _splat(b, inv, 32))
         r = b.call(floor, [b.fadd(b.call(fabs, [sv]), _c(v32, [0.5] * 32))])
         q = b.fptosi(b.call(copysign, [r, sv]), _v(A, 32))

@@ -24,8 +24,8 @@ float work; llama.cpp's q4_K x q8_K, ggml-cpu's x86 quants.c):
             a 64 values (q6_k's L can be negative, which borrows from H: it keeps vpmulld).
             A lane sums 16 products a super-block: |16 x 4096 x 32768| <= 2^31. Elsewhere
             the codes widened to 16 bits times the block's scale, then a pair-sum dot with
-            x (vpmaddwd); on x86 (act_quant_k.DEINT: each block of x as its even values,
-            then its odd ones) the codes are read as 16-bit words, whose low and high bytes
+            x (vpmaddwd); on x86 (DEINT: act_quant_k stores each block of x as its even
+            values, then its odd ones) the codes are read as 16-bit words, whose low and high bytes
             are a block's even and odd values, and masked and shifted in 16-bit lanes
             (_code_words), not widened byte by byte on the shuffle port: lanes 0-7 sum the
             even values' pairs (4k, 4k + 2), lanes 8-15 the odd ones'. The lanes group the
@@ -96,7 +96,7 @@ def _code_words(b, kind, p, g):
     """Block g of the super-block at p as its (even, odd) <16 x i16> codes (q4_k/q5_k
     unsigned, q6_k q - 32): 32 code bytes loaded as 16-bit words, byte 2j (value 2j) the low
     half of word j and byte 2j + 1 the high, so masks and shifts in 16-bit lanes take the
-    even and odd values apart (act_quant_k.DEINT's order) with no widening shuffle. q5_k's
+    even and odd values apart (DEINT's order of x) with no widening shuffle. q5_k's
     and q6_k's high bits are shifted to bits 4 and 12 of the nibbles' word, so that one or
     joins both halves' and one mask and one shift part them. One block at a time, made
     where its dot needs it: all eight at once held more registers than AVX2 has."""
@@ -217,7 +217,7 @@ def kk_codegen(kind, RT):
             elif busd or split:
                 codes = _codes(b, kind, p, signed=False)
                 w16 = None
-            elif words:  # one token: each block's made where its dot needs it (_code_words)
+            elif words:  # several tokens share the codes; one token's are made per block
                 w16 = [tuple(b.mul(c, scale[g]) for c in _code_words(b, kind, p, g))
                        for g in range(8)] if RT > 1 else None
             else:

@@ -124,6 +124,22 @@ def _hsum(b, v, flags=FAST):
     return b.extract_element(v, _c(I32, 0))
 
 
+def _pair_dot(b, w, x):
+    """<n x i16> w . <n x i8|i16> x, sign-extended products summed in pairs: <n/2 x i32>,
+    lane j = w[2j] x[2j] + w[2j+1] x[2j+1] (the generic IR of vpmaddwd)."""
+    n = w.type.count
+    p = b.mul(b.sext(w, _v(I32, n)), b.sext(x, _v(I32, n)))
+    return b.add(_pick(b, p, range(0, n, 2)), _pick(b, p, range(1, n, 2)))
+
+
+def _finite_inverse(b, d):
+    """1 / d for a float scale d, 0 where that is not finite (d 0, or a subnormal whose
+    inverse overflows), as quant._inverse: else 0 * inf makes NaNs, whose conversion to int
+    is undefined."""
+    r = b.fdiv(_c(F32, 1.0), d)
+    return b.select(b.fcmp_ordered("<", r, _c(F32, float("inf"))), r, _c(F32, 0.0))
+
+
 def _pairsum(b, p):
     """<n x i32> products -> <n/4 x i32>: lane j sums products 4j..4j+3 (vpdpbusd's grouping)."""
     n = p.type.count

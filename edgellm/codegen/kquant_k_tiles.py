@@ -46,7 +46,7 @@ from numba import types
 
 from ..runtime.simd import GFNI, VNNI, X86
 from . import ir as irh
-from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pick, _splat, _v
+from .ir import F32, FAST, I8, I16, I32, _c, _i64, _load, _pair_dot, _pick, _splat, _v
 from .kquant_tiles import SUPER_BYTES, _codes, _sc_min_bytes
 
 __all__ = ["DEINT", "kk_codegen"]
@@ -127,25 +127,12 @@ def _code_words(b, kind, p, g):
     return e, o
 
 
-def _dot8(b, w16, x):
-    """The pair sums of <16 x i16> w16 . <16 x i8|i16> x, sign-extended: <8 x i32>."""
-    p = b.mul(b.sext(w16, _v(I32, 16)), b.sext(x, _v(I32, 16)))
-    return b.add(_pick(b, p, range(0, 16, 2)), _pick(b, p, range(1, 16, 2)))
-
-
 def _f16_pair(b, p, dx):
     """The f16 d, dmin at p times the float dx, each splat to <16 x f32>: one conversion
     and one multiply for the two."""
     dd = irh._h2f(b, b.bitcast(_load(b, p, 0, I32), _v(I16, 2)))
     dd = b.fmul(dd, _splat(b, dx, 2), flags=FAST)
     return [_pick(b, dd, [k] * 16) for k in range(2)]
-
-
-def _dot16(b, acc, w16, x):
-    """acc <16 x i32> + the pair sums of <32 x i16> w16 . <32 x i8|i16> x: the
-    sign-extended products' pair sums (vpmaddwd)."""
-    p = b.mul(b.sext(w16, _v(I32, 32)), b.sext(x, _v(I32, 32)))
-    return b.add(acc, b.add(_pick(b, p, range(0, 32, 2)), _pick(b, p, range(1, 32, 2))))
 
 
 def kk_codegen(kind, RT):
@@ -261,12 +248,12 @@ def kk_codegen(kind, RT):
                                                  for c in _code_words(b, kind, p, g)]
                         xe, xo = (_load(b, xrow[s], b.add(x0, _i64(AB * (32 * g + 16 * h))),
                                         _v(A, 16)) for h in range(2))
-                        eo = _pick(b, _dot8(b, wg[0], xe), range(16), _dot8(b, wg[1], xo))
+                        eo = _pick(b, _pair_dot(b, wg[0], xe), range(16), _pair_dot(b, wg[1], xo))
                         accs[g % NACC] = b.add(accs[g % NACC], eo)
                 else:
                     for g in range(8):
                         xv = _load(b, xrow[s], b.add(x0, _i64(32 * AB * g)), _v(A, 32))
-                        accs[g % NACC] = _dot16(b, accs[g % NACC], w16[g], xv)
+                        accs[g % NACC] = b.add(accs[g % NACC], _pair_dot(b, w16[g], xv))
                 while len(accs) > 1:
                     accs = [b.add(accs[k], accs[k + 1]) for k in range(0, len(accs), 2)]
                 acc = accs[0]

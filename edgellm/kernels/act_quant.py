@@ -11,7 +11,21 @@ from numba import prange, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-from ..codegen.ir import F32, I8, I16, I32, _c, _for, _i64, _llvm_fn, _load, _Rows, _splat, _v
+from ..codegen.ir import (
+    F32,
+    I8,
+    I16,
+    I32,
+    _c,
+    _finite_inverse,
+    _for,
+    _i64,
+    _llvm_fn,
+    _load,
+    _Rows,
+    _splat,
+    _v,
+)
 from .jit import kernel
 
 __all__ = ["quant_row", "quantize_rows", "quantize_rows_parallel"]
@@ -40,10 +54,7 @@ def _quant_row_codegen(ctx, b, sig, args):
         v = _load(b, xr, b.mul(bi, _i64(128)), v32)
         amax = b.call(vmax, [b.call(fabs, [v])], fastmath=("nnan", "nsz"))  # order-free: exact
         d = b.fdiv(amax, _c(F32, qmax))
-        # 0 where 1 / d is not finite (d 0, or a subnormal whose 1 / d overflows), as
-        # quant._inverse: else 0 * inf makes NaNs, whose conversion to int is undefined
-        r = b.fdiv(_c(F32, 1.0), d)
-        inv = b.select(b.fcmp_ordered("<", r, _c(F32, float("inf"))), r, _c(F32, 0.0))
+        inv = _finite_inverse(b, d)
         sv = b.fmul(v, _splat(b, inv, 32))
         r = b.call(floor, [b.fadd(b.call(fabs, [sv]), _c(v32, [0.5] * 32))])
         q = b.fptosi(b.call(copysign, [r, sv]), _v(A, 32))

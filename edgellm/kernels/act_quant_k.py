@@ -35,6 +35,7 @@ from ..codegen.ir import (
     I16,
     I32,
     _c,
+    _finite_inverse,
     _for,
     _i64,
     _llvm_fn,
@@ -98,10 +99,7 @@ def _quant_row_k_codegen(ctx, b, sig, args):
             m = b.call(maxnum, [m, b.call(fabs, [v])])
         amax = b.call(vmax, [m], fastmath=("nnan", "nsz"))
         d = b.fdiv(amax, _c(F32, qmax))
-        # 0 where 1 / d is not finite (d 0, or so small a subnormal that 1 / d overflows),
-        # as the oracle: else 0 * inf would make NaNs, whose conversion to int is undefined
-        r = b.fdiv(_c(F32, 1.0), d)
-        inv = b.select(b.fcmp_ordered("<", r, _c(F32, float("inf"))), r, _c(F32, 0.0))
+        inv = _finite_inverse(b, d)
         iv = _splat(b, inv, 32)
         for g, v in enumerate(vs):
             sv = b.fmul(v, iv)

@@ -65,6 +65,7 @@ from ..codegen.ir import (
     _llvm_fn,
     _load,
     _nibbles,
+    _pair_dot,
     _pairsum,
     _pick,
     _Rows,
@@ -283,9 +284,7 @@ def _pack_q6_k_codegen(wide):
 def _madd16(b, acc, w, x):
     """<16 x i32> acc + w . x as <32 x i16> pairs (lane j: w[2j] x[2j] + w[2j+1] x[2j+1]):
     the generic IR of vpmaddwd and an add."""
-    v32 = _v(I32, 32)
-    prod = b.mul(b.sext(b.bitcast(w, _v(I16, 32)), v32), b.sext(b.bitcast(x, _v(I16, 32)), v32))
-    return b.add(acc, b.add(_pick(b, prod, range(0, 32, 2)), _pick(b, prod, range(1, 32, 2))))
+    return b.add(acc, _pair_dot(b, b.bitcast(w, _v(I16, 32)), b.bitcast(x, _v(I16, 32))))
 
 
 def _q6_k_block(b, wide, xrow, xoff, AB, dw_lo, dw_hi, dx, acc):

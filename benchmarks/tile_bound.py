@@ -4,6 +4,7 @@ issue 24's 4 rows / 1 row at the default (int16 activation) precision.
     python benchmarks/tile_bound.py [--rows 184320] [--cols 576] [--reps 7]
     python benchmarks/tile_bound.py --matvec [--rounds 7]
     python benchmarks/tile_bound.py --prefill [--rounds 3] [--tokens 128]
+    python benchmarks/tile_bound.py --step MODEL [--rounds 7]
 
 --matvec: decode's matrix-vector product on the x16 layout (q4_0, the 1.7B shapes 2048x2048,
 8192x2048, 2048x8192) on one thread, int16 activations as words (vpdpwssd on codes widened
@@ -14,8 +15,16 @@ loaded (load 15-23, 7 helpers on 2 cores): from L3 words 46-52 GB/s, halves 65-7
 from memory, with the one-token tiles' prefetch 2048 bytes ahead: words 27.5-32.6 GB/s,
 halves 28-34, int8 31-36; 8192 ahead (interleave.PF_DECODE): words 33-39, halves 30-37.5,
 int8 32-39; this script at load 4: from L3 halves / words 1.30-1.44x, from memory
-0.90-1.01x. So decode keeps the words (x16.DECODE_HALVES); the 2- and 4-token tiles
-(prefill, the batched step) gain 1.35-1.47x from halves.
+0.90-1.01x. So decode keeps the words there; the 2- and 4-token tiles (prefill, the
+batched step) gain 1.35-1.47x from halves. (That host was a Zen 5. On a Zen 4, whose
+512-bit instructions issue as two halves, 2026-12-06, load 0.8, 2560x960, 960x2560 and
+8192x2048: from L3 words 21-24 GB/s, halves 30-45, int8 40-57; from memory words 16.6-20.7,
+halves 19.5-26.2: x16.DECODE_HALVES there, simd.HALF_PUMPED_512.)
+
+--step MODEL: the file's q4_0 x16 matrices in its decode step's order (each read once a
+pass, as a token reads them), words against halves on 1 and 2 threads, alternating pass by
+pass in one process (a host whose memory bandwidth moves from second to second moves all
+four alike), wall time; 3 x --rounds passes.
 
 --prefill: prefill's x16 matrix product (x16.py's "mm", q4_0) on the 1.7B shapes' matrices
 (q/k/v/o 2048x2048, gate/up 8192x2048, down 2048x8192) for --tokens tokens on one thread,
@@ -56,7 +65,7 @@ import time
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, prange, typed, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -212,6 +221,63 @@ def matvec(rounds: int) -> None:
     print(f"(load average {os.getloadavg()[0]:.1f})")
 
 
+@njit(parallel=True, cache=False)
+def _step_mv(wis, x, xd, xs, out, nt, form):
+    """Every matrix of wis in order, each one's groups split between nt threads; form 1:
+    each thread makes its own halves() of x first, as x16.py's mv_rows does on decode."""
+    for wi in wis:
+        k = wi.shape[1] // 16 // 18 * 32
+        G = wi.shape[0]
+        for t in prange(nt):
+            xa = x[:, :k]
+            if form == 1:
+                xh = np.empty((1, 2 * k), np.uint8)
+                halves(xa, xh)
+                for g in range(G * t // nt, G * (t + 1) // nt):
+                    _I1(wi, g, xh, xd, xs, xd, 0, out, 16 * g)
+            else:
+                for g in range(G * t // nt, G * (t + 1) // nt):
+                    _I1(wi, g, xa, xd, xs, xd, 0, out, 16 * g)
+
+
+def step(path: str, rounds: int) -> None:
+    """--step: a model's x16 q4_0 matrices in its decode step's order, words against halves
+    on 1 and 2 threads, the four alternating pass by pass; wall time, medians."""
+    import edgellm
+    from edgellm.step import decode_step as ds
+
+    f = edgellm.load(path, threads=2, context=256).model.fused
+    wis = typed.List()
+    for op in f.prog:
+        m = f.mats[int(op[1])] if op[0] == ds.PROJ else None
+        if m is not None and m[ds.MAT_LAYOUT] == ds.LAYOUT_X16 and m[ds.MAT_KIND] == Q4_0:
+            off, rb, rows = m[ds.MAT_OFF], m[ds.MAT_ROW_BYTES], m[ds.MAT_ROWS]
+            wis.append(f.blob[off:off + rows * rb].reshape((rows // 16, 16 * rb)))
+    if not len(wis):
+        raise SystemExit("tile_bound: no q4_0 matrix in the x16 layout in " + path)
+    nbytes = sum(w.nbytes for w in wis)
+    K = max(w.shape[1] // 16 // 18 * 32 for w in wis)
+    rng = np.random.default_rng(0)
+    x = rng.integers(-32768, 32768, (1, K)).astype(np.int16)
+    xd, xs = np.full((1, K // 32), 1e-4, np.float32), np.zeros((1, K // 32), np.int32)
+    out = np.zeros((1, 16 * max(w.shape[0] for w in wis)), np.float32)
+    runs = [(nt, form) for nt in (1, 2) for form in (0, 1)]
+    took = {r: [] for r in runs}
+    for r in runs:
+        _step_mv(wis, x, xd, xs, out, *r)
+    for _ in range(rounds):
+        for r in runs:
+            t = time.perf_counter()
+            _step_mv(wis, x, xd, xs, out, *r)
+            took[r].append(time.perf_counter() - t)
+    print(f"{path}: {len(wis)} q4_0 x16 matrices in step order, {nbytes / 1e6:.0f} MB")
+    for nt in (1, 2):
+        w, h = (nbytes / np.median(took[nt, form]) / 1e9 for form in (0, 1))
+        print(f"  {nt} thread(s): words {w:5.1f} GB/s, halves {h:5.1f} GB/s; halves / words "
+              f"{h / w:.2f}x")
+    print(f"(wall time, medians of {rounds}; load average {os.getloadavg()[0]:.1f})")
+
+
 def prefill(rounds: int, T: int) -> None:
     """The --prefill table (the module docstring)."""
     from edgellm.kernels import registry
@@ -271,9 +337,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--prefill", action="store_true", help="the x16 prefill table instead")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--step", metavar="MODEL", help="the step-order table of a q4_0 x16 file")
     args = ap.parse_args()
     if not VNNI:
         raise SystemExit("tile_bound: this CPU has no AVX-512 VNNI: no vpdpwssd to measure")
+    if args.step:
+        step(args.step, args.rounds * 3)
+        return
     if args.matvec:
         matvec(args.rounds)
         return

@@ -31,7 +31,7 @@ from numba import prange, types
 from numba.extending import overload
 
 from ..modelfile import quant
-from ..runtime.simd import VNNI, X86
+from ..runtime.simd import HALF_PUMPED_512, VNNI, X86
 from .family import kern, name_of, tile
 from .interleave import halves, pairs
 from .jit import GLUE, kernel
@@ -40,14 +40,17 @@ from .matvec import named
 
 ROWS = 16  # rows a group (layout.GROUP_ROWS)
 HALVES = ("q4_0", "q4_1")  # the types whose tiles take int16 activations as halves()
-# Decode's matvec (one token) on halves: from L3 1.4-1.5x the int16 words' speed, but from
-# memory on one thread (the 1.7B shapes, a loaded host, benchmarks/tile_bound.py --matvec)
-# 3-8% slower: decode is bound by memory there, and keeps the words. The tiles of 2 and 4
-# tokens are bound by their instructions: the batched step's on halves, prefill's (four
-# tokens a tile) on pairs, whose every activation pair is a broadcast memory operand (as
-# fast as halves on a quiet core, 0.8x the time where the core is contended; on the
-# 2-token tiles 1.05-1.09x halves' time: docs/design-figures.md).
-DECODE_HALVES = False
+# Decode's matvec (one token) on halves: from L3 1.4-1.9x the int16 words' speed; from
+# memory it depends on the core. Where 512-bit instructions issue whole (Zen 5; 1.7B shapes,
+# a loaded host, benchmarks/tile_bound.py --matvec) halves were 3-8% slower, decode being
+# bound by memory there: words. Where they issue as two halves (Zen 4, HALF_PUMPED_512) the
+# words tile is bound by its instructions at ~20 GB/s even from L3, and halves read a
+# model's matrices in step order 1.05-1.15x faster on 1 and 2 threads (docs/measurements.md).
+# The tiles of 2 and 4 tokens are bound by their instructions: the batched step's on halves,
+# prefill's (four tokens a tile) on pairs, whose every activation pair is a broadcast memory
+# operand (as fast as halves on a quiet core, 0.8x the time where the core is contended; on
+# the 2-token tiles 1.05-1.09x halves' time: docs/design-figures.md).
+DECODE_HALVES = HALF_PUMPED_512
 # Off VNNI (AVX2, and the generic path on any x86 CPU) the words are permuted in registers
 # for every pair, on the shuffle port the tiles run short of: prefill's pairs(), each pair a
 # broadcast load, made once a call for all its tokens, measured faster there. Decode and the

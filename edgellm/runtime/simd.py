@@ -34,8 +34,9 @@ from numba.core import config
 
 from ..errors import ArgumentError
 
-__all__ = ["AMX", "GFNI", "ISA", "NATIVE_F16", "SIMD_PATH", "VNNI", "X86", "amx_permitted",
-           "check_target", "native_f16", "select_path", "target_features"]
+__all__ = ["AMX", "GFNI", "HALF_PUMPED_512", "ISA", "NATIVE_F16", "SIMD_PATH", "VNNI", "X86",
+           "amx_permitted", "check_target", "native_f16", "select_path", "target_cpu",
+           "target_features"]
 ISA = numba_setup.ISA  # native, portable or avx2 (EDGELLM_ISA)
 X86 = platform.machine().lower() in ("x86_64", "amd64")  # a 64-bit x86 host
 
@@ -48,6 +49,11 @@ def target_features() -> set[str]:
     from numba.core.codegen import get_host_cpu_features
 
     return {f[1:] for f in get_host_cpu_features().split(",") if f.startswith("+")}
+
+
+def target_cpu() -> str:
+    """The CPU numba compiles for: NUMBA_CPU_NAME if set, else the host's (LLVM's name)."""
+    return (config.CPU_NAME or "").strip().lower() or llb.get_host_cpu_name()
 
 
 def select_path(portable: bool = False) -> str:
@@ -115,4 +121,7 @@ AMX = _amx(VNNI)
 # on the vnni path, gf2p8affineqb (one byte-wise bit matrix a 64-bit lane: a shift and mask
 # of every byte in one operation) where the compile target has GFNI (Ice Lake, Zen 4 on)
 GFNI = VNNI and "gfni" in target_features()
+# on the vnni path, a CPU that runs each 512-bit instruction as two 256-bit halves (Zen 4):
+# the tiles' instruction count, not memory, bounds one core's decode there (kernels/x16.py)
+HALF_PUMPED_512 = VNNI and target_cpu() == "znver4"
 NATIVE_F16 = native_f16()  # else f16 scales are converted in integer IR (ir._h2f)

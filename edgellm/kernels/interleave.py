@@ -88,7 +88,7 @@ from ..codegen.ir import (
 from ..codegen.packing import BLOCK_BYTES
 from ..modelfile import layout as layouts
 from ..modelfile import quant
-from ..runtime.simd import VNNI
+from ..runtime.simd import HALF_PUMPED_512, VNNI
 from .jit import kernel
 
 __all__ = ["ILV_BLOCK", "ILV_ROWS", "halves", "interleave", "make_itile", "pairs"]
@@ -102,9 +102,11 @@ PAIR_PERM = [4 * q + r for q in range(8) for r in (0, 2, 1, 3)]  # a block's act
 _PERM = np.array(PAIR_PERM, np.int64)  # pairs()' table
 PF = 2048  # bytes a tile prefetches ahead of its block (measured best from memory
 # against 1024 and 4096 for the several-token tiles)
-PF_DECODE = 8192  # the q4 one-token tiles' (decode's): they run faster per byte, and
-# from memory 8192 beat 2048 and 4096 on one thread, on both activation types (into L1:
-# into L2 was slower)
+# the q4 one-token tiles' (decode's): they run faster per byte, and from memory 8192 beat
+# 2048 and 4096 on one thread, on both activation types (into L1: into L2 was slower); on a
+# Zen 4 (HALF_PUMPED_512) none at all: its own prefetchers keep up, and the tiles, bound by
+# their instructions there, read 1.1-1.2x faster without the hints (docs/measurements.md)
+PF_DECODE = 0 if HALF_PUMPED_512 else 8192
 # the layouts this module writes, and bytes of a group's block: the 16 rows' scales (and
 # minima), then their codes: the 16 rows' blocks of 32, rearranged
 ILV_BLOCK = {n: ILV_ROWS * quant.TYPES[n].block_bytes(32) for n in ("q4_0", "q4_1", "q8_0")}
@@ -206,7 +208,8 @@ def _itile_codegen(kind, RT):
         def body(bi, st):
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
             for c in range(0, BB, 64):  # the stream PF bytes ahead (a hint: may pass the end)
-                _prefetch(b, b.gep(p, [_i64(pf + c)]))
+                if pf:
+                    _prefetch(b, b.gep(p, [_i64(pf + c)]))
             dw = _h2f(b, _load(b, p, 0, _v(I16, L)))
             mw = _h2f(b, _load(b, p, 32, _v(I16, L))) if kind == "q4_1" else None
             xoff, foff = b.mul(bi, _i64(32 * AB)), b.mul(bi, _i64(4))

@@ -45,7 +45,8 @@ HALVES = ("q4_0", "q4_1")  # the types whose tiles take int16 activations as hal
 # a loaded host, benchmarks/tile_bound.py --matvec) halves were 3-8% slower, decode being
 # bound by memory there: words. Where they issue as two halves (Zen 4, HALF_PUMPED_512) the
 # words tile is bound by its instructions at ~20 GB/s even from L3, and halves read a
-# model's matrices in step order 1.05-1.15x faster on 1 and 2 threads (docs/measurements.md).
+# model's matrices in step order 1.06-1.19x faster on one thread and 1.03-1.14x on two
+# (with no prefetch hints there: interleave.PF_DECODE; docs/measurements.md).
 # The tiles of 2 and 4 tokens are bound by their instructions: the batched step's on halves,
 # prefill's (four tokens a tile) on pairs, whose every activation pair is a broadcast memory
 # operand (as fast as halves on a quiet core, 0.8x the time where the core is contended; on

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 
+import debian_packages
 import numpy as np
 import pytest
 from conftest import FIXTURES
@@ -18,8 +19,12 @@ FOX = FIXTURES / "whisper" / "fox.wav"
 
 
 def sox(tmp_path, ext):
+    """The fox clip converted by sox to `ext` (Debian's sox, installed here where missing
+    and possible: debian_packages.py)."""
     if shutil.which("sox") is None:
-        pytest.skip("sox is not installed")
+        why = debian_packages.install("sox")
+        if shutil.which("sox") is None:
+            pytest.skip(f"sox is not installed ({why or 'apt-get installed no sox binary'})")
     out = tmp_path / f"fox.{ext}"
     subprocess.run(["sox", str(FOX), str(out)], check=True)
     return out

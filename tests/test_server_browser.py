@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 
+import debian_packages
 import pytest
 
 pytest.importorskip("fastapi")
@@ -37,34 +38,6 @@ def _chromium() -> str | None:
         if path:
             return path
     return None
-
-
-def _apt(*args: str) -> str:
-    """apt-get ARGS, non-interactive: '' on success, else its last line of errors."""
-    cmd = ["apt-get", *args]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    except subprocess.TimeoutExpired:
-        return f"{' '.join(cmd)}: timed out"
-    if done.returncode == 0:
-        return ""
-    return f"{' '.join(cmd)}: " + (done.stderr.strip().splitlines() or
-                                   [f"exit {done.returncode}"])[-1]
-
-
-def _install_chromium() -> str:
-    """Install Debian's chromium with apt-get: '' where apt-get succeeded, else why not
-    (one line)."""
-    if os.environ.get("EDGELLM_NO_APT"):
-        return "EDGELLM_NO_APT is set"
-    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return "not root with apt-get"
-    install = ("install", "-y", "-q", "--no-install-recommends", "chromium")
-    why = _apt(*install)
-    if why:  # the package lists may be missing or stale on a fresh machine
-        why = _apt("update", "-q") or _apt(*install)
-    return why
 
 
 class Browser:
@@ -143,7 +116,7 @@ class Browser:
 def browser():
     binary = _chromium()
     if binary is None:
-        why = _install_chromium()
+        why = debian_packages.install("chromium")
         binary = _chromium()
         if binary is None:
             pytest.skip(f"no Chromium binary found (looked for {', '.join(CANDIDATES)}) and "

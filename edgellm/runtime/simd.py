@@ -61,7 +61,7 @@ def select_path(portable: bool = False) -> str:
     `portable` is not asked for, else "portable"."""
     if portable:
         return "portable"
-    if (config.CPU_NAME or "").strip().lower() == "generic":
+    if target_cpu() == "generic":
         return "portable"
     host = llb.get_host_cpu_features()
     need = ("avx512vnni", "avx512vl")

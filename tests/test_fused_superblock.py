@@ -15,6 +15,7 @@ from conftest import TINY
 from reference_checks import decode_steps
 
 import edgellm
+from edgellm.runtime import simd
 from edgellm.step import fused, ops
 from edgellm.step.batched import BatchDecoder
 
@@ -57,16 +58,25 @@ def _random_llama(src, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64, la
 
 
 @pytest.fixture(scope="module")
-def kq_model(tmp_path_factory):
-    """The random llama converted at q4_k_m (path)."""
+def kq_files(tmp_path_factory):
+    """The random llama converted at q4_k_m: {layout: path}, x16 (the default: its q4_k
+    matrices interleaved, x16_k.py) and rows."""
     from converter.hf_source import open_hf
     from converter.pack import convert
 
     root = tmp_path_factory.mktemp("kq")
     _random_llama(root / "hf")
-    out = root / "kq.edgellm"
-    convert(open_hf(root / "hf"), out, "q4_k_m", progress=False)
+    out = {}
+    for layout in ("x16", "rows"):
+        out[layout] = root / f"kq-{layout}.edgellm"
+        convert(open_hf(root / "hf"), out[layout], "q4_k_m", progress=False,
+                layout="" if layout == "rows" else layout)
     return out
+
+
+@pytest.fixture(scope="module")
+def kq_model(kq_files):
+    return kq_files["x16"]
 
 
 def _types(llm) -> set:
@@ -99,12 +109,13 @@ def test_program_quantizes_per_256_where_a_kquant_matrix_reads(kq_model):
 
 
 @pytest.mark.parametrize("act_type, tol, coarser", [("int16", 2e-3, 1.5), ("int8", 0.25, 2.0)])
-def test_superblock_step_follows_the_float_decode(kq_model, act_type, tol, coarser,
+def test_superblock_step_follows_the_float_decode(kq_files, act_type, tol, coarser,
                                                   monkeypatch):
     """Logits of 12 decoded tokens against the precise (float activation) decode: within
     tol of the logits' spread, and no further than the blocks of 32 were (x coarser: one
     scale per 256 values is coarser, most for int8's 127 levels); int16's top tokens all
-    the float decode's."""
+    the float decode's. The rows file: blocks of 32 have kernels there only."""
+    kq_model = kq_files["rows"]
     with edgellm.load(kq_model, threads=1, precise=True) as llm:
         exact = decode_steps(llm, IDS)
     with edgellm.load(kq_model, threads=1, act_type=act_type) as llm:
@@ -141,3 +152,27 @@ def test_batched_rows_are_the_single_steps(kq_model):
         rows = stepper.step([0, 1], [7, 99])
         for r in range(2):
             np.testing.assert_array_equal(rows[r], solo[r])
+
+
+@pytest.mark.parametrize("act_type, tol", [("int16", 2e-5), ("int8", 2e-5)])
+def test_x16_file_decodes_as_the_rows_file(kq_files, act_type, tol):
+    """The x16 file's q4_k matrices (x16_k.py's tiles: the same integers a super-block, its
+    float work in another order) decode the rows file's logits within float rounding and
+    its greedy tokens; its prefill (int16: the rows' panels, packed from x16) bit for bit on
+    AVX-512 VNNI; the precise path alike."""
+    out = {}
+    for layout, path in kq_files.items():
+        with edgellm.load(path, threads=2, act_type=act_type) as llm:
+            assert llm.model.packed.tensors["model.layers.0.mlp.up_proj.weight"].layout == (
+                "x16" if layout == "x16" else "")
+            out[layout] = decode_steps(llm, IDS), np.asarray(llm.logits(IDS))
+        with edgellm.load(path, threads=1, precise=True) as llm:
+            out[layout + " precise"] = decode_steps(llm, IDS)
+    (a, pa), (b, pb) = out["x16"], out["rows"]
+    assert np.abs(a - b).max() <= tol * np.abs(b).max() * 10
+    np.testing.assert_array_equal(a.argmax(-1), b.argmax(-1))
+    if act_type == "int16" and simd.VNNI:
+        np.testing.assert_array_equal(pa, pb)
+    else:
+        assert np.abs(pa - pb).max() <= 0.05 * np.abs(pb).max()
+    assert np.abs(out["x16 precise"] - out["rows precise"]).max() < 1e-4 * np.abs(b).max()

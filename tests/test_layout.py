@@ -1,4 +1,4 @@
-"""The x16 weight layout (modelfile/layout.py): convert-model writes q4_0 and q4_1 matrices
+"""The x16 weight layout (modelfile/layout.py): convert-model writes q4_0, q4_1 and q4_k matrices
 interleaved 16 rows a group (a version 3 file, the same values bit for bit, from safetensors
 and from GGUF); linear(), the embedding, the fused decode step, the batched step and
 prefill read it in place and compute what the rows layout computes (bit for bit where the
@@ -20,6 +20,8 @@ from converter.gguf_source import open_gguf
 from converter.pack import convert
 from edgellm.errors import FormatError
 from edgellm.kernels import linear as L
+from edgellm.kernels.act_quant_k import ActK, quantize_k
+from edgellm.kernels.kquant_kact import mv_kk
 from edgellm.modelfile import format as fmt
 from edgellm.modelfile import layout as layouts
 from edgellm.modelfile import quant
@@ -28,6 +30,8 @@ from edgellm.runtime import simd
 from edgellm.step.batched import BatchDecoder
 
 KINDS = layouts.X16_TYPES
+Q4 = ("q4_0", "q4_1")  # blocks of 32, on x16.py's kernels (q4_k: x16_k.py's, super-blocks)
+COLS = {"q4_0": 224, "q4_1": 224, "q4_k": 512}  # K of the test matrices
 
 
 def q_rows(kind: str, N: int, K: int, seed: int = 0) -> np.ndarray:
@@ -38,14 +42,15 @@ def q_rows(kind: str, N: int, K: int, seed: int = 0) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_x16_holds_the_rows_bytes_rearranged(kind):
-    raw = q_rows(kind, 48, 160)
+    K, block = COLS[kind] - 64 * (kind != "q4_k"), layouts.X16_BLOCK[kind]
+    raw = q_rows(kind, 48, K)
     wi = layouts.to_x16(raw, kind)
-    assert wi.shape == layouts.data_shape(kind, (48, 160), 32, layouts.X16) == \
+    assert wi.shape == layouts.data_shape(kind, (48, K), block, layouts.X16) == \
         (3, 16 * raw.shape[1])
     np.testing.assert_array_equal(layouts.to_rows(wi, kind), raw)
     np.testing.assert_array_equal(
-        quant.dequantize(layouts.to_rows(wi, kind), kind, (48, 160)),
-        quant.dequantize(raw, kind, (48, 160)))
+        quant.dequantize(layouts.to_rows(wi, kind), kind, (48, K)),
+        quant.dequantize(raw, kind, (48, K)))
     with pytest.raises(ValueError, match="groups of 16"):
         layouts.to_x16(raw[:40], kind)
 
@@ -56,19 +61,24 @@ def test_which_tensors_fit_x16():
     assert not layouts.fits_x16("q4_0", (32, 64), 64)  # blocks of 64
     assert not layouts.fits_x16("q8_0", (32, 64), 32)
     assert not layouts.fits_x16("f32", (32, 64), 32)
+    assert layouts.fits_x16("q4_k", (32, 512), 256)
+    assert not layouts.fits_x16("q4_k", (24, 512), 256)
+    assert not layouts.fits_x16("q6_k", (32, 512), 256)
 
 
-def _pair(kind, N=64, K=224, seed=0) -> tuple[Tensor, Tensor]:
+def _pair(kind, N=64, seed=0) -> tuple[Tensor, Tensor]:
     """The same matrix as rows and as x16 tensors (read-only, as the file's views)."""
+    K, block = COLS[kind], layouts.X16_BLOCK[kind]
     raw = q_rows(kind, N, K, seed)
     wi = layouts.to_x16(raw, kind)
     for a in (raw, wi):
         a.flags.writeable = False
-    return Tensor("w", kind, (N, K), 32, raw), Tensor("w", kind, (N, K), 32, wi, layouts.X16)
+    return (Tensor("w", kind, (N, K), block, raw),
+            Tensor("w", kind, (N, K), block, wi, layouts.X16))
 
 
 @pytest.mark.parametrize("act", [np.int16, np.int8])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", Q4)
 def test_linear_on_x16_is_the_rows_single_token_result(kind, act):
     """Every token of a prefill (T = 7: tiles of 4, 2 and 1 tokens) gets the one-token
     result of the x16 kernels, which on VNNI is the rows layout's decode tile bit for bit;
@@ -93,10 +103,45 @@ def test_linear_on_x16_is_the_rows_single_token_result(kind, act):
             assert (np.abs(one - single) <= 2e-5 * scale[t]).all()
 
 
+@pytest.mark.parametrize("act", [np.int16, np.int8])
+def test_linear_on_x16_q4_k(act):
+    """q4_k in x16 (x16_k.py): every token of a prefill of 7 (tiles of 4 and 1) and a
+    single token agree with the rows layout's kernels (one token: the decode step's on the
+    same super-block activations within float rounding, the same integers in another float
+    order; linear()'s on blocks of 32 within their rounding); int16 prefill on AVX-512 VNNI packs the rows' panels, so it is theirs bit for
+    bit; where prefill takes super-block activations (int8, off VNNI) each token's result
+    is the single token's bit for bit."""
+    rows, x16 = _pair("q4_k")
+    K = COLS["q4_k"]
+    x = np.random.default_rng(3).standard_normal((7, K)).astype(np.float32)
+    x[2, :32] *= 1e3
+    scale = np.abs(x) @ np.abs(rows.dequantize()).T
+    many, ref = np.zeros((7, 64), np.float32), np.zeros((7, 64), np.float32)
+    L.linear(x16, x, many, act_dtype=act)
+    L.linear(rows, x, ref, act_dtype=act)
+    panels = simd.VNNI and act == np.int16
+    if panels:
+        np.testing.assert_array_equal(many, ref)
+    else:  # blocks of 32 (rows) against super-blocks of 256: the rounding of each
+        assert (np.abs(many - ref) <= (2e-3 if act == np.int16 else 0.05) * scale).all()
+    tol = 2e-3 if act == np.int16 else 0.05
+    for t in range(7):
+        one, single = np.zeros((1, 64), np.float32), np.zeros((1, 64), np.float32)
+        L.linear(x16, x[t:t + 1], one, act_dtype=act)
+        L.linear(rows, x[t:t + 1], single, act_dtype=act)  # blocks of 32
+        if not panels:
+            np.testing.assert_array_equal(one[0], many[t])  # whichever tile had the token
+        assert (np.abs(one - single) <= tol * scale[t]).all()
+        sb = quantize_k(x[t:t + 1], ActK(1, K, act))  # the rows' decode step's kernel
+        kk = np.zeros((1, 64), np.float32)
+        mv_kk(quant.TYPES["q4_k"].code, rows.data, sb.xq, sb.xd, sb.xb, kk)
+        assert (np.abs(one - kk) <= 2e-5 * scale[t]).all()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_precise_linear_gemm_and_embedding_on_x16(kind):
     rows, x16 = _pair(kind)
-    x = np.random.default_rng(4).standard_normal((5, 224)).astype(np.float32)
+    x = np.random.default_rng(4).standard_normal((5, COLS[kind])).astype(np.float32)
     wd = rows.dequantize().astype(np.float64)
     ref, scale = x.astype(np.float64) @ wd.T, np.abs(x) @ np.abs(wd).T
     for T in (1, 5):
@@ -107,7 +152,7 @@ def test_precise_linear_gemm_and_embedding_on_x16(kind):
     L.gemm(x16, x, out)
     assert (np.abs(out - ref) <= 1e-5 * scale).all()
     ids = np.array([0, 17, 63, 17, 31])
-    got, want = np.zeros((5, 224), np.float32), np.zeros((5, 224), np.float32)
+    got, want = (np.zeros((5, COLS[kind]), np.float32) for _ in range(2))
     L.embedding(x16, ids, got)
     L.embedding(rows, ids, want)
     np.testing.assert_array_equal(got, want)  # d (q - 8), d q + m: the same roundings
@@ -131,7 +176,7 @@ def _tables(path) -> tuple[int, dict]:
         p.close()
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", Q4)  # q4_k: test_fused_superblock.py (K % 256)
 def test_convert_writes_x16_by_default_and_rows_on_request(kind, converted):
     v16, new = _tables(converted("llama", kind))
     v2, old = _tables(converted("llama", kind, layout="rows"))
@@ -203,7 +248,7 @@ def test_the_reader_checks_the_layout_field(converted, tmp_path):
 
 # ---------------------------------------------------------------- the model
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", Q4)
 def test_x16_and_rows_files_decode_alike(kind, converted):
     """The fused step decodes token by token from an empty cache: bit for bit the rows
     file's logits on VNNI (the same tile arithmetic), within float rounding elsewhere;

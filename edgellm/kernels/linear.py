@@ -7,7 +7,8 @@
 
 Weights are the zero-copy views `format.Tensor` hands out (read-only memmaps): uint8 ggml
 blocks of a quant.TYPES block type with block size 32, 64 or 128, float32/float16 [N, K] for
-f32/f16; a tensor whose `layout` is "x16" (modelfile/layout.py) runs x16.py's kernels.
+f32/f16; a tensor whose `layout` is "x16" (modelfile/layout.py) runs x16.py's kernels
+(q4_k: x16_k.py's, on x quantized per super-block of 256: act_quant_k.ActK).
 Which kernels run each type: registry.py.
 They are never copied or dequantized as a whole.
 
@@ -41,8 +42,10 @@ import numpy as np
 from ..modelfile import layout as layouts
 from ..modelfile import quant
 from ..runtime import numba_setup
+from ..runtime.simd import VNNI
 from . import act_quant, registry
 from .act_buffers import Act, check_x
+from .act_quant_k import ActK, quantize_k
 
 try:  # for _threads(); numba.get_num_threads() is the fallback
     from numba.np.ufunc import parallel as _parallel
@@ -258,10 +261,36 @@ def _act_for(x: np.ndarray, act: ActQ8 | None, act_dtype) -> ActQ8:
     return act
 
 
+def _scratch_act_k(T: int, K: int, dtype) -> ActK:
+    """_scratch_act's super-block twin (act_quant_k.ActK)."""
+    cache = _scratch.__dict__.setdefault("acts_k", {})
+    key = (K, np.dtype(dtype))
+    act = cache.get(key)
+    if act is None or act.T_max < T:
+        act = cache[key] = ActK(max(T, 1), K, dtype)
+    return act
+
+
 def _linear_x16(kind, data, x, out, precise, act, act_dtype) -> None:
-    """linear() of a matrix in the x16 layout (x16.py's kernels)."""
+    """linear() of a matrix in the x16 layout (x16.py's kernels, q4_k: x16_k.py's)."""
     k = registry.X16[kind]
     T = x.shape[0]
+    if kind in layouts.X16_SB and not precise:
+        dtype = np.dtype(act.xq.dtype if act is not None else act_dtype)
+        if T > 1 and VNNI and dtype == np.int16:  # panel16's tiles, on ActQ8's blocks
+            act = _act_for(x, act, act_dtype)
+            k["mm_panels"](data, act.xq, act.xd, act.xds, out, T)
+            return
+        # its tiles read activations quantized per super-block, which an ActQ8 (blocks of
+        # 32) is not: x quantized again, at the given act's integer type
+        a = quantize_k(x, _scratch_act_k(T, x.shape[1], dtype), _threads())
+        if T > 1:
+            k["mm_sb"](data, a.xq, a.xd, a.xb, out, T)
+        elif _threads() == 1:
+            k["mv_rows_sb"](data, a.xq, a.xd, a.xb, out, 0, out.shape[1])
+        else:
+            k["mv_sb"](data, a.xq, a.xd, a.xb, out)
+        return
     if precise:
         if T > 1:
             k["mmp"](data, x, out)

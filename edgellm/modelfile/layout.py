@@ -15,6 +15,12 @@ one weight row a <16 x i32> lane, so no horizontal sums).
         columns (8c + k, 8c + k + 2) for vpdpwssd on int16 activations (the tile reads
         the activation pairs in that order). The bytes are the rows' bytes rearranged:
         the same codes and scales, the same values bit for bit (`to_rows` undoes it).
+        q4_k (super-blocks of 256, K % 256 == 0), per super-block of the group (16 x 144
+        bytes): the 16 rows' f16 d (32 bytes), their f16 dmin (32), their 12 scale bytes
+        (192: byte k of row l at 16k + l, so ggml's get_scale_min_k4 runs on 16 rows in
+        byte vectors), then 32 chunks of 64 bytes: bytes 4l..4l + 3 of chunk 8c + m hold
+        row l's qs[32c + 4m .. 32c + 4m + 3] (low nibbles: columns 64c + 4m + k, block
+        2c; high: 64c + 32 + 4m + k, block 2c + 1), the lanes kernels/x16_k.py reads
 Rows r0..r1 (multiples of 16) of an x16 matrix lie at bytes r0 * BB * nb .. r1 * BB * nb,
 where the rows layout keeps them too.
 """
@@ -28,13 +34,18 @@ from . import quant
 ROWS, X16 = "", "x16"
 LAYOUTS = (ROWS, X16)
 GROUP_ROWS = 16
-X16_TYPES = ("q4_0", "q4_1")  # the types the x16 tiles read (kernels/interleave.py)
+X16_TYPES = ("q4_0", "q4_1", "q4_k")  # the types the x16 tiles read (kernels/interleave.py,
+# kernels/x16_k.py), at these block sizes
+X16_BLOCK = {"q4_0": 32, "q4_1": 32, "q4_k": 256}
+X16_SB = ("q4_k",)  # those whose x16 kernels take super-block activations (act_quant_k)
+SB_BYTES = 144  # a q4_k super-block
 
 
 def fits_x16(type_name: str, shape: tuple[int, ...], block_size: int) -> bool:
     """Whether a tensor of this type, shape and block size can be stored in x16."""
-    return (type_name in X16_TYPES and block_size == 32 and len(shape) == 2
-            and shape[0] % GROUP_ROWS == 0 and shape[1] % 32 == 0)
+    block = X16_BLOCK.get(type_name)
+    return (block is not None and block_size == block and len(shape) == 2
+            and shape[0] % GROUP_ROWS == 0 and shape[1] % block == 0)
 
 
 def data_shape(type_name: str, shape: tuple[int, ...], block_size: int, layout: str
@@ -48,8 +59,10 @@ def data_shape(type_name: str, shape: tuple[int, ...], block_size: int, layout: 
 
 
 def to_x16(w: np.ndarray, kind: str) -> np.ndarray:
-    """q4_0 / q4_1 rows (uint8 [rows, nb * BB], rows a multiple of 16) -> uint8
+    """q4_0 / q4_1 / q4_k rows (uint8 [rows, nb * BB], rows a multiple of 16) -> uint8
     [rows / 16, nb * 16 * BB] (the module docstring)."""
+    if kind == "q4_k":
+        return _to_x16_q4_k(w)
     hdr = quant.TYPES[kind].header_bytes
     BB = quant.TYPES[kind].block_bytes(32)
     rows, nb = w.shape[0], w.shape[1] // BB
@@ -69,6 +82,8 @@ def to_x16(w: np.ndarray, kind: str) -> np.ndarray:
 
 def to_rows(wi: np.ndarray, kind: str) -> np.ndarray:
     """The inverse of to_x16: uint8 [G, nb * 16 * BB] -> the rows [16 G, nb * BB]."""
+    if kind == "q4_k":
+        return _to_rows_q4_k(wi)
     hdr = quant.TYPES[kind].header_bytes
     BB = quant.TYPES[kind].block_bytes(32)
     G = wi.shape[0]
@@ -82,6 +97,33 @@ def to_rows(wi: np.ndarray, kind: str) -> np.ndarray:
     codes = cols[..., :16] | cols[..., 16:] << 4
     blk = np.concatenate([h.transpose(0, 2, 1, 3) for h in heads] + [codes], axis=-1)
     return np.ascontiguousarray(blk.reshape(G * GROUP_ROWS, nb * BB))
+
+
+def _to_x16_q4_k(w: np.ndarray) -> np.ndarray:
+    rows, nsb = w.shape[0], w.shape[1] // SB_BYTES
+    if rows % GROUP_ROWS or w.shape[1] != nsb * SB_BYTES:
+        raise ValueError(f"x16: q4_k rows {list(w.shape)} are not groups of 16 rows of "
+                         "whole super-blocks")
+    G, R = rows // GROUP_ROWS, GROUP_ROWS
+    blk = np.asarray(w, np.uint8).reshape(G, R, nsb, SB_BYTES).transpose(0, 2, 1, 3)
+    d = blk[..., 0:2].reshape(G, nsb, 32)
+    dmin = blk[..., 2:4].reshape(G, nsb, 32)
+    sc = blk[..., 4:16].transpose(0, 1, 3, 2).reshape(G, nsb, 192)
+    qs = blk[..., 16:].reshape(G, nsb, R, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
+    parts = [d, dmin, sc, qs.reshape(G, nsb, 2048)]
+    return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
+
+
+def _to_rows_q4_k(wi: np.ndarray) -> np.ndarray:
+    R = GROUP_ROWS
+    G, nsb = wi.shape[0], wi.shape[1] // (R * SB_BYTES)
+    g = np.asarray(wi, np.uint8).reshape(G, nsb, R * SB_BYTES)
+    d = g[..., 0:32].reshape(G, nsb, R, 2)
+    dmin = g[..., 32:64].reshape(G, nsb, R, 2)
+    sc = g[..., 64:256].reshape(G, nsb, 12, R).transpose(0, 1, 3, 2)
+    qs = g[..., 256:].reshape(G, nsb, 4, 8, R, 4).transpose(0, 1, 4, 2, 3, 5)
+    blk = np.concatenate([d, dmin, sc, qs.reshape(G, nsb, R, 128)], axis=-1)
+    return np.ascontiguousarray(blk.transpose(0, 2, 1, 3).reshape(G * R, nsb * SB_BYTES))
 
 
 def rows_of(data: np.ndarray, type_name: str, layout: str) -> np.ndarray:

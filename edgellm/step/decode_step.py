@@ -227,7 +227,9 @@ def _family_rows(c: int):
     return rows
 
 
-_FAMILY = tuple(c for c in KIND_CODE.values() if c in KERNELS)  # generated families
+# generated families (a K-quant's entry holds only its x16 kernels: x16_k.py)
+_FAMILY = tuple(c for c in KIND_CODE.values()
+                if any(not role.startswith("x16_") for role in KERNELS.get(c, {})))
 
 
 def _k_case(c: int):
@@ -255,9 +257,17 @@ def _matvec_rows(kinds, kind, float_acts, w, block, h, xq, xd, xds, out, r0, r1)
 
 
 def _x16_case(c: int):
-    """Type c's rows of an x16 matrix (x16.py): integer or float activations."""
+    """Type c's rows of an x16 matrix (x16.py): integer or float activations (a type
+    whose x16 kernels take super-block activations, x16_k.py's, only float ones here: its
+    integer rows are _mv_sb's)."""
     k = KERNELS[c]
-    mv, mvp = k["x16_mv_rows"], k["x16_mvp_rows"]
+    mv, mvp = k.get("x16_mv_rows"), k["x16_mvp_rows"]
+    if mv is None:
+        @njit(**GLUE)
+        def rows_sb(float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
+            if float_acts:
+                mvp(wi, h, out, r0, r1)
+        return rows_sb
 
     @njit(**GLUE)
     def rows(float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
@@ -281,7 +291,7 @@ def x16_rows(kinds, kind, float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
 
 @overload(x16_rows, jit_options=GLUE)
 def _x16_rows(kinds, kind, float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
-    chain = by_kind([c for c in codes_of(kinds) if "x16_mv_rows" in KERNELS.get(c, {})],
+    chain = by_kind([c for c in codes_of(kinds) if "x16_mvp_rows" in KERNELS.get(c, {})],
                     _x16_case, _no_x16)
 
     def impl(kinds, kind, float_acts, wi, h, xq, xd, xs, xds, out, r0, r1):
@@ -331,12 +341,44 @@ def _kk_case(c: int):
     return rows
 
 
+def sb_x16_rows(kinds, kind, wi, xq, xd, xb, out, r0, r1):
+    """sb_rows for a matrix in the x16 layout (x16_k.py: q4_k); r0, r1 multiples of 16."""
+    raise NotImplementedError("sb_x16_rows runs in kernels only")
+
+
+@overload(sb_x16_rows, jit_options=GLUE)
+def _sb_x16_rows(kinds, kind, wi, xq, xd, xb, out, r0, r1):
+    codes = [c for c in codes_of(kinds) if "x16_mv_rows_sb" in KERNELS.get(c, {})]
+    if not codes:
+        return lambda kinds, kind, wi, xq, xd, xb, out, r0, r1: None
+    chain = by_kind(codes, _sb_x16_case)
+
+    def impl(kinds, kind, wi, xq, xd, xb, out, r0, r1):
+        chain(kind, wi, xq, xd, xb, out, r0, r1)
+    return impl
+
+
+def _sb_x16_case(c: int):
+    mv = KERNELS[c]["x16_mv_rows_sb"]
+
+    @njit(**GLUE)
+    def rows(wi, xq, xd, xb, out, r0, r1):
+        mv(wi, xq, xd, xb, out, r0, r1)
+    return rows
+
+
 @kernel
-def _mv_sb(blob, m, row0, rows, xq, xd, xb, out, r0, r1, kinds):
-    """_mv for a K-quant matrix on super-block activations (xq, xd, xb: _act_k's)."""
+def _mv_sb(blob, m, row0, rows, xq, xd, xb, out, r0, r1, kinds, x16):
+    """_mv for a K-quant matrix on super-block activations (xq, xd, xb: _act_k's); x16 as
+    _mv's."""
     off, rb = m[MAT_OFF] + row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]
-    w = blob[off:off + rows * rb].reshape((rows, rb))
-    sb_rows(kinds, m[MAT_KIND], w, xq, xd, xb, out, r0, r1)
+    if m[MAT_LAYOUT] == LAYOUT_X16:
+        if x16 is not None:  # row0, rows, r0, r1: multiples of 16 (step/fused.py)
+            wi = blob[off:off + rows * rb].reshape((rows // 16, 16 * rb))
+            sb_x16_rows(kinds, m[MAT_KIND], wi, xq, xd, xb, out, r0, r1)
+    else:
+        w = blob[off:off + rows * rb].reshape((rows, rb))
+        sb_rows(kinds, m[MAT_KIND], w, xq, xd, xb, out, r0, r1)
 
 
 @kernel
@@ -345,7 +387,7 @@ def _proj_row(blob, m, o, h, xq, xd, xs, xds, ints, slot, out, r0, r1, precise, 
     super-blocks), or float h where precise / float_acts."""
     if o.sb != 0 and not precise:
         aq, ad, ab = _act_k(xq, xd, xs, ints, slot, o.cols)
-        _mv_sb(blob, m, o.row0, o.rows, aq, ad, ab, out, r0, r1, kinds)
+        _mv_sb(blob, m, o.row0, o.rows, aq, ad, ab, out, r0, r1, kinds, x16)
     else:
         aq, ad, asum, ads = _act(xq, xd, xs, xds, ints, slot, o.cols)
         _mv(blob, m, o.row0, o.rows, h, aq, ad, asum, ads, out, r0, r1,

@@ -53,6 +53,7 @@ class Program:
     lora_split = True  # LORA_A's rows split between workers (lora_down)
     # the K-quant matrices (SB_TYPES) read activations quantized per 256 values
     # (kernels/act_quant_k.py), the others ActQ8's blocks of 32; False: all blocks of 32
+    # but in the x16 layout's K-quant matrices
     superblock = True
 
     def __init__(self, model):
@@ -247,7 +248,9 @@ class Program:
             if self.mats[mat][ds.MAT_LAYOUT] and any(w % layouts.GROUP_ROWS for w in widths):
                 raise Unsupported(f"{s.w.name}: outputs {widths} split its x16 row groups")
             float_acts = s.float_acts or s.w.type == "f32"
-            sb = int(self.superblock and not float_acts and s.w.type in SB_TYPES)
+            # x16 K-quant matrices have kernels on super-blocks only (x16_k.py)
+            sb = int((self.superblock or self.mats[mat][ds.MAT_LAYOUT] != 0)
+                     and not float_acts and s.w.type in SB_TYPES)
             slot = 0 if float_acts else self.quantized(s.src, K, sb)
             delta = m.lora.get(s.w.name)
             if delta is not None:

@@ -1,6 +1,6 @@
-"""The x16 weight layout (modelfile/layout.py): convert-model writes q4_0, q4_1 and q4_k matrices
-interleaved 16 rows a group (a version 3 file, the same values bit for bit, from safetensors
-and from GGUF); linear(), the embedding, the fused decode step, the batched step and
+"""The x16 weight layout (modelfile/layout.py): convert-model writes q4_0, q4_1, q4_k and q6_k
+matrices interleaved 16 rows a group (a version 3 file, the same values bit for bit, from
+safetensors and from GGUF); linear(), the embedding, the fused decode step, the batched step and
 prefill read it in place and compute what the rows layout computes (bit for bit where the
 arithmetic is the same: one token a tile on AVX-512 VNNI); a rows-layout file (version 2)
 still loads and generates alike."""
@@ -30,8 +30,9 @@ from edgellm.runtime import simd
 from edgellm.step.batched import BatchDecoder
 
 KINDS = layouts.X16_TYPES
-Q4 = ("q4_0", "q4_1")  # blocks of 32, on x16.py's kernels (q4_k: x16_k.py's, super-blocks)
-COLS = {"q4_0": 224, "q4_1": 224, "q4_k": 512}  # K of the test matrices
+Q4 = ("q4_0", "q4_1")  # blocks of 32, on x16.py's kernels
+SB = layouts.X16_SB  # super-blocks of 256, on x16_k.py's
+COLS = {"q4_0": 224, "q4_1": 224, "q4_k": 512, "q6_k": 512}  # K of the test matrices
 
 
 def q_rows(kind: str, N: int, K: int, seed: int = 0) -> np.ndarray:
@@ -42,7 +43,7 @@ def q_rows(kind: str, N: int, K: int, seed: int = 0) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_x16_holds_the_rows_bytes_rearranged(kind):
-    K, block = COLS[kind] - 64 * (kind != "q4_k"), layouts.X16_BLOCK[kind]
+    K, block = COLS[kind] - 64 * (kind in Q4), layouts.X16_BLOCK[kind]
     raw = q_rows(kind, 48, K)
     wi = layouts.to_x16(raw, kind)
     assert wi.shape == layouts.data_shape(kind, (48, K), block, layouts.X16) == \
@@ -63,7 +64,8 @@ def test_which_tensors_fit_x16():
     assert not layouts.fits_x16("f32", (32, 64), 32)
     assert layouts.fits_x16("q4_k", (32, 512), 256)
     assert not layouts.fits_x16("q4_k", (24, 512), 256)
-    assert not layouts.fits_x16("q6_k", (32, 512), 256)
+    assert layouts.fits_x16("q6_k", (32, 512), 256)
+    assert not layouts.fits_x16("q5_k", (32, 512), 256)
 
 
 def _pair(kind, N=64, seed=0) -> tuple[Tensor, Tensor]:
@@ -104,15 +106,17 @@ def test_linear_on_x16_is_the_rows_single_token_result(kind, act):
 
 
 @pytest.mark.parametrize("act", [np.int16, np.int8])
-def test_linear_on_x16_q4_k(act):
-    """q4_k in x16 (x16_k.py): every token of a prefill of 7 (tiles of 4 and 1) and a
-    single token agree with the rows layout's kernels (one token: the decode step's on the
-    same super-block activations within float rounding, the same integers in another float
-    order; linear()'s on blocks of 32 within their rounding); int16 prefill on AVX-512 VNNI packs the rows' panels, so it is theirs bit for
-    bit; where prefill takes super-block activations (int8, off VNNI) each token's result
-    is the single token's bit for bit."""
-    rows, x16 = _pair("q4_k")
-    K = COLS["q4_k"]
+@pytest.mark.parametrize("kind", SB)
+def test_linear_on_x16_k_quants(kind, act):
+    """q4_k and q6_k in x16 (x16_k.py): every token of a prefill of 7 (tiles of 4 and 1)
+    and a single token agree with the rows layout's kernels (one token: the decode step's
+    on the same super-block activations within float rounding, the same integers in
+    another float order; linear()'s on blocks of 32 within their rounding); int16 prefill
+    on AVX-512 VNNI packs the rows' panels, so it is theirs bit for bit; where prefill
+    takes super-block activations (int8, off VNNI) each token's result is the single
+    token's bit for bit."""
+    rows, x16 = _pair(kind)
+    K = COLS[kind]
     x = np.random.default_rng(3).standard_normal((7, K)).astype(np.float32)
     x[2, :32] *= 1e3
     scale = np.abs(x) @ np.abs(rows.dequantize()).T
@@ -134,7 +138,7 @@ def test_linear_on_x16_q4_k(act):
         assert (np.abs(one - single) <= tol * scale[t]).all()
         sb = quantize_k(x[t:t + 1], ActK(1, K, act))  # the rows' decode step's kernel
         kk = np.zeros((1, 64), np.float32)
-        mv_kk(quant.TYPES["q4_k"].code, rows.data, sb.xq, sb.xd, sb.xb, kk)
+        mv_kk(quant.TYPES[kind].code, rows.data, sb.xq, sb.xd, sb.xb, kk)
         assert (np.abs(one - kk) <= 2e-5 * scale[t]).all()
 
 

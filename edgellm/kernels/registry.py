@@ -11,7 +11,7 @@ these tables name them by role for linear.py:
   FLOAT[type]  FloatKernels: the same on float32 activations, the embedding lookup and
                the encoders' panel GEMM (panel_gemm.py); for quant.MATRIX_TYPES
 X16[type]    the kernels of its matrices in the x16 layout (x16.py), by role: mv_rows, mv,
-             mm, mvp_rows, mvp, mmp, embed (for layout.X16_TYPES); q4_k's (x16_k.py) take
+             mm, mvp_rows, mvp, mmp, embed (for layout.X16_TYPES); q4_k's and q6_k's (x16_k.py) take
              super-block activations (ActK) as mv_rows_sb, mv_sb, mm_sb instead
 quant.TYPES says which types have which kernels; this says which functions they are, and
 checks at import that the two agree. linear.py dispatches through it, the fused step
@@ -38,7 +38,7 @@ from .matvec import make_matvec
 from .panel_gemm import make_gemm
 from .tiles import RECIPES
 from .x16 import make_x16
-from .x16_k import KERNELS_X16_K
+from .x16_k import make_x16_k
 
 __all__ = ["BATCH", "FLOAT", "INT8", "KERNELS", "X16", "BatchKernels", "FloatKernels",
            "Int8Kernels"]
@@ -140,8 +140,8 @@ for _name in quant.K_TYPES:  # kquant.py's and kquant_int.py's kernels, by code
 # "x16_<role>" in KERNELS; X16[type] the same by role for linear.py
 X16: dict[str, dict] = {}
 for _name in layouts.X16_TYPES:
-    _k = ({"x16_" + role: f for role, f in KERNELS_X16_K.items()} if _name == "q4_k"
-          else make_x16(quant.TYPES[_name].code))
+    _k = ({"x16_" + role: f for role, f in make_x16_k(_name).items()}
+          if _name in layouts.X16_SB else make_x16(quant.TYPES[_name].code))
     KERNELS.setdefault(quant.TYPES[_name].code, {}).update(_k)
     X16[_name] = {role[4:]: f for role, f in _k.items()}
 

@@ -21,6 +21,11 @@ one weight row a <16 x i32> lane, so no horizontal sums).
         byte vectors), then 32 chunks of 64 bytes: bytes 4l..4l + 3 of chunk 8c + m hold
         row l's qs[32c + 4m .. 32c + 4m + 3] (low nibbles: columns 64c + 4m + k, block
         2c; high: 64c + 32 + 4m + k, block 2c + 1), the lanes kernels/x16_k.py reads
+        q6_k (16 x 210 bytes a super-block): the 16 rows' f16 d (32 bytes), their 16 int8
+        scales (256: byte k of row l at 16k + l), then 16 units of three 64-byte chunks,
+        unit 8h + m: ql's chunks 16h + m and 16h + m + 8, qh's 8h + m, where ql's chunk u
+        (qh's alike) holds row l's ql[4u..4u + 3] at bytes 4l..4l + 3: ggml's bytes, four
+        at a time a lane, in the order the tiles read them
 Rows r0..r1 (multiples of 16) of an x16 matrix lie at bytes r0 * BB * nb .. r1 * BB * nb,
 where the rows layout keeps them too.
 """
@@ -34,11 +39,16 @@ from . import quant
 ROWS, X16 = "", "x16"
 LAYOUTS = (ROWS, X16)
 GROUP_ROWS = 16
-X16_TYPES = ("q4_0", "q4_1", "q4_k")  # the types the x16 tiles read (kernels/interleave.py,
-# kernels/x16_k.py), at these block sizes
-X16_BLOCK = {"q4_0": 32, "q4_1": 32, "q4_k": 256}
-X16_SB = ("q4_k",)  # those whose x16 kernels take super-block activations (act_quant_k)
-SB_BYTES = 144  # a q4_k super-block
+# the types the x16 tiles read (kernels/interleave.py, kernels/x16_k.py), at these block sizes
+X16_BLOCK = {"q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256}
+X16_TYPES = tuple(X16_BLOCK)
+X16_SB = ("q4_k", "q6_k")  # those whose x16 kernels take super-block activations (act_quant_k)
+SB_BYTES = {"q4_k": 144, "q6_k": 210}  # a super-block's bytes
+# q6_k's group super-block: d and the scales (288 bytes), then its 48 code chunks of 64
+# bytes unit by unit (h, m) (x16_k.py): ql's chunks 16h + m and 16h + m + 8, qh's 8h + m
+Q6K_HEAD = 288
+Q6K_UNITS = [c for h in range(2) for m in range(8) for c in (16 * h + m, 16 * h + m + 8,
+                                                             32 + 8 * h + m)]
 
 
 def fits_x16(type_name: str, shape: tuple[int, ...], block_size: int) -> bool:
@@ -61,8 +71,8 @@ def data_shape(type_name: str, shape: tuple[int, ...], block_size: int, layout: 
 def to_x16(w: np.ndarray, kind: str) -> np.ndarray:
     """q4_0 / q4_1 / q4_k rows (uint8 [rows, nb * BB], rows a multiple of 16) -> uint8
     [rows / 16, nb * 16 * BB] (the module docstring)."""
-    if kind == "q4_k":
-        return _to_x16_q4_k(w)
+    if kind in X16_SB:
+        return _to_x16_sb(w, kind)
     hdr = quant.TYPES[kind].header_bytes
     BB = quant.TYPES[kind].block_bytes(32)
     rows, nb = w.shape[0], w.shape[1] // BB
@@ -82,8 +92,8 @@ def to_x16(w: np.ndarray, kind: str) -> np.ndarray:
 
 def to_rows(wi: np.ndarray, kind: str) -> np.ndarray:
     """The inverse of to_x16: uint8 [G, nb * 16 * BB] -> the rows [16 G, nb * BB]."""
-    if kind == "q4_k":
-        return _to_rows_q4_k(wi)
+    if kind in X16_SB:
+        return _to_rows_sb(wi, kind)
     hdr = quant.TYPES[kind].header_bytes
     BB = quant.TYPES[kind].block_bytes(32)
     G = wi.shape[0]
@@ -99,31 +109,52 @@ def to_rows(wi: np.ndarray, kind: str) -> np.ndarray:
     return np.ascontiguousarray(blk.reshape(G * GROUP_ROWS, nb * BB))
 
 
-def _to_x16_q4_k(w: np.ndarray) -> np.ndarray:
-    rows, nsb = w.shape[0], w.shape[1] // SB_BYTES
-    if rows % GROUP_ROWS or w.shape[1] != nsb * SB_BYTES:
-        raise ValueError(f"x16: q4_k rows {list(w.shape)} are not groups of 16 rows of "
+def _sb_parts(kind: str) -> list[tuple[int, int, int]]:
+    """A super-block row's parts as the x16 group stores them, in order: (offset in the
+    row's bytes, bytes, bytes a lane takes at a time: 2 for the f16 scales, 1 for the scale
+    bytes (byte k of the 16 rows side by side), 4 for the codes (64-byte chunks))."""
+    if kind == "q4_k":  # d, dmin, 12 scale bytes, 128 code bytes
+        return [(0, 2, 2), (2, 2, 2), (4, 12, 1), (16, 128, 4)]
+    return [(208, 2, 2), (192, 16, 1), (0, 128, 4), (128, 64, 4)]  # q6_k: d, sc, ql, qh
+
+
+def _to_x16_sb(w: np.ndarray, kind: str) -> np.ndarray:
+    SB, R = SB_BYTES[kind], GROUP_ROWS
+    rows, nsb = w.shape[0], w.shape[1] // SB
+    if rows % R or w.shape[1] != nsb * SB:
+        raise ValueError(f"x16: {kind} rows {list(w.shape)} are not groups of 16 rows of "
                          "whole super-blocks")
-    G, R = rows // GROUP_ROWS, GROUP_ROWS
-    blk = np.asarray(w, np.uint8).reshape(G, R, nsb, SB_BYTES).transpose(0, 2, 1, 3)
-    d = blk[..., 0:2].reshape(G, nsb, 32)
-    dmin = blk[..., 2:4].reshape(G, nsb, 32)
-    sc = blk[..., 4:16].transpose(0, 1, 3, 2).reshape(G, nsb, 192)
-    qs = blk[..., 16:].reshape(G, nsb, R, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
-    parts = [d, dmin, sc, qs.reshape(G, nsb, 2048)]
-    return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
+    G = rows // R
+    blk = np.asarray(w, np.uint8).reshape(G, R, nsb, SB).transpose(0, 2, 1, 3)  # g, s, l, byte
+    parts = [blk[..., o:o + n].reshape(G, nsb, R, n // u, u).transpose(0, 1, 3, 2, 4)
+             .reshape(G, nsb, R * n) for o, n, u in _sb_parts(kind)]
+    sb = np.concatenate(parts, axis=-1)
+    if kind == "q6_k":  # the code chunks in the order the tiles read them (one stream)
+        sb = _reorder(sb, Q6K_UNITS)
+    return np.ascontiguousarray(sb.reshape(G, -1))
 
 
-def _to_rows_q4_k(wi: np.ndarray) -> np.ndarray:
-    R = GROUP_ROWS
-    G, nsb = wi.shape[0], wi.shape[1] // (R * SB_BYTES)
-    g = np.asarray(wi, np.uint8).reshape(G, nsb, R * SB_BYTES)
-    d = g[..., 0:32].reshape(G, nsb, R, 2)
-    dmin = g[..., 32:64].reshape(G, nsb, R, 2)
-    sc = g[..., 64:256].reshape(G, nsb, 12, R).transpose(0, 1, 3, 2)
-    qs = g[..., 256:].reshape(G, nsb, 4, 8, R, 4).transpose(0, 1, 4, 2, 3, 5)
-    blk = np.concatenate([d, dmin, sc, qs.reshape(G, nsb, R, 128)], axis=-1)
-    return np.ascontiguousarray(blk.transpose(0, 2, 1, 3).reshape(G * R, nsb * SB_BYTES))
+def _reorder(sb: np.ndarray, order: list[int]) -> np.ndarray:
+    """The group super-blocks [G, nsb, bytes] with their 64-byte code chunks (after the
+    scales' Q6K_HEAD bytes) permuted: chunk k of the result is chunk order[k]."""
+    head, chunks = sb[..., :Q6K_HEAD], sb[..., Q6K_HEAD:]
+    chunks = chunks.reshape(*sb.shape[:2], -1, 64)[:, :, order]
+    return np.concatenate([head, chunks.reshape(*sb.shape[:2], -1)], axis=-1)
+
+
+def _to_rows_sb(wi: np.ndarray, kind: str) -> np.ndarray:
+    SB, R = SB_BYTES[kind], GROUP_ROWS
+    G, nsb = wi.shape[0], wi.shape[1] // (R * SB)
+    grp = np.asarray(wi, np.uint8).reshape(G, nsb, R * SB)
+    if kind == "q6_k":
+        grp = _reorder(grp, list(np.argsort(Q6K_UNITS)))
+    out = np.empty((G, nsb, R, SB), np.uint8)
+    at = 0
+    for o, n, u in _sb_parts(kind):
+        out[..., o:o + n] = grp[..., at:at + R * n].reshape(G, nsb, n // u, R, u) \
+            .transpose(0, 1, 3, 2, 4).reshape(G, nsb, R, n)
+        at += R * n
+    return np.ascontiguousarray(out.transpose(0, 2, 1, 3).reshape(G * R, nsb * SB))
 
 
 def rows_of(data: np.ndarray, type_name: str, layout: str) -> np.ndarray:

@@ -8,7 +8,7 @@
 Weights are the zero-copy views `format.Tensor` hands out (read-only memmaps): uint8 ggml
 blocks of a quant.TYPES block type with block size 32, 64 or 128, float32/float16 [N, K] for
 f32/f16; a tensor whose `layout` is "x16" (modelfile/layout.py) runs x16.py's kernels
-(q4_k: x16_k.py's, on x quantized per super-block of 256: act_quant_k.ActK).
+(q4_k, q6_k: x16_k.py's, on x quantized per super-block of 256: act_quant_k.ActK).
 Which kernels run each type: registry.py.
 They are never copied or dequantized as a whole.
 
@@ -93,13 +93,14 @@ def quantize_act(x: np.ndarray, act: ActQ8) -> ActQ8:
 _scratch = threading.local()
 
 
-def _scratch_act(T: int, K: int, dtype) -> ActQ8:
-    """A per-thread ActQ8 for callers that pass no `act` (grows to the largest T seen)."""
-    cache = _scratch.__dict__.setdefault("acts", {})
+def _scratch_act(T: int, K: int, dtype, cls=ActQ8):
+    """A per-thread ActQ8 (or ActK) for callers that pass no `act` (grows to the largest T
+    seen)."""
+    cache = _scratch.__dict__.setdefault(cls.__name__, {})
     key = (K, np.dtype(dtype))
     act = cache.get(key)
     if act is None or act.T_max < T:
-        act = cache[key] = ActQ8(max(T, 1), K, dtype)
+        act = cache[key] = cls(max(T, 1), K, dtype)
     return act
 
 
@@ -261,16 +262,6 @@ def _act_for(x: np.ndarray, act: ActQ8 | None, act_dtype) -> ActQ8:
     return act
 
 
-def _scratch_act_k(T: int, K: int, dtype) -> ActK:
-    """_scratch_act's super-block twin (act_quant_k.ActK)."""
-    cache = _scratch.__dict__.setdefault("acts_k", {})
-    key = (K, np.dtype(dtype))
-    act = cache.get(key)
-    if act is None or act.T_max < T:
-        act = cache[key] = ActK(max(T, 1), K, dtype)
-    return act
-
-
 def _linear_x16(kind, data, x, out, precise, act, act_dtype) -> None:
     """linear() of a matrix in the x16 layout (x16.py's kernels, q4_k: x16_k.py's)."""
     k = registry.X16[kind]
@@ -283,7 +274,7 @@ def _linear_x16(kind, data, x, out, precise, act, act_dtype) -> None:
             return
         # its tiles read activations quantized per super-block, which an ActQ8 (blocks of
         # 32) is not: x quantized again, at the given act's integer type
-        a = quantize_k(x, _scratch_act_k(T, x.shape[1], dtype), _threads())
+        a = quantize_k(x, _scratch_act(T, x.shape[1], dtype, ActK), _threads())
         if T > 1:
             k["mm_sb"](data, a.xq, a.xd, a.xb, out, T)
         elif _threads() == 1:

@@ -426,8 +426,8 @@ def make_x16_k(kind: str) -> dict:
 
     @kernel
     @named(f"dot_group_x16_{kind}")
-    def dot_group(wi, g, x, t, acc, vals):
-        """acc[l] = row 16g + l . x[t], l < 16; vals float32 [256] scratch."""
+    def dot_group(wi, g, x, t, out, vals):
+        """out[t, 16g + l] = row 16g + l . x[t], l < 16; vals float32 [256] scratch."""
         for l in range(ROWS):
             a = np.float32(0.0)
             for sb in range(x.shape[1] // 256):
@@ -436,32 +436,28 @@ def make_x16_k(kind: str) -> dict:
                 for j in range(256):
                     s += vals[j] * x[t, 256 * sb + j]
                 a += s
-            acc[l] = a
+            out[t, g * ROWS + l] = a
 
     @kernel
     @named(f"mvp_rows_x16_{kind}")
     def mvp_rows(wi, x, out, r0, r1):
-        vals, acc = np.empty(256, np.float32), np.empty(ROWS, np.float32)
+        vals = np.empty(256, np.float32)
         for g in range(r0 // ROWS, r1 // ROWS):
-            dot_group(wi, g, x, 0, acc, vals)
-            out[0, g * ROWS:g * ROWS + ROWS] = acc
+            dot_group(wi, g, x, 0, out, vals)
 
     @kernel(parallel=True)
     @named(f"mvp_x16_{kind}")
     def mvp(wi, x, out):
         for g in prange(wi.shape[0]):
-            vals, acc = np.empty(256, np.float32), np.empty(ROWS, np.float32)
-            dot_group(wi, g, x, 0, acc, vals)
-            out[0, g * ROWS:g * ROWS + ROWS] = acc
+            dot_group(wi, g, x, 0, out, np.empty(256, np.float32))
 
     @kernel(parallel=True)
     @named(f"mmp_x16_{kind}")
     def mmp(wi, x, out):
         for g in prange(wi.shape[0]):
-            vals, acc = np.empty(256, np.float32), np.empty(ROWS, np.float32)
+            vals = np.empty(256, np.float32)
             for t in range(x.shape[0]):
-                dot_group(wi, g, x, t, acc, vals)
-                out[t, g * ROWS:g * ROWS + ROWS] = acc
+                dot_group(wi, g, x, t, out, vals)
 
     @kernel
     @named(f"embed_x16_{kind}")

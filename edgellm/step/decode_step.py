@@ -321,16 +321,21 @@ def sb_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
     raise NotImplementedError("sb_rows runs in kernels only")
 
 
-@overload(sb_rows, jit_options=GLUE)
-def _sb_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
-    codes = [c for c in codes_of(kinds) if c in KK_CODES]
+def _sb_chain(kinds, has, case):
+    """sb_rows' and sb_x16_rows' impl: case(c) for the codes c kinds holds where has(c)."""
+    codes = [c for c in codes_of(kinds) if has(c)]
     if not codes:
         return lambda kinds, kind, w, xq, xd, xb, out, r0, r1: None
-    chain = by_kind(codes, _kk_case)
+    chain = by_kind(codes, case)
 
     def impl(kinds, kind, w, xq, xd, xb, out, r0, r1):
         chain(kind, w, xq, xd, xb, out, r0, r1)
     return impl
+
+
+@overload(sb_rows, jit_options=GLUE)
+def _sb_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
+    return _sb_chain(kinds, lambda c: c in KK_CODES, _kk_case)
 
 
 def _kk_case(c: int):
@@ -341,21 +346,15 @@ def _kk_case(c: int):
     return rows
 
 
-def sb_x16_rows(kinds, kind, wi, xq, xd, xb, out, r0, r1):
-    """sb_rows for a matrix in the x16 layout (x16_k.py: q4_k); r0, r1 multiples of 16."""
+def sb_x16_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
+    """sb_rows for a matrix in the x16 layout (x16_k.py: q4_k, q6_k); r0, r1 multiples of
+    16."""
     raise NotImplementedError("sb_x16_rows runs in kernels only")
 
 
 @overload(sb_x16_rows, jit_options=GLUE)
-def _sb_x16_rows(kinds, kind, wi, xq, xd, xb, out, r0, r1):
-    codes = [c for c in codes_of(kinds) if "x16_mv_rows_sb" in KERNELS.get(c, {})]
-    if not codes:
-        return lambda kinds, kind, wi, xq, xd, xb, out, r0, r1: None
-    chain = by_kind(codes, _sb_x16_case)
-
-    def impl(kinds, kind, wi, xq, xd, xb, out, r0, r1):
-        chain(kind, wi, xq, xd, xb, out, r0, r1)
-    return impl
+def _sb_x16_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
+    return _sb_chain(kinds, lambda c: "x16_mv_rows_sb" in KERNELS.get(c, {}), _sb_x16_case)
 
 
 def _sb_x16_case(c: int):

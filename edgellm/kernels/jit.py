@@ -6,7 +6,8 @@ are therefore defined with `@kernel`, which caches them in a subdirectory of
 NUMBA_CACHE_DIR named by CACHE_TAG: KERNEL_VERSION, SIMD_PATH (simd.py) and a hash of the
 kernel sources (`_sources`: every module of this package, whose kernels call each other's
 intrinsics and inline each other's helpers (batch_step's cached step holds decode_step's
-code), and quant.py / quant_k.py, whose tables give the block layouts the generators emit).
+code), and quant.py / quant_k.py / layout.py, whose tables give the block layouts the
+generators emit).
 Editing any of them or switching path never loads a stale kernel; a new kernel module is
 covered without being listed (a hand-kept list once missed the fused steps). A kernel
 elsewhere that calls these intrinsics or kernels (a
@@ -40,15 +41,15 @@ GLUE = dict(OPTIONS, cache=False)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # edgellm/
 _FOLDERS = ("kernels", "codegen", "step")
 _FILES = (os.path.join("runtime", "simd.py"), os.path.join("modelfile", "quant.py"),
-          os.path.join("modelfile", "quant_k.py"))
+          os.path.join("modelfile", "quant_k.py"), os.path.join("modelfile", "layout.py"))
 
 
 def _sources() -> list[str]:
     """The files the tag hashes (relative to edgellm/, sorted within each folder): every
     module of the folders whose kernels call each other's intrinsics and inline each
     other's helpers (kernels/, codegen/, step/), the CPU path (runtime/simd.py) and the
-    quant tables (modelfile/quant.py, quant_k.py), which give the block layouts the
-    generators emit."""
+    quant tables (modelfile/quant.py, quant_k.py) and the x16 layout (layout.py), which give
+    the block layouts the generators emit."""
     names = []
     for folder in _FOLDERS:
         try:

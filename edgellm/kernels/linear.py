@@ -263,7 +263,7 @@ def _act_for(x: np.ndarray, act: ActQ8 | None, act_dtype) -> ActQ8:
 
 
 def _linear_x16(kind, data, x, out, precise, act, act_dtype) -> None:
-    """linear() of a matrix in the x16 layout (x16.py's kernels, q4_k: x16_k.py's)."""
+    """linear() of a matrix in the x16 layout (x16.py's kernels; q4_k, q6_k: x16_k.py's)."""
     k = registry.X16[kind]
     T = x.shape[0]
     if kind in layouts.X16_SB and not precise:

@@ -62,6 +62,7 @@ from ..codegen.ir import (
     _v,
 )
 from ..codegen.kquant_k_tiles import DEINT
+from ..modelfile import layout as layouts
 from ..modelfile import quant
 from ..runtime.simd import VNNI
 from .act_quant_k import SPLIT
@@ -72,12 +73,13 @@ from .panel16 import BLOCK16, SCALES16, _tokens16
 
 __all__ = ["SB_BYTES", "TILES", "make_x16_k"]
 
-ROWS = 16
-# a group's super-block: its bytes (16 x 144, 16 x 210; layout.py) and where its parts are
-SB_Q4K, SB_Q6K = ROWS * 144, ROWS * 210
-SB_BYTES = {"q4_k": SB_Q4K, "q6_k": SB_Q6K}
+ROWS = layouts.GROUP_ROWS
+# a group's super-block: its bytes (layout.py's) and where its parts are
+SB_BYTES = {kind: ROWS * n for kind, n in layouts.SB_BYTES.items()}
+SB_Q4K, SB_Q6K = SB_BYTES["q4_k"], SB_BYTES["q6_k"]
 Q4K_CODES = 256  # q4_k: d, dmin (32 bytes each), 12 scale bytes a row, then the codes
-Q6K_SC, Q6K_UNITS = 32, 288  # q6_k: d, 16 int8 scales a row, then units of 3 code chunks
+Q6K_SC, Q6K_UNITS = 32, layouts.Q6K_HEAD  # q6_k: d, 16 int8 scales a row, then units of
+# three code chunks
 CHAINS = 2  # accumulator chains a block (their sum is the same integer)
 MASK4, MASK2 = 0x0F0F0F0F, 0x30303030
 

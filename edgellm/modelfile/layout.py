@@ -69,7 +69,7 @@ def data_shape(type_name: str, shape: tuple[int, ...], block_size: int, layout: 
 
 
 def to_x16(w: np.ndarray, kind: str) -> np.ndarray:
-    """q4_0 / q4_1 / q4_k rows (uint8 [rows, nb * BB], rows a multiple of 16) -> uint8
+    """q4_0 / q4_1 / q4_k / q6_k rows (uint8 [rows, nb * BB], rows a multiple of 16) -> uint8
     [rows / 16, nb * 16 * BB] (the module docstring)."""
     if kind in X16_SB:
         return _to_x16_sb(w, kind)

@@ -354,16 +354,8 @@ def sb_x16_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
 
 @overload(sb_x16_rows, jit_options=GLUE)
 def _sb_x16_rows(kinds, kind, w, xq, xd, xb, out, r0, r1):
-    return _sb_chain(kinds, lambda c: "x16_mv_rows_sb" in KERNELS.get(c, {}), _sb_x16_case)
-
-
-def _sb_x16_case(c: int):
-    mv = KERNELS[c]["x16_mv_rows_sb"]
-
-    @njit(**GLUE)
-    def rows(wi, xq, xd, xb, out, r0, r1):
-        mv(wi, xq, xd, xb, out, r0, r1)
-    return rows
+    return _sb_chain(kinds, lambda c: "x16_mv_rows_sb" in KERNELS.get(c, {}),
+                     lambda c: KERNELS[c]["x16_mv_rows_sb"])
 
 
 @kernel

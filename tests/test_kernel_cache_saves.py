@@ -78,3 +78,34 @@ def test_a_key_saved_again_replaces_its_own_file(tmp_path):
     f.save(("other",), "other")
     assert f.load(("sig",)) == "new" and f.load(("other",)) == "other"
     assert len(list(tmp_path.glob("*.nbc"))) == 2
+
+
+_KEYS = r"""
+import gc, hashlib, json
+from numba.core.registry import CPUDispatcher
+from numba.core.serialize import dumps
+import edgellm.kernels.registry, edgellm.step.decode_step, edgellm.step.batch_step
+keys = {}
+for d in gc.get_objects():
+    if isinstance(d, CPUDispatcher) and hasattr(getattr(d, "_cache", None), "_cache_file"):
+        f = d.py_func
+        cells = tuple(c.cell_contents for c in f.__closure__ or ())
+        name = f"{f.__module__}.{getattr(d, '__qualname__', f.__qualname__)}:{f.__code__.co_firstlineno}"
+        keys.setdefault(name, []).append(hashlib.sha256(dumps(cells)).hexdigest())
+print(json.dumps({k: sorted(v) for k, v in keys.items()}))
+"""
+
+
+def test_every_cached_kernel_keys_the_same_in_a_new_process():
+    # numba keys a cached kernel by its closure's pickle: a closure over an intrinsic or a
+    # dispatcher (whose pickles carry a new id each process) misses the cache every start
+    import json
+    import subprocess
+    import sys
+
+    runs = [json.loads(subprocess.run([sys.executable, "-c", _KEYS], check=True,
+                                      capture_output=True, text=True).stdout)
+            for _ in range(2)]
+    assert len(runs[0]) > 50
+    changed = sorted(k for k in runs[0] if runs[0][k] != runs[1].get(k))
+    assert not changed, f"kernels keyed differently in each process: {changed}"

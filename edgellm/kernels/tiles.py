@@ -95,7 +95,9 @@ def _tiles(name: str, r: Recipe) -> dict:
     return t
 
 
+# update, not assign: x16_k.py adds its tiles to the K-quants' entries, in either order
 for _name, _recipe in RECIPES.items():
-    TILES[quant.TYPES[_name].code] = _tiles(_name, _recipe)
+    TILES.setdefault(quant.TYPES[_name].code, {}).update(_tiles(_name, _recipe))
 for _name in ("q4_k", "q5_k", "q6_k"):  # kquant_int.py's one-row tiles (no generated family)
-    TILES[quant.TYPES[_name].code] = {"1": make_ktile(_name, 1), "4": make_ktile(_name, 4)}
+    TILES.setdefault(quant.TYPES[_name].code, {}).update(
+        {"1": make_ktile(_name, 1), "4": make_ktile(_name, 4)})

@@ -65,7 +65,9 @@ from ..codegen.kquant_k_tiles import DEINT
 from ..modelfile import layout as layouts
 from ..modelfile import quant
 from ..runtime.simd import VNNI
+from . import family
 from .act_quant_k import SPLIT
+from .family import tile
 from .jit import kernel
 from .kquant import F16
 from .matvec import named
@@ -337,6 +339,10 @@ def _make_pack(kind):
 
 TILES = {kind: (_make_tile(kind, 1), _make_tile(kind, 4), _make_pack(kind))
          for kind in SB_BYTES}
+for _kind, (_t1, _t4, _pack) in TILES.items():  # the kernels below call them by code
+    family.TILES.setdefault(quant.TYPES[_kind].code, {}).update(
+        x16_1=_t1, x16_4=_t4, x16_pack=_pack)
+Q4K_CODE = quant.TYPES["q4_k"].code
 
 
 @kernel
@@ -383,23 +389,47 @@ def _dequant_q6_k(wi, g, l, sb, dst):
                     dst[col] = (d * sc) * np.float32(qs[jq] - 32)
 
 
+@kernel
+def _dequant(code, wi, g, l, sb, dst):
+    """Row l of group g's super-block sb of type `code` (q4_k or q6_k) -> dst float32 [256]."""
+    if code == Q4K_CODE:
+        _dequant_q4_k(wi, g, l, sb, dst)
+    else:
+        _dequant_q6_k(wi, g, l, sb, dst)
+
+
+@kernel
+def _dot_group(code, wi, g, x, t, out, vals):
+    """out[t, 16g + l] = row 16g + l . x[t], l < 16, type `code`; vals float32 [256] scratch."""
+    for l in range(ROWS):
+        a = np.float32(0.0)
+        for sb in range(x.shape[1] // 256):
+            _dequant(code, wi, g, l, sb, vals)
+            s = np.float32(0.0)
+            for j in range(256):
+                s += vals[j] * x[t, 256 * sb + j]
+            a += s
+        out[t, g * ROWS + l] = a
+
+
 def make_x16_k(kind: str) -> dict:
-    """Type `kind`'s x16 kernels (the module docstring), each closing over its own tiles."""
-    t1, t4, pack = TILES[kind]
+    """Type `kind`'s x16 kernels (the module docstring). Each closes over the type's code
+    alone and finds its tiles with family.tile: numba keys a cached kernel by its closure's
+    pickle, and an intrinsic's (or a dispatcher's) pickle differs from process to process,
+    which made every start compile these kernels again."""
     code = quant.TYPES[kind].code
-    deq = _dequant_q4_k if kind == "q4_k" else _dequant_q6_k
 
     @kernel
     @named(f"mv_rows_sb_x16_{kind}")
     def mv_rows_sb(wi, xq, xd, xb, out, r0, r1):
         for g in range(r0 // ROWS, r1 // ROWS):
-            t1(wi, g, xq, xd, xb, 0, out, g * ROWS)
+            tile(code, "x16_1", wi, g, xq, xd, xb, 0, out, g * ROWS)
 
     @kernel(parallel=True)
     @named(f"mv_sb_x16_{kind}")
     def mv_sb(wi, xq, xd, xb, out):
         for g in prange(wi.shape[0]):
-            t1(wi, g, xq, xd, xb, 0, out, g * ROWS)
+            tile(code, "x16_1", wi, g, xq, xd, xb, 0, out, g * ROWS)
 
     @kernel(parallel=True)
     @named(f"mm_sb_x16_{kind}")
@@ -407,10 +437,10 @@ def make_x16_k(kind: str) -> dict:
         for g in prange(wi.shape[0]):
             t = 0
             while t + 4 <= T:
-                t4(wi, g, xq, xd, xb, t, out, g * ROWS)
+                tile(code, "x16_4", wi, g, xq, xd, xb, t, out, g * ROWS)
                 t += 4
             while t < T:
-                t1(wi, g, xq, xd, xb, t, out, g * ROWS)
+                tile(code, "x16_1", wi, g, xq, xd, xb, t, out, g * ROWS)
                 t += 1
 
     @kernel(parallel=True)
@@ -423,35 +453,21 @@ def make_x16_k(kind: str) -> dict:
             panel = np.empty((1, K // 32 * BLOCK16), np.uint8)
             scales = np.empty((1, K // 32 * SCALES16), np.float32)
             toks = np.empty((1, 4), np.int64)
-            pack(wi, g, panel, scales, 0)
+            tile(code, "x16_pack", wi, g, panel, scales, 0)
             _tokens16(code, panel, scales, xq, xd, xds, out, g * ROWS, T, toks)
-
-    @kernel
-    @named(f"dot_group_x16_{kind}")
-    def dot_group(wi, g, x, t, out, vals):
-        """out[t, 16g + l] = row 16g + l . x[t], l < 16; vals float32 [256] scratch."""
-        for l in range(ROWS):
-            a = np.float32(0.0)
-            for sb in range(x.shape[1] // 256):
-                deq(wi, g, l, sb, vals)
-                s = np.float32(0.0)
-                for j in range(256):
-                    s += vals[j] * x[t, 256 * sb + j]
-                a += s
-            out[t, g * ROWS + l] = a
 
     @kernel
     @named(f"mvp_rows_x16_{kind}")
     def mvp_rows(wi, x, out, r0, r1):
         vals = np.empty(256, np.float32)
         for g in range(r0 // ROWS, r1 // ROWS):
-            dot_group(wi, g, x, 0, out, vals)
+            _dot_group(code, wi, g, x, 0, out, vals)
 
     @kernel(parallel=True)
     @named(f"mvp_x16_{kind}")
     def mvp(wi, x, out):
         for g in prange(wi.shape[0]):
-            dot_group(wi, g, x, 0, out, np.empty(256, np.float32))
+            _dot_group(code, wi, g, x, 0, out, np.empty(256, np.float32))
 
     @kernel(parallel=True)
     @named(f"mmp_x16_{kind}")
@@ -459,7 +475,7 @@ def make_x16_k(kind: str) -> dict:
         for g in prange(wi.shape[0]):
             vals = np.empty(256, np.float32)
             for t in range(x.shape[0]):
-                dot_group(wi, g, x, t, out, vals)
+                _dot_group(code, wi, g, x, t, out, vals)
 
     @kernel
     @named(f"embed_x16_{kind}")
@@ -467,7 +483,7 @@ def make_x16_k(kind: str) -> dict:
         for t in range(ids.shape[0]):
             g, l = ids[t] // ROWS, ids[t] % ROWS
             for sb in range(out.shape[1] // 256):
-                deq(wi, g, l, sb, out[t, 256 * sb:256 * sb + 256])
+                _dequant(code, wi, g, l, sb, out[t, 256 * sb:256 * sb + 256])
 
     return dict(mv_rows_sb=mv_rows_sb, mv_sb=mv_sb, mm_sb=mm_sb, mm_panels=mm_panels,
                 mvp_rows=mvp_rows, mvp=mvp, mmp=mmp, embed=embed)

@@ -135,22 +135,24 @@ def test_superblock_step_follows_the_float_decode(kq_files, act_type, tol, coars
 def test_batched_rows_are_the_single_steps(kq_model):
     with edgellm.load(kq_model, threads=1) as llm:
         m = llm.model
-        caches = [m.new_cache() for _ in range(2)]
-        prompts = [IDS[:5], IDS[5:9]]
+        # five rows: the x16 matrices' four-token tile, then the one-token tile
+        prompts = [IDS[:5], IDS[5:9], IDS[2:8], IDS[1:4], IDS[3:10]]
+        toks = [7, 99, 3, 42, 11]
+        caches = [m.new_cache() for _ in prompts]
         solo = []
         for cache, ids in zip(caches, prompts):
             m.cache, m.tokens = cache, []
             m.forward(ids, want="none")
         states = [c.state() for c in caches]
-        for state, tok in zip(states, (7, 99)):
+        for state, tok in zip(states, toks):
             m.cache = m.new_cache()
             m.cache.restore(state)
             solo.append(m.fused.step(tok, False).copy())
         stepper = BatchDecoder.build(m, caches)
         for c, state in zip(caches, states):
             c.restore(state)
-        rows = stepper.step([0, 1], [7, 99])
-        for r in range(2):
+        rows = stepper.step(list(range(len(toks))), toks)
+        for r in range(len(toks)):
             np.testing.assert_array_equal(rows[r], solo[r])
 
 

@@ -12,8 +12,8 @@ these tables name them by role for linear.py:
                the encoders' panel GEMM (panel_gemm.py); for quant.MATRIX_TYPES
 X16[type]    the kernels of its matrices in the x16 layout (x16.py), by role: mv_rows, mv,
              mm, mvp_rows, mvp, mmp, embed (for layout.X16_TYPES); q4_k's and q6_k's
-             (x16_k.py) take super-block activations (ActK) as mv_rows_sb, mv_sb, mm_sb
-             instead, and prefill's int16 blocks as mm_panels
+             (x16_k.py) take super-block activations (ActK) as mv_rows_sb, mv_sb, mm_sb,
+             mm_rows_sb instead, and prefill's int16 blocks as mm_panels
 quant.TYPES says which types have which kernels; this says which functions they are, and
 checks at import that the two agree. linear.py dispatches through it, the fused step
 through family.kern (KERNELS, by code).

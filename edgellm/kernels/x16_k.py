@@ -9,6 +9,9 @@ for the same reason: its q4_K_8x8 GEMV).
       "mv_sb"(wi, xq, xd, xb, out)                the same, groups split between threads
       "mm_sb"(wi, xq, xd, xb, out, T)             several tokens: each group meets them
                                                   four, then one at a time
+      "mm_rows_sb"(wi, xq, xd, xb, out, r0, r1)   the same on rows r0..r1-1, one thread,
+                                                  for xq's T = xq.shape[0] tokens (the
+                                                  batched step's sequences)
       "mm_panels"(wi, xq, xd, xds, out, T)        prefill on ActQ8's int16 blocks (AVX-512
                                                   VNNI): each group packed into panel16's
                                                   int16 panel, met as panel16 meets rows
@@ -443,6 +446,19 @@ def make_x16_k(kind: str) -> dict:
                 tile(code, "x16_1", wi, g, xq, xd, xb, t, out, g * ROWS)
                 t += 1
 
+    @kernel
+    @named(f"mm_rows_sb_x16_{kind}")
+    def mm_rows_sb(wi, xq, xd, xb, out, r0, r1):
+        T = xq.shape[0]
+        for g in range(r0 // ROWS, r1 // ROWS):
+            t = 0
+            while t + 4 <= T:
+                tile(code, "x16_4", wi, g, xq, xd, xb, t, out, g * ROWS)
+                t += 4
+            while t < T:
+                tile(code, "x16_1", wi, g, xq, xd, xb, t, out, g * ROWS)
+                t += 1
+
     @kernel(parallel=True)
     @named(f"mm_panels_x16_{kind}")
     def mm_panels(wi, xq, xd, xds, out, T):
@@ -485,5 +501,6 @@ def make_x16_k(kind: str) -> dict:
             for sb in range(out.shape[1] // 256):
                 _dequant(code, wi, g, l, sb, out[t, 256 * sb:256 * sb + 256])
 
-    return dict(mv_rows_sb=mv_rows_sb, mv_sb=mv_sb, mm_sb=mm_sb, mm_panels=mm_panels,
+    return dict(mv_rows_sb=mv_rows_sb, mv_sb=mv_sb, mm_sb=mm_sb, mm_rows_sb=mm_rows_sb,
+                mm_panels=mm_panels,
                 mvp_rows=mvp_rows, mvp=mvp, mmp=mmp, embed=embed)

@@ -17,7 +17,8 @@ the compiler placed for one row hold for n:
           groups of 8 and q8_0's groups of 4 meet 4, 2 or 1 rows per tile, the weights
           unpacked once (tiles.py's "g4" / "g2" of a type's recipe: each row's sums added
           in its "g" tile's order); other matrices a tile of `tile` rows at a time (read
-          from memory once, from L1 for the other rows), each row through _mv itself.
+          from memory once, from L1 for the other rows), each row through _mv itself;
+          q4_k / q6_k in x16 (on super-block activations) 4 or 1 sequences a tile
           Either way each row's result is its result alone
   ATTEND  units of (row, KV group) split between the workers (_attend_units), one barrier;
           rows of one cache (a verify step) in units of (run of its rows, KV group), each
@@ -45,7 +46,7 @@ from numba import literally, njit, prange
 from numba.extending import overload
 
 from ..kernels.dots import LANES
-from ..kernels.family import TILES, by_kind, codes_of, name_of, tile
+from ..kernels.family import KERNELS, TILES, by_kind, codes_of, name_of, tile
 from ..kernels.interleave import ILV_BLOCK, ILV_ROWS
 from ..kernels.jit import GLUE, kernel
 from ..kernels.kv_store import store_kv_row
@@ -61,8 +62,10 @@ from .decode_step import (
     KV_F32,
     KV_Q8_0,
     LAYER_FILLED,
+    LAYOUT_X16,
     MAT_BLOCK,
     MAT_KIND,
+    MAT_LAYOUT,
     MAT_OFF,
     MAT_ROW_BYTES,
     N_KINDS,
@@ -80,6 +83,7 @@ from .decode_step import (
     _proj_row,
     _quant_op,
     _row,
+    _sb_chain,
     _split,
     _split_feats,
     _worker,
@@ -176,6 +180,19 @@ def _group_rows_by_kind(kinds, kind, m, mat, row0, rows, K, xqv, xdv, xsv, xdsv,
     return impl
 
 
+def sb_x16_tokens(kinds, kind, w, xq, xd, xb, out, r0, r1):
+    """Rows r0..r1-1 (multiples of 16) of a q4_k / q6_k matrix in the x16 layout for the
+    xq.shape[0] sequences (x16_k.py's mm_rows_sb: four, then one a tile, each row's sums
+    the one-token tile's bit for bit)."""
+    raise NotImplementedError("sb_x16_tokens runs in kernels only")
+
+
+@overload(sb_x16_tokens, jit_options=GLUE)
+def _sb_x16_tokens(kinds, kind, w, xq, xd, xb, out, r0, r1):
+    return _sb_chain(kinds, lambda c: "x16_mm_rows_sb" in KERNELS.get(c, {}),
+                     lambda c: KERNELS[c]["x16_mm_rows_sb"])
+
+
 @kernel
 def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds, x16):
     """The PROJ op of worker tid for rows 0..n-1: its rows of W as the single step splits
@@ -199,6 +216,16 @@ def _proj(tid, nt, op, model, bufs, n, precise, tile_rows, ilv, kinds, x16):
         c0 = group_rows(kinds, m[MAT_KIND], m, o.mat, o.row0, rows, K, xq[:n, q0:q0 + K],
                         xd[:n, b0:b0 + nb], xs[:n, 2 * b0:2 * b0 + nb], xds[:n, b0:b0 + nb],
                         mem[:n, dst:dst + rows], blob, ilv, n, r0, r1)
+    elif not float_acts and o.sb != 0 and x16 is not None and m[MAT_LAYOUT] == LAYOUT_X16:
+        # q4_k, q6_k in x16: the slots hold super-block activations (_act_k's, row by row)
+        kmax = ints[I_KMAX]
+        q0, b0 = slot * kmax, slot * (kmax // 32)
+        off, rb = m[MAT_OFF] + o.row0 * m[MAT_ROW_BYTES], m[MAT_ROW_BYTES]
+        wi = blob[off:off + rows * rb].reshape((rows // 16, 16 * rb))
+        dst = _addr(shared, private, tid, o.dst)
+        sb_x16_tokens(kinds, m[MAT_KIND], wi, xq[:n, q0:q0 + K], xd[:n, b0:b0 + K // 256],
+                      xs[:n, 2 * b0:2 * b0 + K // 16], mem[:n, dst:dst + rows], r0, r1)
+        c0 = r1
     while c0 < r1:
         c1 = min(r1, c0 + tile_rows)
         for r in range(n):

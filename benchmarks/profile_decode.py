@@ -26,18 +26,25 @@ from numba import njit  # noqa: E402
 
 import edgellm  # noqa: E402
 from edgellm.kernels.act_quant import quantize_rows  # noqa: E402
+from edgellm.kernels.act_quant_k import ActK, quantize_k  # noqa: E402
 from edgellm.step import decode_step as ds  # noqa: E402
+from edgellm.step.ops import OPERANDS  # noqa: E402
 
 
 @njit(cache=False, fastmath=True)
-def _mv_list(blob, mats, idx, h, xq, xd, xs, xds, out, kinds, x16):
+def _mv_list(blob, mats, idx, h, xq, xd, xs, xds, out, kinds, x16, sb, kq, kd, kb):
     """Matrices mats[idx[i]] in order, each times h (weights stream as in a step); kinds:
-    the step's matrix types (its feats' first entries); x16: its feats' "x16"."""
+    the step's matrix types (its feats' first entries); x16: its feats' "x16"; sb[i]: the
+    step reads matrix i on super-block activations (kq, kd, kb: ActK's), as _proj_row."""
     for i in range(idx.shape[0]):
         m = mats[idx[i]]
         rows = m[1]
-        ds._mv(blob, m, 0, rows, h[i:i + 1], xq[i:i + 1], xd[i:i + 1], xs[i:i + 1],
-               xds[i:i + 1], out, 0, rows, False, kinds, x16)
+        if sb[i]:
+            ds._mv_sb(blob, m, 0, rows, kq[i:i + 1], kd[i:i + 1], kb[i:i + 1], out, 0, rows,
+                      kinds, x16)
+        else:
+            ds._mv(blob, m, 0, rows, h[i:i + 1], xq[i:i + 1], xd[i:i + 1], xs[i:i + 1],
+                   xds[i:i + 1], out, 0, rows, False, kinds, x16)
 
 
 def group_name(tensor: str) -> str:
@@ -84,6 +91,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     names = {i: name for (name,), i in f.program.mat_index.items()}
     order = [int(op[1]) for op in f.prog if op[0] == ds.PROJ]  # step order, repeats kept
+    sb_of = {int(op[1]): int(op[1 + OPERANDS[ds.PROJ].index("sb")])
+             for op in f.prog if op[0] == ds.PROJ}
     groups: dict[str, list[int]] = {}
     for i in order:
         groups.setdefault(group_name(names[i]), []).append(i)
@@ -99,8 +108,12 @@ def main() -> None:
             parts = [[j for j in idx if m.packed.tensors[names[j]].shape[1] == c]
                      for c in sorted(set(cols))]
             return sum(run(p) for p in parts)
+        sb = np.array([sb_of[i] for i in idx], np.int64)
+        k = ActK(len(idx), K if K % 256 == 0 else 256, f.xq.dtype)
+        if K % 256 == 0:
+            quantize_k(h, k)
         return timed(lambda: _mv_list(f.blob, f.mats, table, h, xq, xd, xs, xds, big, on,
-                                      f.feats[ds.F_X16]), a.reps)
+                                      f.feats[ds.F_X16], sb, k.xq, k.xd, k.xb), a.reps)
 
     rows = {name: run(idx) for name, idx in groups.items()}
     total = sum(rows.values())

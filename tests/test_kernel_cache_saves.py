@@ -90,7 +90,8 @@ for d in gc.get_objects():
     if isinstance(d, CPUDispatcher) and hasattr(getattr(d, "_cache", None), "_cache_file"):
         f = d.py_func
         cells = tuple(c.cell_contents for c in f.__closure__ or ())
-        name = f"{f.__module__}.{getattr(d, '__qualname__', f.__qualname__)}:{f.__code__.co_firstlineno}"
+        qual = getattr(d, "__qualname__", f.__qualname__)
+        name = f"{f.__module__}.{qual}:{f.__code__.co_firstlineno}"
         keys.setdefault(name, []).append(hashlib.sha256(dumps(cells)).hexdigest())
 print(json.dumps({k: sorted(v) for k, v in keys.items()}))
 """

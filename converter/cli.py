@@ -56,10 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--block-size", type=int, default=quant.DEFAULT_BLOCK,
                     choices=quant.BLOCK_SIZES, help="elements per quantization block")
     ap.add_argument("--layout", choices=("x16", "rows"), default="x16",
-                    help="x16 (default): q4_0, q4_1, q4_k and q6_k matrices interleaved 16 "
-                         "rows a group, the layout the kernels read fastest (a version 3 file, "
-                         "the same values); rows: every tensor's rows as stored (a file older "
-                         "edgellm versions read)")
+                    help="x16 (default): q4_0, q4_1, q5_0, q5_1, q4_k and q6_k matrices "
+                         "interleaved 16 rows a group, the layout the kernels read fastest "
+                         "(a version 3 file, the same values); rows: every tensor's rows as "
+                         "stored (a file older edgellm versions read)")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress bar or summary")
     _add_quality_arguments(ap)
     g = ap.add_argument_group("LoRA (converter/lora_merge.py, edgellm/lora/)")

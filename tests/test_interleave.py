@@ -13,10 +13,12 @@ from numba import njit
 import edgellm
 from edgellm.kernels import act_quant
 from edgellm.kernels import interleave as il
+from edgellm.kernels import linear as L
 from edgellm.kernels.interleave import ILV_BLOCK
 from edgellm.kernels.tiles import TILES
 from edgellm.modelfile import layout as layouts
 from edgellm.modelfile import quant
+from edgellm.modelfile.format import Tensor
 from edgellm.runtime import simd
 from edgellm.step.batched import BatchDecoder
 
@@ -25,6 +27,7 @@ tile_q4_0_8x1, tile_q4_1_8x1, tile_q8_0_4x1 = (TILES[quant.TYPES[k].code]["g"]
                                                for k in ("q4_0", "q4_1", "q8_0"))
 
 KINDS = ("q4_0", "q4_1", "q8_0")
+Q5 = ("q5_0", "q5_1")  # tiles only from an x16 file (no copies of a rows file's: own rounding)
 
 
 def q_rows(kind: str, N: int, K: int, rng, adversarial: bool) -> np.ndarray:
@@ -33,7 +36,7 @@ def q_rows(kind: str, N: int, K: int, rng, adversarial: bool) -> np.ndarray:
     most negative), an all-zero block."""
     BB = quant.TYPES[kind].block_bytes(32)
     raw = rng.integers(0, 256, (N * K // 32, BB), dtype=np.uint8)
-    nf = 2 if kind == "q4_1" else 1
+    nf = 2 if kind in ("q4_1", "q5_1") else 1
     sc = rng.uniform(-1, 1, (raw.shape[0], nf)).astype(np.float32)
     if adversarial:
         sc[0::4], sc[1::4], sc[2::4] = 65504.0 / 1024, 6e-8, 0.0
@@ -138,7 +141,7 @@ def test_rows_not_in_groups_of_16_are_refused():
 
 @pytest.mark.parametrize("dtype", [np.int16, np.int8])
 @pytest.mark.parametrize("adversarial", [False, True], ids=["random", "adversarial"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + Q5)
 def test_tiles_match_the_product_and_the_q4_tiles_are_the_8x1_tiles(kind, adversarial, dtype):
     N, K, T = 48, 416, 4  # 13 blocks: the two block chains of unequal length
     rng = np.random.default_rng(7)
@@ -151,7 +154,12 @@ def test_tiles_match_the_product_and_the_q4_tiles_are_the_8x1_tiles(kind, advers
     wd = quant.dequantize(raw, kind, (N, K)).astype(np.float64)
     ref, scale = xr @ wd.T, np.abs(xr) @ np.abs(wd).T
     single = np.full((T, N), np.nan, np.float32)
-    _single(CODE[kind], raw, xq, xd, xds, single)
+    if kind in CODE:
+        _single(CODE[kind], raw, xq, xd, xds, single)
+    else:  # q5: the rows layout's one-token matvec (its tiles round in their own order)
+        for t in range(T):
+            L.linear(Tensor("w", kind, (N, K), 32, raw), x[t:t + 1], single[t:t + 1],
+                     act_dtype=dtype)
     wi = il.interleave(raw, kind, dtype)
     first = None
     for RT in (1, 2, 4):
@@ -160,8 +168,8 @@ def test_tiles_match_the_product_and_the_q4_tiles_are_the_8x1_tiles(kind, advers
         assert (np.abs(got - ref) <= 2e-6 * scale + 1e-30).all(), RT
         first = got if first is None else first
         np.testing.assert_array_equal(got, first, err_msg=f"RT={RT}")  # whichever tile
-        if simd.VNNI and kind != "q8_0":  # the single step's results (q8_0: its own order)
-            np.testing.assert_array_equal(got, single, err_msg=f"RT={RT}")
+        if simd.VNNI and kind in ("q4_0", "q4_1"):  # the single step's results (q8_0, q5:
+            np.testing.assert_array_equal(got, single, err_msg=f"RT={RT}")  # their order)
     assert (np.abs(single - ref) <= 2e-6 * scale + 1e-30).all()
 
 
@@ -181,7 +189,7 @@ def test_the_batched_step_reads_the_interleaved_copies(kind, converted):
             assert (at < 0).all() and data.size == 0
 
 
-@pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1", "q5_0", "q5_1"])
 def test_int16_halves_and_pairs_are_the_int16_words_bit_for_bit(kind):
     """The q4 tiles on halves() (int16 activations split into a u8 and an s8 byte: VNNI
     only) and on pairs() (permuted within fours) compute the same integers as on the int16

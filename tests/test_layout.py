@@ -1,9 +1,9 @@
-"""The x16 weight layout (modelfile/layout.py): convert-model writes q4_0, q4_1, q4_k and q6_k
-matrices interleaved 16 rows a group (a version 3 file, the same values bit for bit, from
-safetensors and from GGUF); linear(), the embedding, the fused decode step, the batched step and
-prefill read it in place and compute what the rows layout computes (bit for bit where the
-arithmetic is the same: one token a tile on AVX-512 VNNI); a rows-layout file (version 2)
-still loads and generates alike."""
+"""The x16 weight layout (modelfile/layout.py): convert-model writes q4_0, q4_1, q5_0, q5_1,
+q4_k and q6_k matrices interleaved 16 rows a group (a version 3 file, the same values bit for
+bit, from safetensors and from GGUF); linear(), the embedding, the fused decode step, the
+batched step and prefill read it in place and compute what the rows layout computes (bit
+for bit where the arithmetic is the same: q4 one token a tile on AVX-512 VNNI); a
+rows-layout file (version 2) still loads and generates alike."""
 
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ from edgellm.step.batched import BatchDecoder
 
 KINDS = layouts.X16_TYPES
 Q4 = ("q4_0", "q4_1")  # blocks of 32, on x16.py's kernels
+Q5 = layouts.X16_Q5  # the same, with each row's fifth bits
 SB = layouts.X16_SB  # super-blocks of 256, on x16_k.py's
-COLS = {"q4_0": 224, "q4_1": 224, "q4_k": 512, "q6_k": 512}  # K of the test matrices
+COLS = {"q4_0": 224, "q4_1": 224, "q5_0": 224, "q5_1": 224, "q4_k": 512, "q6_k": 512}
 
 
 def q_rows(kind: str, N: int, K: int, seed: int = 0) -> np.ndarray:
@@ -43,7 +44,7 @@ def q_rows(kind: str, N: int, K: int, seed: int = 0) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_x16_holds_the_rows_bytes_rearranged(kind):
-    K, block = COLS[kind] - 64 * (kind in Q4), layouts.X16_BLOCK[kind]
+    K, block = COLS[kind] - 64 * (kind in Q4 + Q5), layouts.X16_BLOCK[kind]
     raw = q_rows(kind, 48, K)
     wi = layouts.to_x16(raw, kind)
     assert wi.shape == layouts.data_shape(kind, (48, K), block, layouts.X16) == \
@@ -66,6 +67,30 @@ def test_which_tensors_fit_x16():
     assert not layouts.fits_x16("q4_k", (24, 512), 256)
     assert layouts.fits_x16("q6_k", (32, 512), 256)
     assert not layouts.fits_x16("q5_k", (32, 512), 256)
+    assert layouts.fits_x16("q5_0", (32, 960), 32) and layouts.fits_x16("q5_1", (16, 64), 32)
+
+
+@pytest.mark.parametrize("kind", Q5)
+def test_q5_high_bits_are_permuted_for_the_chunks(kind):
+    """A q5 group's block keeps each row's 32 fifth bits as one word, bit 8k + c holding
+    column 8c + k's and bit 8k + 4 + c column 8c + 4 + k's (k, c < 4): chunk c's low
+    (high) codes' fifth bits are then (word << (4 - c)) & 0x10101010 ((word >> c) &
+    0x10101010), what the tiles OR into the masked nibbles."""
+    raw = q_rows(kind, 16, 32)
+    hdr = quant.TYPES[kind].header_bytes
+    qh = np.unpackbits(raw[:, hdr:hdr + 4], axis=-1, bitorder="little")
+    qs = raw[:, hdr + 4:]
+    codes = np.concatenate([qs & 15, qs >> 4], axis=1) | qh << 4  # [16 rows, 32] 5-bit
+    wi = layouts.to_x16(raw, kind)[0]
+    word = wi[16 * hdr:16 * hdr + 64].view(np.uint32)  # a row a lane
+    chunks = wi[16 * hdr + 64:].reshape(4, 16, 4)  # chunk, lane, byte
+    for c in range(4):
+        v = chunks[c].copy().view(np.uint32)[:, 0]
+        lo = (v & 0x0F0F0F0F) | (word << np.uint32(4 - c)) & np.uint32(0x10101010)
+        hi = (v >> np.uint32(4)) & 0x0F0F0F0F | (word >> np.uint32(c)) & np.uint32(0x10101010)
+        np.testing.assert_array_equal(lo.view(np.uint8).reshape(16, 4), codes[:, 8 * c:8 * c + 4])
+        np.testing.assert_array_equal(hi.view(np.uint8).reshape(16, 4),
+                                      codes[:, 8 * c + 4:8 * c + 8])
 
 
 def _pair(kind, N=64, seed=0) -> tuple[Tensor, Tensor]:
@@ -80,11 +105,12 @@ def _pair(kind, N=64, seed=0) -> tuple[Tensor, Tensor]:
 
 
 @pytest.mark.parametrize("act", [np.int16, np.int8])
-@pytest.mark.parametrize("kind", Q4)
+@pytest.mark.parametrize("kind", Q4 + Q5)
 def test_linear_on_x16_is_the_rows_single_token_result(kind, act):
     """Every token of a prefill (T = 7: tiles of 4, 2 and 1 tokens) gets the one-token
-    result of the x16 kernels, which on VNNI is the rows layout's decode tile bit for bit;
-    both are close to the rows layout's prefill."""
+    result of the x16 kernels, which on VNNI is the rows layout's decode tile bit for bit
+    (q4; q5's rows tiles add their floats in another order); both are close to the rows
+    layout's prefill."""
     rows, x16 = _pair(kind)
     x = np.random.default_rng(3).standard_normal((7, 224)).astype(np.float32)
     x[2, :32] *= 1e3
@@ -99,7 +125,7 @@ def test_linear_on_x16_is_the_rows_single_token_result(kind, act):
         L.linear(x16, x[t:t + 1], one, act_dtype=act)
         np.testing.assert_array_equal(one[0], many[t])  # whichever tile had the token
         L.linear(rows, x[t:t + 1], single, act_dtype=act)
-        if simd.VNNI:
+        if simd.VNNI and kind in Q4:
             np.testing.assert_array_equal(one, single)
         else:
             assert (np.abs(one - single) <= 2e-5 * scale[t]).all()
@@ -180,7 +206,7 @@ def _tables(path) -> tuple[int, dict]:
         p.close()
 
 
-@pytest.mark.parametrize("kind", Q4)  # q4_k: test_fused_superblock.py (K % 256)
+@pytest.mark.parametrize("kind", Q4 + ("q5_0",))  # q4_k: test_fused_superblock.py
 def test_convert_writes_x16_by_default_and_rows_on_request(kind, converted):
     v16, new = _tables(converted("llama", kind))
     v2, old = _tables(converted("llama", kind, layout="rows"))
@@ -252,11 +278,12 @@ def test_the_reader_checks_the_layout_field(converted, tmp_path):
 
 # ---------------------------------------------------------------- the model
 
-@pytest.mark.parametrize("kind", Q4)
+@pytest.mark.parametrize("kind", Q4 + ("q5_0",))
 def test_x16_and_rows_files_decode_alike(kind, converted):
     """The fused step decodes token by token from an empty cache: bit for bit the rows
-    file's logits on VNNI (the same tile arithmetic), within float rounding elsewhere;
-    greedy tokens the same; the precise path within its tolerance."""
+    file's logits on VNNI (q4: the same tile arithmetic), within float rounding elsewhere
+    (and q5, whose rows tiles add in another order); greedy tokens the same; the precise
+    path within its tolerance."""
     ids = [int(t) for t in reference("llama")["input_ids"]][:12]
     out = {}
     for layout in ("x16", "rows"):
@@ -267,7 +294,7 @@ def test_x16_and_rows_files_decode_alike(kind, converted):
             out[layout + " precise"] = decode_steps(llm, ids)
     (a, ga), (b, gb) = out["x16"], out["rows"]
     assert ga == gb
-    if simd.VNNI:
+    if simd.VNNI and kind in Q4:
         np.testing.assert_array_equal(a, b)
     else:
         assert np.abs(a - b).max() <= 1e-3 * np.abs(b).max()

@@ -6,10 +6,10 @@ weight row with the token in its own lanes and then reduces the lanes to a sum p
 per block and token, the pair-sum shuffles cost more than the dot products (q8_0's 4-row
 tile keeps 16 float partial sums a row instead: four float operations a block, row and
 token). Prefill avoids both with panels packed per call (panel.py), which four tokens do
-not pay back. Here the weights are in a layout whose lanes are rows already: q4_0 and q4_1
-matrices in the file's x16 layout (modelfile/layout.py, read in place by the single step,
-the batched step and prefill: x16.py), or, for a rows-layout file, a copy the batched step
-makes when it is built (`interleave`: the same bytes rearranged):
+not pay back. Here the weights are in a layout whose lanes are rows already: q4_0, q4_1,
+q5_0 and q5_1 matrices in the file's x16 layout (modelfile/layout.py, read in place by the
+single step, the batched step and prefill: x16.py), or, for a rows-layout file, a copy the
+batched step makes when it is built (`interleave`: the same bytes rearranged):
 
   wi uint8 [rows / 16, nb * BB]   group g = rows 16g..16g+15; per block of 32 columns BB
                                   bytes: the 16 rows' f16 d, (q4_1) their 16 f16 m, then
@@ -47,7 +47,12 @@ in its order, so each row's result is the single step's bit for bit on VNNI
 16 partial sums in floats: the same products, rounded in another order (a row's result
 differs from the single step's by rounding), with no horizontal sums.
 
-  itile_<q4_0|q4_1|q8_0>_16x<RT>(wi, g, xq, xd, xs, xds, t, out, i)
+q5_0 / q5_1 are q4's tiles on 5-bit codes: each chunk's masked nibbles ORed with their
+fifth bits from the rows' permuted high-bit words (_chunk_codes: four operations a chunk
+more), the codes (0..31) still valid u8 and s8; only from an x16 file (the single step's
+rows tiles for q5 add their floats in another order, so a rows file gets no copies).
+
+  itile_<q4_0|q4_1|q5_0|q5_1|q8_0>_16x<RT>(wi, g, xq, xd, xs, xds, t, out, i)
       out[t + s, i + r] = row 16g + r of W . token t + s, r < 16, s < RT
 xq int16 (the default path's: vpdpwssd), its halves() as uint8 [T, 2K] (q4 on VNNI only:
 vpdpbusd), its pairs() as uint16 [T, K] (q4) or int8 (vpdpbusd; xs is read only there) on
@@ -109,7 +114,12 @@ PF = 2048  # bytes a tile prefetches ahead of its block (measured best from memo
 PF_DECODE = 0 if HALF_PUMPED_512 else 8192
 # the layouts this module writes, and bytes of a group's block: the 16 rows' scales (and
 # minima), then their codes: the 16 rows' blocks of 32, rearranged
-ILV_BLOCK = {n: ILV_ROWS * quant.TYPES[n].block_bytes(32) for n in ("q4_0", "q4_1", "q8_0")}
+ILV_BLOCK = {n: ILV_ROWS * quant.TYPES[n].block_bytes(32)
+             for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0")}
+# where a group's block keeps its code chunks (after the 16 rows' d, m and, q5, high bits)
+CODES_AT = {"q4_0": 32, "q4_1": 64, "q5_0": 96, "q5_1": 128}
+AFFINE = ("q4_1", "q5_1")  # d q + m; the others d (q - ZERO[kind])
+ZERO = {"q4_0": 8, "q5_0": 16}
 
 
 def interleave(w: np.ndarray, kind: str, act=np.int16) -> np.ndarray:
@@ -160,8 +170,8 @@ def _scale(b, kind, AB, tot, drow, srow, foff, dw, mw, acc):
     ds = _splat(b, _load(b, srow, foff, F32), L)
     if kind == "q8_0":
         return fma([ft, b.fmul(dw, dx, flags=ORDERED), acc])
-    if kind == "q4_0":
-        f = fma([ft, dx, b.fmul(ds, _c(vf, [-8.0] * L), flags=ORDERED)])
+    if kind in ZERO:  # q4_0, q5_0
+        f = fma([ft, dx, b.fmul(ds, _c(vf, [-float(ZERO[kind])] * L), flags=ORDERED)])
         return fma([f, dw, acc])
     if AB == 1:
         acc = fma([b.fmul(ft, dw, flags=ORDERED), dx, acc])
@@ -173,7 +183,6 @@ def _scale(b, kind, AB, tot, drow, srow, foff, dw, mw, acc):
 def _itile_codegen(kind, RT):
     """Codegen of itile_<kind>_16x<RT> (module docstring)."""
     BB = ILV_BLOCK[kind]
-    q0 = 64 if kind == "q4_1" else 32  # the chunks' offset in a block
     L = ILV_ROWS
     v16i, v32w = _v(I32, L), _v(I16, 2 * L)
     chains = 2 if RT > 1 else 4  # integer chains a token (any split: the same sums)
@@ -203,20 +212,18 @@ def _itile_codegen(kind, RT):
             """The token's int16 activations 2j, 2j + 1 of the block as an i32, every lane."""
             return _splat(b, _load(b, xrow, b.add(xoff, _i64(4 * j)), I32), L)
 
-        pair_mask = _c(v16i, [0x000F000F] * L)
-
         def body(bi, st):
             p = b.gep(wrow, [b.mul(bi, _i64(BB))], inbounds=True)
             for c in range(0, BB, 64):  # the stream PF bytes ahead (a hint: may pass the end)
                 if pf:
                     _prefetch(b, b.gep(p, [_i64(pf + c)]))
             dw = _h2f(b, _load(b, p, 0, _v(I16, L)))
-            mw = _h2f(b, _load(b, p, 32, _v(I16, L))) if kind == "q4_1" else None
+            mw = _h2f(b, _load(b, p, 32, _v(I16, L))) if kind in AFFINE else None
             xoff, foff = b.mul(bi, _i64(32 * AB)), b.mul(bi, _i64(4))
             acc = [[zero] * chains for _ in range(RT)]
             if halves:
                 return [_scale(b, kind, AB, tot, drows[s], srows[s], foff, dw, mw, st[s])
-                        for s, tot in enumerate(_halves_dots(b, p, q0, xrows, xoff, RT))]
+                        for s, tot in enumerate(_halves_dots(b, p, kind, xrows, xoff, RT))]
             at = [b.ptrtoint(b.gep(x, [xoff], inbounds=True), I64) for x in xrows]
             if VNNI and AB == 2:  # the pairs as broadcast memory operands of vpdpwssd
 
@@ -248,12 +255,9 @@ def _itile_codegen(kind, RT):
                     for s in range(RT):
                         step(s, j % chains, wv, j)
             if kind != "q8_0" and AB == 1:  # byte layout: quadruples, vpdpbusd
-                nib = _c(v16i, [0x0F0F0F0F] * L)
                 for c in range(4):
-                    v = _load(b, p, q0 + 64 * c, v16i)
-                    for h, u in enumerate((v, b.lshr(v, _c(v16i, [4] * L)))):
-                        wv = b.and_(u, nib)  # lane l: row l's columns 8c + 4h + k, k < 4
-                        for s in range(RT):
+                    for h, wv in enumerate(_chunk_codes(b, p, kind, c)):
+                        for s in range(RT):  # lane l: row l's columns 8c + 4h + k, k < 4
                             quad(s, (2 * c + h) % chains, wv, 8 * c + 4 * h)
             if kind != "q8_0" and AB == 2:  # byte layout as i16 pairs, vpdpwssd
                 # pair word 4c + h of the token's block permuted within fours (0, 2, 1, 3):
@@ -267,10 +271,7 @@ def _itile_codegen(kind, RT):
                                                _c(_v(I32, 32), PAIR_PERM)), v16i)
                     for xr in xrows]
                 for c in range(4):
-                    v = _load(b, p, q0 + 64 * c, v16i)
-                    for h, sh in enumerate(PAIR_SHIFT):
-                        u = b.lshr(v, _c(v16i, [sh] * L)) if sh else v
-                        wv = b.and_(u, pair_mask)
+                    for h, wv in enumerate(_chunk_pairs(b, p, kind, c)):
                         j = 4 * c + h
                         for s in range(RT):
                             if paired:
@@ -293,27 +294,59 @@ def _itile_codegen(kind, RT):
     return codegen
 
 
-def _halves_dots(b, p, q0, xrows, xoff, RT):
-    """The <16 x i32> block dot products (a lane a row) of a q4 group's block at p (codes
-    at byte q0) with RT tokens' int16 activations q given as halves() bytes at xoff of
-    xrows: sum n q = 256 sum n hi + sum lo n, with hi = q >> 8 (s8) and lo = q & 255 (u8),
-    both on vpdpbusd (u8 x s8): a code n (0..15) is either. Per chunk, its lanes masked to
+def _chunk_codes(b, p, kind, c):
+    """Chunk c of a q4 / q5 group's block at p as two <16 x i32>, lane l four u8 codes of
+    row l: columns 8c..8c + 3 (the low nibbles), 8c + 4..8c + 7 (the high ones); q5's fifth
+    bits ORed in from the rows' permuted high-bit words (layout.QH_PERM)."""
+    v16i = _v(I32, ILV_ROWS)
+
+    def k(n):
+        return _c(v16i, [n] * ILV_ROWS)
+    v = _load(b, p, CODES_AT[kind] + 64 * c, v16i)
+    lo, hi = b.and_(v, k(0x0F0F0F0F)), b.and_(b.lshr(v, k(4)), k(0x0F0F0F0F))
+    if kind in ("q5_0", "q5_1"):
+        qh = _load(b, p, CODES_AT[kind] - 64, v16i)
+        lo = b.or_(lo, b.and_(b.shl(qh, k(4 - c)), k(0x10101010)))
+        hi = b.or_(hi, b.and_(b.lshr(qh, k(c)) if c else qh, k(0x10101010)))
+    return lo, hi
+
+
+def _chunk_pairs(b, p, kind, c):
+    """Chunk c's codes as four <16 x i32> of i16 pairs, lane l row l's codes at columns
+    (8c + k, 8c + k + 2), k = 0, 1, 4, 5 (PAIR_SHIFT's order): q4's lanes shifted and
+    masked to 0x000F000F, q5's from _chunk_codes' bytes."""
+    v16i = _v(I32, ILV_ROWS)
+
+    def k(n):
+        return _c(v16i, [n] * ILV_ROWS)
+    if kind in ("q4_0", "q4_1"):
+        v = _load(b, p, CODES_AT[kind] + 64 * c, v16i)
+        return [b.and_(b.lshr(v, k(sh)) if sh else v, k(0x000F000F)) for sh in PAIR_SHIFT]
+    out = []
+    for u in _chunk_codes(b, p, kind, c):
+        out += [b.and_(u, k(0x00FF00FF)), b.and_(b.lshr(u, k(8)), k(0x00FF00FF))]
+    return out
+
+
+def _halves_dots(b, p, kind, xrows, xoff, RT):
+    """The <16 x i32> block dot products (a lane a row) of a q4 / q5 group's block at p
+    with RT tokens' int16 activations q given as halves() bytes at xoff of xrows: sum n q =
+    256 sum n hi + sum lo n, with hi = q >> 8 (s8) and lo = q & 255 (u8), both on vpdpbusd
+    (u8 x s8): a code n (0..31) is either. Per chunk, its lanes masked to
     their low (high) nibbles are four u8 codes of columns 8c + 4h + k, k < 4: against the
     four hi bytes broadcast from memory ({1to16}), and as s8 against the four lo bytes
     broadcast to a register (the u8 operand cannot be the broadcast one). Exact integers:
-    |sum n hi| <= 32 * 15 * 128, so the shift cannot overflow."""
+    |sum n hi| <= 32 * 31 * 128, so the shift cannot overflow."""
     v16i = _v(I32, ILV_ROWS)
     zero = _c(v16i, [0] * ILV_ROWS)
-    nib = _c(v16i, [0x0F0F0F0F] * ILV_ROWS)
     dpb = _llvm_fn(b, "llvm.x86.avx512.vpdpbusd.512", v16i, [v16i] * 3)
     n_chains = 2  # chains of each half a token (RT = 4: 16 accumulators; 1 a half was
     # 5-8% slower: tile_bound.py --prefill)
     hi = [[zero] * n_chains for _ in range(RT)]
     lo = [[zero] * n_chains for _ in range(RT)]
     for c in range(4):
-        v = _load(b, p, q0 + 64 * c, v16i)
-        for h, u in enumerate((v, b.lshr(v, _c(v16i, [4] * ILV_ROWS)))):
-            wv = b.and_(u, nib)  # lane l: row l's codes at columns 8c + 4h + k, k < 4
+        for h, wv in enumerate(_chunk_codes(b, p, kind, c)):
+            # lane l: row l's codes at columns 8c + 4h + k, k < 4
             col, k = 8 * c + 4 * h, (2 * c + h) % n_chains
             for s in range(RT):
                 xh = _splat(b, _load(b, xrows[s], b.add(xoff, _i64(32 + col)), I32), ILV_ROWS)

@@ -66,8 +66,8 @@ RECIPES = {
     "q4_1": Recipe(group=GROUP, interleave=True),
     # GGUF files' fallback where a row is not a multiple of 256 (most of Gemma 3 270M
     # Q4_K_M's matrices): packed as q4_1 panels, run on q4_1's panel tiles
-    "q5_0": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False),
-    "q5_1": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False),
+    "q5_0": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False, interleave=True),
+    "q5_1": Recipe(group=GROUP, panel="q4_1", codegen="k", floats=False, interleave=True),
     # int8 weights after its table: q8_0's tiles and panels, the table looked up in the tile
     "iq4_nl": Recipe(group=4, panel="q8_0"),
 }

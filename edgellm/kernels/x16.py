@@ -33,13 +33,14 @@ from numba.extending import overload
 from ..modelfile import quant
 from ..runtime.simd import HALF_PUMPED_512, VNNI, X86
 from .family import kern, name_of, tile
-from .interleave import halves, pairs
+from .interleave import AFFINE, ZERO, halves, pairs
 from .jit import GLUE, kernel
 from .kquant import F16
 from .matvec import named
 
 ROWS = 16  # rows a group (layout.GROUP_ROWS)
-HALVES = ("q4_0", "q4_1")  # the types whose tiles take int16 activations as halves()
+# the types whose tiles take int16 activations as halves()
+HALVES = ("q4_0", "q4_1", "q5_0", "q5_1")
 # Decode's matvec (one token) on halves: from L3 1.4-1.9x the int16 words' speed; from
 # memory it depends on the core. Where 512-bit instructions issue whole (Zen 5; 1.7B shapes,
 # a loaded host, benchmarks/tile_bound.py --matvec) halves were 3-8% slower, decode being
@@ -116,8 +117,9 @@ def _decode_acts(code, xq):
 
 
 @kernel
-def _dequant_block(wi, g, l, base, hdr, zero, affine, vals):
-    """Row l of group g's block at byte base -> vals [32] float32: d (q - zero), or d q + m."""
+def _dequant_block(wi, g, l, base, hdr, zero, affine, q5, vals):
+    """Row l of group g's block at byte base -> vals [32] float32: d (q - zero), or d q + m;
+    q5: the codes' fifth bits from the row's permuted high-bit word (layout.QH_PERM)."""
     o = base + 2 * l
     d = F16[np.int32(wi[g, o]) | (np.int32(wi[g, o + 1]) << 8)]
     m = np.float32(0.0)
@@ -125,10 +127,17 @@ def _dequant_block(wi, g, l, base, hdr, zero, affine, vals):
         o = base + 32 + 2 * l
         m = F16[np.int32(wi[g, o]) | (np.int32(wi[g, o + 1]) << 8)]
     q0 = base + 16 * hdr + 4 * l
+    qh = np.int64(0)
+    if q5:
+        for k in range(4):
+            qh |= np.int64(wi[g, q0 + k]) << (8 * k)
+        q0 += 64
     for c in range(4):
         for k in range(4):
             byte = np.int32(wi[g, q0 + 64 * c + k])
-            lo, hi = (byte & 15) - zero, (byte >> 4) - zero
+            lo = (byte & 15) | np.int32(((qh >> (8 * k + c)) & 1) << 4)
+            hi = (byte >> 4) | np.int32(((qh >> (8 * k + 4 + c)) & 1) << 4)
+            lo, hi = lo - zero, hi - zero
             vals[8 * c + k] = d * np.float32(lo) + m
             vals[8 * c + 4 + k] = d * np.float32(hi) + m
 
@@ -139,8 +148,9 @@ def make_x16(code: int) -> dict:
     t = quant.TYPES[name]
     hdr, BB = t.header_bytes, t.block_bytes(32)
     GB = ROWS * BB  # bytes of a group's block
-    zero = t.packing.zero
-    affine = t.packing.affine
+    zero = ZERO.get(name, 0)
+    affine = name in AFFINE
+    q5 = name in ("q5_0", "q5_1")
 
     @kernel
     @named(f"mv_rows_x16_{name}")
@@ -186,7 +196,7 @@ def make_x16(code: int) -> dict:
             g, lane = r // ROWS, r % ROWS
             acc = np.float32(0.0)
             for bi in range(nb):
-                _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, vals)
+                _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, q5, vals)
                 s = np.float32(0.0)
                 for j in range(32):
                     s += vals[j] * x[t, 32 * bi + j]
@@ -220,7 +230,7 @@ def make_x16(code: int) -> dict:
         for t in range(ids.shape[0]):
             g, lane = ids[t] // ROWS, ids[t] % ROWS
             for bi in range(nb):
-                _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine,
+                _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, q5,
                                out[t, 32 * bi:32 * bi + 32])
 
     return {"x16_" + k: f for k, f in dict(

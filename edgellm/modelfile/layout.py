@@ -4,9 +4,10 @@ one weight row a <16 x i32> lane, so no horizontal sums).
 
   rows  (""; every file before version 3) uint8 [rows, nb * BB]: ggml's blocks, rows
         contiguous (quant.py)
-  x16   uint8 [rows / 16, nb * 16 * BB], for q4_0 and q4_1 with blocks of 32 and rows a
-        multiple of 16; group g holds rows 16g..16g+15, per block of 32 columns:
-          the 16 rows' f16 d (32 bytes), (q4_1) their 16 f16 m (32 bytes), then
+  x16   uint8 [rows / 16, nb * 16 * BB], for q4_0, q4_1, q5_0 and q5_1 with blocks of 32
+        and rows a multiple of 16; group g holds rows 16g..16g+15, per block of 32 columns:
+          the 16 rows' f16 d (32 bytes), (q4_1, q5_1) their 16 f16 m (32 bytes), (q5)
+          their 32 fifth bits as a 4-byte word each (64 bytes), permuted (QH_PERM), then
           4 chunks of 64 bytes: byte 4l + k of chunk c holds row l's codes at columns
           8c + k (low nibble) and 8c + 4 + k (high nibble), k = 0..3
         So a chunk loaded as <16 x i32> is, lane l, row l's codes at 8 columns: masked
@@ -40,7 +41,7 @@ ROWS, X16 = "", "x16"
 LAYOUTS = (ROWS, X16)
 GROUP_ROWS = 16
 # the types the x16 tiles read (kernels/interleave.py, kernels/x16_k.py), at these block sizes
-X16_BLOCK = {"q4_0": 32, "q4_1": 32, "q4_k": 256, "q6_k": 256}
+X16_BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q4_k": 256, "q6_k": 256}
 X16_TYPES = tuple(X16_BLOCK)
 X16_SB = ("q4_k", "q6_k")  # those whose x16 kernels take super-block activations (act_quant_k)
 SB_BYTES = {"q4_k": 144, "q6_k": 210}  # a super-block's bytes
@@ -49,6 +50,22 @@ SB_BYTES = {"q4_k": 144, "q6_k": 210}  # a super-block's bytes
 Q6K_HEAD = 288
 Q6K_UNITS = [c for h in range(2) for m in range(8) for c in (16 * h + m, 16 * h + m + 8,
                                                              32 + 8 * h + m)]
+
+
+X16_Q5 = ("q5_0", "q5_1")  # q4's layout plus each row's 32 high bits, permuted (QH_PERM)
+# bit p of a q5 row's permuted high-bit word holds column QH_PERM[p]'s fifth bit: bit 8k + c
+# column 8c + k, bit 8k + 4 + c column 8c + 4 + k (k, c < 4), so chunk c's low codes' bits
+# are (word << (4 - c)) & 0x10101010 and its high codes' (word >> c) & 0x10101010
+QH_PERM = [8 * c + k + 4 * h for k in range(4) for h in range(2) for c in range(4)]
+
+
+def _qh_bits(qh: np.ndarray) -> np.ndarray:
+    """uint8 [..., 4] little-endian words -> their 32 bits [..., 32] (bit j at j)."""
+    return np.unpackbits(np.ascontiguousarray(qh), axis=-1, bitorder="little")
+
+
+def _qh_word(bits: np.ndarray) -> np.ndarray:
+    return np.packbits(bits, axis=-1, bitorder="little")
 
 
 def fits_x16(type_name: str, shape: tuple[int, ...], block_size: int) -> bool:
@@ -69,7 +86,8 @@ def data_shape(type_name: str, shape: tuple[int, ...], block_size: int, layout: 
 
 
 def to_x16(w: np.ndarray, kind: str) -> np.ndarray:
-    """q4_0 / q4_1 / q4_k / q6_k rows (uint8 [rows, nb * BB], rows a multiple of 16) -> uint8
+    """q4_0 / q4_1 / q5_0 / q5_1 / q4_k / q6_k rows (uint8 [rows, nb * BB], rows a multiple
+    of 16) -> uint8
     [rows / 16, nb * 16 * BB] (the module docstring)."""
     if kind in X16_SB:
         return _to_x16_sb(w, kind)
@@ -82,7 +100,11 @@ def to_x16(w: np.ndarray, kind: str) -> np.ndarray:
     G = rows // GROUP_ROWS
     blk = np.asarray(w, np.uint8).reshape(G, GROUP_ROWS, nb, BB)
     parts = [blk[..., f:f + 2].transpose(0, 2, 1, 3).reshape(G, nb, 32)
-             for f in range(0, hdr, 2)]  # the 16 rows' d, then (q4_1) their m
+             for f in range(0, hdr, 2)]  # the 16 rows' d, then (q4_1, q5_1) their m
+    if kind in X16_Q5:  # the 16 rows' high-bit words, permuted
+        qh = _qh_word(_qh_bits(blk[..., hdr:hdr + 4])[..., QH_PERM])
+        parts.append(qh.transpose(0, 2, 1, 3).reshape(G, nb, 64))
+        hdr += 4
     q = blk[..., hdr:]  # byte i: columns i (low nibble), 16 + i (high)
     cb = np.concatenate([q & 15, q >> 4], axis=-1).reshape(G, GROUP_ROWS, nb, 4, 2, 4)
     quads = (cb[..., 0, :] | cb[..., 1, :] << 4).transpose(0, 2, 3, 1, 4)  # g, b, c, l, k
@@ -101,6 +123,11 @@ def to_rows(wi: np.ndarray, kind: str) -> np.ndarray:
     grp = np.asarray(wi, np.uint8).reshape(G, nb, GROUP_ROWS * BB)
     heads = [grp[..., 32 * f:32 * f + 32].reshape(G, nb, GROUP_ROWS, 2)
              for f in range(hdr // 2)]
+    if kind in X16_Q5:  # the permuted words back to ggml's qh
+        qh = grp[..., 16 * hdr:16 * hdr + 64].reshape(G, nb, GROUP_ROWS, 4)
+        bits = _qh_bits(qh)
+        heads.append(_qh_word(bits[..., np.argsort(QH_PERM)]))
+        hdr += 4
     quads = grp[..., 16 * hdr:].reshape(G, nb, 4, GROUP_ROWS, 4)  # g, b, c, l, k
     cols = np.stack([quads & 15, quads >> 4], axis=3)  # g, b, c, half, l, k: 8c + 4 half + k
     cols = cols.transpose(0, 4, 1, 2, 3, 5).reshape(G, GROUP_ROWS, nb, 32)

@@ -36,7 +36,9 @@ from . import batch_step as bs
 from . import decode_step as ds
 from .schedule import StepScheduler
 
-_ILV = {quant.TYPES[n].code: n for n in ILV_BLOCK}  # the types interleaved, by code
+# the types a rows-layout file's matrices are interleaved copies of, by code (q5_0 / q5_1:
+# only in place, from an x16 file: in rows the single step's q5 tiles round otherwise)
+_ILV = {quant.TYPES[n].code: n for n in ("q4_0", "q4_1", "q8_0")}
 
 
 class BatchDecoder:

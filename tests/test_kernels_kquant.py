@@ -143,8 +143,8 @@ def test_gguf_q5_0_and_q5_1_are_kept_and_decode_fused(tmp_path):
         with PackedModel(out) as p:
             kept = [n for n, t in p.tensors.items() if t.type == qt.name.lower()]
             assert kept
-            for n in kept:
-                np.testing.assert_array_equal(p.tensor(n).data, raw[n].load_raw())
+            for n in kept:  # x16 stores the same bytes interleaved
+                np.testing.assert_array_equal(p.tensor(n).rows(), raw[n].load_raw())
         check_fused_equals_per_operation(out, NAME)
 
 

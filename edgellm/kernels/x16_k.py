@@ -8,7 +8,8 @@ for the same reason: its q4_K_8x8 GEMV).
                                                   (ActK), rows r0..r1-1 (multiples of 16)
       "mv_sb"(wi, xq, xd, xb, out)                the same, groups split between threads
       "mm_sb"(wi, xq, xd, xb, out, T)             several tokens: each group meets them
-                                                  four, then one at a time
+                                                  four, then one at a time ("tokens_sb"(wi,
+                                                  g, xq, xd, xb, out, T): one group's)
       "mm_rows_sb"(wi, xq, xd, xb, out, r0, r1)   the same on rows r0..r1-1, one thread,
                                                   for xq's T = xq.shape[0] tokens (the
                                                   batched step's sequences)
@@ -70,7 +71,7 @@ from ..modelfile import quant
 from ..runtime.simd import VNNI
 from . import family
 from .act_quant_k import SPLIT
-from .family import tile
+from .family import kern, tile
 from .jit import kernel
 from .kquant import F16
 from .matvec import named
@@ -434,30 +435,29 @@ def make_x16_k(kind: str) -> dict:
         for g in prange(wi.shape[0]):
             tile(code, "x16_1", wi, g, xq, xd, xb, 0, out, g * ROWS)
 
+    @kernel
+    @named(f"tokens_sb_x16_{kind}")
+    def tokens_sb(wi, g, xq, xd, xb, out, T):
+        """out[:T, 16g:16g + 16]: four, then one token a tile."""
+        t = 0
+        while t + 4 <= T:
+            tile(code, "x16_4", wi, g, xq, xd, xb, t, out, g * ROWS)
+            t += 4
+        while t < T:
+            tile(code, "x16_1", wi, g, xq, xd, xb, t, out, g * ROWS)
+            t += 1
+
     @kernel(parallel=True)
     @named(f"mm_sb_x16_{kind}")
     def mm_sb(wi, xq, xd, xb, out, T):
         for g in prange(wi.shape[0]):
-            t = 0
-            while t + 4 <= T:
-                tile(code, "x16_4", wi, g, xq, xd, xb, t, out, g * ROWS)
-                t += 4
-            while t < T:
-                tile(code, "x16_1", wi, g, xq, xd, xb, t, out, g * ROWS)
-                t += 1
+            kern(code, "x16_tokens_sb", wi, g, xq, xd, xb, out, T)
 
     @kernel
     @named(f"mm_rows_sb_x16_{kind}")
     def mm_rows_sb(wi, xq, xd, xb, out, r0, r1):
-        T = xq.shape[0]
         for g in range(r0 // ROWS, r1 // ROWS):
-            t = 0
-            while t + 4 <= T:
-                tile(code, "x16_4", wi, g, xq, xd, xb, t, out, g * ROWS)
-                t += 4
-            while t < T:
-                tile(code, "x16_1", wi, g, xq, xd, xb, t, out, g * ROWS)
-                t += 1
+            kern(code, "x16_tokens_sb", wi, g, xq, xd, xb, out, xq.shape[0])
 
     @kernel(parallel=True)
     @named(f"mm_panels_x16_{kind}")
@@ -502,5 +502,5 @@ def make_x16_k(kind: str) -> dict:
                 _dequant(code, wi, g, l, sb, out[t, 256 * sb:256 * sb + 256])
 
     return dict(mv_rows_sb=mv_rows_sb, mv_sb=mv_sb, mm_sb=mm_sb, mm_rows_sb=mm_rows_sb,
-                mm_panels=mm_panels,
+                tokens_sb=tokens_sb, mm_panels=mm_panels,
                 mvp_rows=mvp_rows, mvp=mvp, mmp=mmp, embed=embed)

@@ -162,12 +162,12 @@ def _best(reps: int, fn, *args) -> float:
     return best
 
 
-def _matrix(rows: int, cols: int, act, rng) -> np.ndarray:
-    """A random q4_1 matrix (scales 0.01), interleaved for activations of dtype act."""
+def _matrix(rows: int, cols: int, rng) -> np.ndarray:
+    """A random q4_1 matrix (scales 0.01), interleaved (either activation type reads it)."""
     nb = cols // 32
     w = rng.integers(0, 256, (rows, nb * 20), dtype=np.uint8)
     w.reshape(rows, nb, 20)[..., 0:4] = np.frombuffer(np.float16(0.01).tobytes() * 2, np.uint8)
-    return interleave(w, "q4_1", act)
+    return interleave(w, "q4_1")
 
 
 _I1 = TILES[Q4_0]["i1"]
@@ -362,7 +362,7 @@ def main() -> None:
     for act in (np.int16, np.int8):
         per_token = 16 if act == np.int16 else 8  # instructions a group-block and token
         for where, rows, threads in (("L2", 1536, 1), ("memory", args.rows, nt)):
-            wi = _matrix(rows, args.cols, act, rng)
+            wi = _matrix(rows, args.cols, rng)
             nb = args.cols // 32
             lim = 127 if act == np.int8 else 3000
             xq = rng.integers(-lim, lim, (4, args.cols)).astype(act)

@@ -95,38 +95,30 @@ def test_layout_holds_the_rows_codes_and_scales(kind):
     ggml = raw.reshape(N, nb, -1)
     d = blocks[..., :32].copy().view(np.uint16).transpose(0, 2, 1).reshape(N, nb)
     np.testing.assert_array_equal(d, ggml[..., :2].copy().view(np.uint16)[..., 0])
+    np.testing.assert_array_equal(layouts.to_rows(wi, kind), raw)
     if kind == "q8_0":  # chunk j: row l's codes at columns 2j, 2j + 1 in bytes 2l, 2l + 1
         codes = blocks[..., 32:].reshape(N // 16, nb, 16, 16, 2).transpose(0, 3, 1, 2, 4)
         np.testing.assert_array_equal(codes.reshape(N, nb, 32), ggml[..., 2:])
+        np.testing.assert_array_equal(wi, layouts.to_x16(raw, kind))
         return
-    # q4: the file's x16 layout for either activation type (checked by the int8 test)
-    np.testing.assert_array_equal(wi, il.interleave(raw, kind, np.int8))
+    # q4: the file's x16 layout, which either activation type reads (the int8 test)
     np.testing.assert_array_equal(wi, layouts.to_x16(raw, kind))
     if kind == "q4_1":
         m = blocks[..., 32:64].copy().view(np.uint16).transpose(0, 2, 1).reshape(N, nb)
         np.testing.assert_array_equal(m, ggml[..., 2:4].copy().view(np.uint16)[..., 0])
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_int8_layout_holds_the_rows_codes_and_scales(kind):
+@pytest.mark.parametrize("kind", ["q4_0", "q4_1"])
+def test_int8_activations_read_the_q4_chunks_as_quadruples(kind):
     """For int8 activations (vpdpbusd's quadruples): q4 chunk c's byte 4l + k holds row l's
-    codes at columns 8c + k (low nibble) and 8c + 4 + k (high); q8_0 chunk j's bytes
-    4l..4l + 3 its codes at columns 4j..4j + 3, plus 128 (unsigned); the scales as for
-    int16."""
+    codes at columns 8c + k (low nibble) and 8c + 4 + k (high)."""
     N, K = 32, 96
     raw = q_rows(kind, N, K, np.random.default_rng(2), False)
-    wi = il.interleave(raw, kind, np.int8)
+    wi = il.interleave(raw, kind)
     nb, BB = K // 32, ILV_BLOCK[kind]
-    assert wi.shape == (N // 16, nb * BB)
     blocks = wi.reshape(N // 16, nb, BB)
     ggml = raw.reshape(N, nb, -1)
     hdr = 64 if kind == "q4_1" else 32
-    np.testing.assert_array_equal(blocks[..., :hdr], il.interleave(raw, kind).reshape(
-        N // 16, nb, BB)[..., :hdr])
-    if kind == "q8_0":
-        codes = (blocks[..., 32:] ^ 0x80).reshape(N // 16, nb, 8, 16, 4).transpose(0, 3, 1, 2, 4)
-        np.testing.assert_array_equal(codes.reshape(N, nb, 32), ggml[..., 2:])
-        return
     quads = blocks[..., hdr:].reshape(N // 16, nb, 4, 16, 4)  # g, b, c, l, k
     codes = np.stack([quads & 15, quads >> 4], axis=4)  # g, b, c, l, h, k: column 8c + 4h + k
     codes = codes.transpose(0, 3, 1, 2, 4, 5).reshape(N, nb, 32)
@@ -160,11 +152,12 @@ def test_tiles_match_the_product_and_the_q4_tiles_are_the_8x1_tiles(kind, advers
         for t in range(T):
             L.linear(Tensor("w", kind, (N, K), 32, raw), x[t:t + 1], single[t:t + 1],
                      act_dtype=dtype)
-    wi = il.interleave(raw, kind, dtype)
+    wi = il.interleave(raw, kind)
+    xa = xq.astype(np.int16) if kind == "q8_0" else xq  # as x16.tile_acts gives q8_0 int8
     first = None
     for RT in (1, 2, 4):
         got = np.full((T, N), np.nan, np.float32)
-        _sixteen(kind, RT)(wi, xq, xd, xs, xds, got)
+        _sixteen(kind, RT)(wi, xa, xd, xs, xds, got)
         assert (np.abs(got - ref) <= 2e-6 * scale + 1e-30).all(), RT
         first = got if first is None else first
         np.testing.assert_array_equal(got, first, err_msg=f"RT={RT}")  # whichever tile
@@ -257,3 +250,22 @@ def test_int16_halves_and_pairs_are_the_int16_words_bit_for_bit(kind):
     got = np.full((T, N), np.nan, np.float32)
     x16["mm"](wi, xq, xd, xs, xds, got, T)
     np.testing.assert_array_equal(got.view(np.int32), words.view(np.int32))
+
+
+def test_q8_0_int8_activations_reach_its_tiles_widened():
+    """q8_0's tiles read i16 pairs (one layout, the file's, for both activation types):
+    every path gives them int8 activations as the same integers in int16."""
+    from edgellm.kernels.x16 import decode_acts, prefill_acts, tile_acts
+
+    code = quant.TYPES["q8_0"].code
+
+    @njit
+    def forms(xq):  # code a closure constant, as the kernels call them
+        return tile_acts(code, xq), prefill_acts(code, xq), decode_acts(code, xq)
+
+    x8 = np.arange(-128, 128, dtype=np.int8).reshape(2, 128)
+    for got in forms(x8):
+        assert got.dtype == np.int16
+        np.testing.assert_array_equal(got, x8)
+    x16 = x8.astype(np.int16) * 200
+    assert all(got is x16 or np.shares_memory(got, x16) for got in forms(x16))

@@ -1,5 +1,5 @@
 """The x16 weight layout (modelfile/layout.py): convert-model writes q4_0, q4_1, q5_0, q5_1,
-q4_k and q6_k matrices interleaved 16 rows a group (a version 3 file, the same values bit for
+q8_0, q4_k and q6_k matrices interleaved 16 rows a group (a version 3 file, the same values bit for
 bit, from safetensors and from GGUF); linear(), the embedding, the fused decode step, the
 batched step and prefill read it in place and compute what the rows layout computes (bit
 for bit where the arithmetic is the same: q4 one token a tile on AVX-512 VNNI); a
@@ -33,7 +33,9 @@ KINDS = layouts.X16_TYPES
 Q4 = ("q4_0", "q4_1")  # blocks of 32, on x16.py's kernels
 Q5 = layouts.X16_Q5  # the same, with each row's fifth bits
 SB = layouts.X16_SB  # super-blocks of 256, on x16_k.py's
-COLS = {"q4_0": 224, "q4_1": 224, "q5_0": 224, "q5_1": 224, "q4_k": 512, "q6_k": 512}
+Q8 = ("q8_0",)  # blocks of 32 as i16 pairs (x16.py)
+COLS = {"q4_0": 224, "q4_1": 224, "q5_0": 224, "q5_1": 224, "q8_0": 224, "q4_k": 512,
+        "q6_k": 512}
 
 
 def q_rows(kind: str, N: int, K: int, seed: int = 0) -> np.ndarray:
@@ -44,7 +46,7 @@ def q_rows(kind: str, N: int, K: int, seed: int = 0) -> np.ndarray:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_x16_holds_the_rows_bytes_rearranged(kind):
-    K, block = COLS[kind] - 64 * (kind in Q4 + Q5), layouts.X16_BLOCK[kind]
+    K, block = COLS[kind] - 64 * (kind in Q4 + Q5 + Q8), layouts.X16_BLOCK[kind]
     raw = q_rows(kind, 48, K)
     wi = layouts.to_x16(raw, kind)
     assert wi.shape == layouts.data_shape(kind, (48, K), block, layouts.X16) == \
@@ -61,7 +63,8 @@ def test_which_tensors_fit_x16():
     assert layouts.fits_x16("q4_0", (32, 64), 32) and layouts.fits_x16("q4_1", (16, 32), 32)
     assert not layouts.fits_x16("q4_0", (24, 64), 32)  # rows not in groups of 16
     assert not layouts.fits_x16("q4_0", (32, 64), 64)  # blocks of 64
-    assert not layouts.fits_x16("q8_0", (32, 64), 32)
+    assert layouts.fits_x16("q8_0", (32, 64), 32)
+    assert not layouts.fits_x16("q8_0", (32, 64), 64)
     assert not layouts.fits_x16("f32", (32, 64), 32)
     assert layouts.fits_x16("q4_k", (32, 512), 256)
     assert not layouts.fits_x16("q4_k", (24, 512), 256)
@@ -105,12 +108,12 @@ def _pair(kind, N=64, seed=0) -> tuple[Tensor, Tensor]:
 
 
 @pytest.mark.parametrize("act", [np.int16, np.int8])
-@pytest.mark.parametrize("kind", Q4 + Q5)
+@pytest.mark.parametrize("kind", Q4 + Q5 + Q8)
 def test_linear_on_x16_is_the_rows_single_token_result(kind, act):
     """Every token of a prefill (T = 7: tiles of 4, 2 and 1 tokens) gets the one-token
     result of the x16 kernels, which on VNNI is the rows layout's decode tile bit for bit
-    (q4; q5's rows tiles add their floats in another order); both are close to the rows
-    layout's prefill."""
+    (q4; q5's and q8_0's rows tiles add their floats in another order); both are close to
+    the rows layout's prefill."""
     rows, x16 = _pair(kind)
     x = np.random.default_rng(3).standard_normal((7, 224)).astype(np.float32)
     x[2, :32] *= 1e3
@@ -206,7 +209,7 @@ def _tables(path) -> tuple[int, dict]:
         p.close()
 
 
-@pytest.mark.parametrize("kind", Q4 + ("q5_0",))  # q4_k: test_fused_superblock.py
+@pytest.mark.parametrize("kind", Q4 + ("q5_0", "q8_0"))  # q4_k: test_fused_superblock.py
 def test_convert_writes_x16_by_default_and_rows_on_request(kind, converted):
     v16, new = _tables(converted("llama", kind))
     v2, old = _tables(converted("llama", kind, layout="rows"))
@@ -278,11 +281,11 @@ def test_the_reader_checks_the_layout_field(converted, tmp_path):
 
 # ---------------------------------------------------------------- the model
 
-@pytest.mark.parametrize("kind", Q4 + ("q5_0",))
+@pytest.mark.parametrize("kind", Q4 + ("q5_0", "q8_0"))
 def test_x16_and_rows_files_decode_alike(kind, converted):
     """The fused step decodes token by token from an empty cache: bit for bit the rows
     file's logits on VNNI (q4: the same tile arithmetic), within float rounding elsewhere
-    (and q5, whose rows tiles add in another order); greedy tokens the same; the precise
+    (and q5 and q8_0, whose rows tiles add in another order); greedy tokens the same; the precise
     path within its tolerance."""
     ids = [int(t) for t in reference("llama")["input_ids"]][:12]
     out = {}

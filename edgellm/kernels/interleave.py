@@ -7,7 +7,7 @@ per block and token, the pair-sum shuffles cost more than the dot products (q8_0
 tile keeps 16 float partial sums a row instead: four float operations a block, row and
 token). Prefill avoids both with panels packed per call (panel.py), which four tokens do
 not pay back. Here the weights are in a layout whose lanes are rows already: q4_0, q4_1,
-q5_0 and q5_1 matrices in the file's x16 layout (modelfile/layout.py, read in place by the
+q5_0, q5_1 and q8_0 matrices in the file's x16 layout (modelfile/layout.py, read in place by the
 single step, the batched step and prefill: x16.py), or, for a rows-layout file, a copy the
 batched step makes when it is built (`interleave`: the same bytes rearranged):
 
@@ -16,11 +16,8 @@ batched step makes when it is built (`interleave`: the same bytes rearranged):
                                   q4: 4 chunks of 64 bytes: byte 4l + k of chunk c holds
                                   row l's codes at columns 8c + k (low nibble) and
                                   8c + 4 + k (high nibble), k = 0..3 (layout.py's x16);
-                                  q8_0 (int16 activations): 16 chunks of 32 bytes: bytes
-                                  2l, 2l + 1 of chunk j are row l's codes at columns 2j,
-                                  2j + 1; (int8) 8 chunks of 64 bytes: bytes 4l..4l + 3 of
-                                  chunk j are row l's codes at columns 4j..4j + 3, plus 128
-                                  (unsigned): the tile takes 128 x the token's block sum off
+                                  q8_0: 16 chunks of 32 bytes: bytes 2l, 2l + 1 of chunk
+                                  j are row l's codes at columns 2j, 2j + 1
 
 int8 activations (act_type "int8", llama.cpp's): a q4 chunk's lanes masked to their low
 (high) nibbles are, lane l, four u8 codes of row l at columns 8c..8c+3 (8c+4..8c+7), which
@@ -38,7 +35,8 @@ call). Or as pairs() (uint16 [T, K]: each block permuted within fours as PAIR_PE
 once a call by x16.prefill_acts): then every pair is a broadcast memory operand, 16
 vpdpwssd a block and token and no broadcast in a register. q8_0's int16 chunk j
 sign-extended is the pairs (2j, 2j + 1) as stored, against the activations' pair j
-broadcast from memory.
+broadcast from memory; int8 activations reach it widened to int16 (x16.tile_acts: the
+same integers; one layout for both, as the file stores one).
 Either way each lane holds its row's block dot product: for q4 the integer the 8x1 tile
 reduces to, with the float work per block the 8x1 tile's as it is compiled (_scale), on 16
 lanes, with the blocks in group_blocks' two chains: lane by lane the 8x1 tile's operations
@@ -55,7 +53,7 @@ rows tiles for q5 add their floats in another order, so a rows file gets no copi
   itile_<q4_0|q4_1|q5_0|q5_1|q8_0>_16x<RT>(wi, g, xq, xd, xs, xds, t, out, i)
       out[t + s, i + r] = row 16g + r of W . token t + s, r < 16, s < RT
 xq int16 (the default path's: vpdpwssd), its halves() as uint8 [T, 2K] (q4 on VNNI only:
-vpdpbusd), its pairs() as uint16 [T, K] (q4) or int8 (vpdpbusd; xs is read only there) on
+vpdpbusd), its pairs() as uint16 [T, K] (q4) or int8 (q4: vpdpbusd; xs unread) on
 AVX-512 VNNI; elsewhere the generic multiply-add IR (vpmaddwd on x86). Callers validate
 shapes (step/batched.py builds wi from a matrix the fused step checked): no bounds checks.
 """
@@ -90,7 +88,6 @@ from ..codegen.ir import (
     vpdpwssd,
     vpdpwssd_bcast,
 )
-from ..codegen.packing import BLOCK_BYTES
 from ..modelfile import layout as layouts
 from ..modelfile import quant
 from ..runtime.simd import HALF_PUMPED_512, VNNI
@@ -122,26 +119,11 @@ AFFINE = ("q4_1", "q5_1")  # d q + m; the others d (q - ZERO[kind])
 ZERO = {"q4_0": 8, "q5_0": 16}
 
 
-def interleave(w: np.ndarray, kind: str, act=np.int16) -> np.ndarray:
+def interleave(w: np.ndarray, kind: str) -> np.ndarray:
     """ggml q4_0 / q4_1 / q8_0 rows (uint8 [rows, nb * 18 | 20 | 34], rows a multiple of
-    16) -> the interleaved groups (uint8 [rows / 16, nb * ILV_BLOCK[kind]], module
-    docstring): q4 in the file's x16 layout (layout.to_x16) whatever the activations,
-    q8_0 in the layout for activations of dtype act."""
-    if kind != "q8_0":
-        return layouts.to_x16(w, kind)
-    qs, BB = BLOCK_BYTES[kind]  # ggml's block: the header, then the codes
-    rows, nb = w.shape[0], w.shape[1] // BB
-    if rows % ILV_ROWS or w.shape[1] != nb * BB:
-        raise ValueError(f"interleave: {kind} rows {w.shape} are not groups of 16 blocks")
-    G = rows // ILV_ROWS
-    blk = w.reshape(G, ILV_ROWS, nb, BB)
-    d = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(G, nb, 32)  # the 16 rows' f16 d
-    int8 = np.dtype(act) == np.int8
-    # chunk j: rows 0..15's codes at columns 2j, 2j + 1 (int8: 4j..4j + 3, plus 128)
-    per = 4 if int8 else 2
-    q = blk[..., qs:].reshape(G, ILV_ROWS, nb, 32 // per, per).transpose(0, 2, 3, 1, 4)
-    parts = [d, (q ^ 0x80 if int8 else q).reshape(G, nb, 512)]
-    return np.ascontiguousarray(np.concatenate(parts, axis=-1).reshape(G, -1))
+    16) -> the interleaved groups (uint8 [rows / 16, nb * ILV_BLOCK[kind]]): the file's
+    x16 layout (layout.to_x16), whatever the activations."""
+    return layouts.to_x16(w, kind)
 
 
 def _scale(b, kind, AB, tot, drow, srow, foff, dw, mw, acc):
@@ -186,18 +168,17 @@ def _itile_codegen(kind, RT):
     L = ILV_ROWS
     v16i, v32w = _v(I32, L), _v(I16, 2 * L)
     chains = 2 if RT > 1 else 4  # integer chains a token (any split: the same sums)
-    pf = PF_DECODE if RT == 1 and kind != "q8_0" else PF
+    pf = PF_DECODE if RT == 1 else PF
 
     def codegen(ctx, b, sig, args):
-        w, xq, xd, xs, xds, out = (_Rows(ctx, b, sig.args[k], args[k])
-                                   for k in (0, 2, 3, 4, 5, 7))
+        w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 5, 7))
         g, t, i = args[1], args[6], args[8]
         halves = sig.args[2].dtype == types.uint8  # int16 activations as halves()
         paired = sig.args[2].dtype == types.uint16  # int16 activations as pairs()
         AB = 2 if halves or paired or sig.args[2].dtype == types.int16 else 1
         wrow = w.row(g)
         toks = [b.add(t, _i64(s)) for s in range(RT)]
-        xrows, drows, srows, irows = ([a.row(u) for u in toks] for a in (xq, xd, xds, xs))
+        xrows, drows, srows = ([a.row(u) for u in toks] for a in (xq, xd, xds))
         zero = _c(v16i, [0] * L)
 
         def dot(acc, wv, xv):
@@ -241,15 +222,7 @@ def _itile_codegen(kind, RT):
                     x4 = _splat(b, _load(b, xrows[s], b.add(xoff, _i64(disp)), I32), L)
                     acc[s][k] = _dot_acc(b, acc[s][k], b.bitcast(wv, _v(I8, 4 * L)),
                                          b.bitcast(x4, _v(I8, 4 * L)))
-            if kind == "q8_0" and AB == 1:  # codes + 128 (u8) by the token's int8 codes
-                for j in range(8):
-                    wv = _load(b, p, 32 + 64 * j, v16i)  # lane l: row l's columns 4j..4j + 3
-                    for s in range(RT):
-                        quad(s, j % chains, wv, 4 * j)
-                for s in range(RT):  # less 128 x the block's code sum: the codes' products
-                    xsum = _splat(b, _load(b, irows[s], foff, I32), L)
-                    acc[s][0] = b.sub(acc[s][0], b.shl(xsum, _c(v16i, [7] * L)))
-            if kind == "q8_0" and AB == 2:
+            if kind == "q8_0":  # int16 activations only (int8 ones widened: x16.tile_acts)
                 for j in range(16):
                     wv = b.bitcast(b.sext(_load(b, p, 32 + 32 * j, _v(I8, 2 * L)), v32w), v16i)
                     for s in range(RT):
@@ -391,9 +364,9 @@ def halves(xq, xh):
 
 def make_itile(kind, RT):
     """The intrinsic itile_<kind>_16x<RT> (tiles.py)."""
-    acts = (types.int8, types.int16)
-    if kind != "q8_0":  # q4: pairs() anywhere, halves() on VNNI
-        acts += (types.uint16, types.uint8) if VNNI else (types.uint16,)
+    acts = (types.int16,)  # q8_0's (x16.tile_acts widens int8 activations for it)
+    if kind != "q8_0":  # q4: int8, pairs() anywhere, halves() on VNNI
+        acts += (types.int8, types.uint16) + ((types.uint8,) if VNNI else ())
     arrays = {0: types.uint8, 2: acts, 3: types.float32,
               4: types.int32, 5: types.float32, 7: types.float32}
     return _typed(f"itile_{kind}_16x{RT}", _itile_codegen(kind, RT), arrays, ints=(1, 6, 8))

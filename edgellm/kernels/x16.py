@@ -83,7 +83,12 @@ def decode_acts(code, xq):
 
 
 def _acts(code, xq, form):
-    q4 = isinstance(code, types.IntegerLiteral) and name_of(code.literal_value) in HALVES
+    name = name_of(code.literal_value) if isinstance(code, types.IntegerLiteral) else ""
+    if name == "q8_0" and xq.dtype == types.int8:  # its tiles read int16 pairs only
+        def widen(code, xq):
+            return xq.astype(np.int16)
+        return widen
+    q4 = name in HALVES
     usable = {"halves": VNNI, "pairs": VNNI or PAIRS_OFF_VNNI}
     if not (usable.get(form, False) and q4 and xq.dtype == types.int16):
         return lambda code, xq: xq
@@ -142,6 +147,16 @@ def _dequant_block(wi, g, l, base, hdr, zero, affine, q5, vals):
             vals[8 * c + 4 + k] = d * np.float32(hi) + m
 
 
+@kernel
+def _dequant_block_q8(wi, g, l, base, vals):
+    """Row l of group g's q8_0 block at byte base -> vals [32] float32: d q, the codes of
+    columns 2j, 2j + 1 at bytes 2l, 2l + 1 of chunk j (layout.py)."""
+    d = F16[np.int32(wi[g, base + 2 * l]) | (np.int32(wi[g, base + 2 * l + 1]) << 8)]
+    for j in range(16):
+        for e in range(2):
+            vals[2 * j + e] = d * np.float32(np.int8(wi[g, base + 32 + 32 * j + 2 * l + e]))
+
+
 def make_x16(code: int) -> dict:
     """Type `code`'s x16 kernels (the module docstring), each closing over the code alone."""
     name = name_of(code)
@@ -151,6 +166,7 @@ def make_x16(code: int) -> dict:
     zero = ZERO.get(name, 0)
     affine = name in AFFINE
     q5 = name in ("q5_0", "q5_1")
+    q8 = name == "q8_0"
 
     @kernel
     @named(f"mv_rows_x16_{name}")
@@ -196,7 +212,10 @@ def make_x16(code: int) -> dict:
             g, lane = r // ROWS, r % ROWS
             acc = np.float32(0.0)
             for bi in range(nb):
-                _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, q5, vals)
+                if q8:
+                    _dequant_block_q8(wi, g, lane, bi * GB, vals)
+                else:
+                    _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, q5, vals)
                 s = np.float32(0.0)
                 for j in range(32):
                     s += vals[j] * x[t, 32 * bi + j]
@@ -230,8 +249,11 @@ def make_x16(code: int) -> dict:
         for t in range(ids.shape[0]):
             g, lane = ids[t] // ROWS, ids[t] % ROWS
             for bi in range(nb):
-                _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, q5,
-                               out[t, 32 * bi:32 * bi + 32])
+                if q8:
+                    _dequant_block_q8(wi, g, lane, bi * GB, out[t, 32 * bi:32 * bi + 32])
+                else:
+                    _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, q5,
+                                   out[t, 32 * bi:32 * bi + 32])
 
     return {"x16_" + k: f for k, f in dict(
         mv_rows=mv_rows, mv=mv, mm=mm, mvp_rows=mvp_rows, mvp=mvp, mmp=mmp, embed=embed,

@@ -4,8 +4,9 @@ one weight row a <16 x i32> lane, so no horizontal sums).
 
   rows  (""; every file before version 3) uint8 [rows, nb * BB]: ggml's blocks, rows
         contiguous (quant.py)
-  x16   uint8 [rows / 16, nb * 16 * BB], for q4_0, q4_1, q5_0 and q5_1 with blocks of 32
-        and rows a multiple of 16; group g holds rows 16g..16g+15, per block of 32 columns:
+  x16   uint8 [rows / 16, nb * 16 * BB], for q4_0, q4_1, q5_0, q5_1 and q8_0 with blocks
+        of 32 and rows a multiple of 16; group g holds rows 16g..16g+15, per block of 32
+        columns (q4, q5):
           the 16 rows' f16 d (32 bytes), (q4_1, q5_1) their 16 f16 m (32 bytes), (q5)
           their 32 fifth bits as a 4-byte word each (64 bytes), permuted (QH_PERM), then
           4 chunks of 64 bytes: byte 4l + k of chunk c holds row l's codes at columns
@@ -16,6 +17,10 @@ one weight row a <16 x i32> lane, so no horizontal sums).
         columns (8c + k, 8c + k + 2) for vpdpwssd on int16 activations (the tile reads
         the activation pairs in that order). The bytes are the rows' bytes rearranged:
         the same codes and scales, the same values bit for bit (`to_rows` undoes it).
+        q8_0, per block of 32 columns (16 x 34 bytes): the 16 rows' f16 d (32 bytes),
+        then 16 chunks of 32 bytes: bytes 2l, 2l + 1 of chunk j are row l's codes at
+        columns 2j, 2j + 1 (sign-extended to <32 x i16>, lane l is row l's i16 pair for
+        vpdpwssd on int16 activations; kernels/interleave.py's q8_0 tiles)
         q4_k (super-blocks of 256, K % 256 == 0), per super-block of the group (16 x 144
         bytes): the 16 rows' f16 d (32 bytes), their f16 dmin (32), their 12 scale bytes
         (192: byte k of row l at 16k + l, so ggml's get_scale_min_k4 runs on 16 rows in
@@ -41,7 +46,8 @@ ROWS, X16 = "", "x16"
 LAYOUTS = (ROWS, X16)
 GROUP_ROWS = 16
 # the types the x16 tiles read (kernels/interleave.py, kernels/x16_k.py), at these block sizes
-X16_BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q4_k": 256, "q6_k": 256}
+X16_BLOCK = {"q4_0": 32, "q4_1": 32, "q5_0": 32, "q5_1": 32, "q8_0": 32, "q4_k": 256,
+             "q6_k": 256}
 X16_TYPES = tuple(X16_BLOCK)
 X16_SB = ("q4_k", "q6_k")  # those whose x16 kernels take super-block activations (act_quant_k)
 SB_BYTES = {"q4_k": 144, "q6_k": 210}  # a super-block's bytes
@@ -86,11 +92,12 @@ def data_shape(type_name: str, shape: tuple[int, ...], block_size: int, layout: 
 
 
 def to_x16(w: np.ndarray, kind: str) -> np.ndarray:
-    """q4_0 / q4_1 / q5_0 / q5_1 / q4_k / q6_k rows (uint8 [rows, nb * BB], rows a multiple
-    of 16) -> uint8
-    [rows / 16, nb * 16 * BB] (the module docstring)."""
+    """q4_0 / q4_1 / q5_0 / q5_1 / q8_0 / q4_k / q6_k rows (uint8 [rows, nb * BB], rows a
+    multiple of 16) -> uint8 [rows / 16, nb * 16 * BB] (the module docstring)."""
     if kind in X16_SB:
         return _to_x16_sb(w, kind)
+    if kind == "q8_0":
+        return _to_x16_q8(w)
     hdr = quant.TYPES[kind].header_bytes
     BB = quant.TYPES[kind].block_bytes(32)
     rows, nb = w.shape[0], w.shape[1] // BB
@@ -116,6 +123,8 @@ def to_rows(wi: np.ndarray, kind: str) -> np.ndarray:
     """The inverse of to_x16: uint8 [G, nb * 16 * BB] -> the rows [16 G, nb * BB]."""
     if kind in X16_SB:
         return _to_rows_sb(wi, kind)
+    if kind == "q8_0":
+        return _to_rows_q8(wi)
     hdr = quant.TYPES[kind].header_bytes
     BB = quant.TYPES[kind].block_bytes(32)
     G = wi.shape[0]
@@ -134,6 +143,27 @@ def to_rows(wi: np.ndarray, kind: str) -> np.ndarray:
     codes = cols[..., :16] | cols[..., 16:] << 4
     blk = np.concatenate([h.transpose(0, 2, 1, 3) for h in heads] + [codes], axis=-1)
     return np.ascontiguousarray(blk.reshape(G * GROUP_ROWS, nb * BB))
+
+
+def _to_x16_q8(w: np.ndarray) -> np.ndarray:
+    rows, nb = w.shape[0], w.shape[1] // 34
+    if rows % GROUP_ROWS or w.shape[1] != nb * 34:
+        raise ValueError(f"x16: q8_0 rows {list(w.shape)} are not groups of 16 rows of "
+                         "whole blocks")
+    G = rows // GROUP_ROWS
+    blk = np.asarray(w, np.uint8).reshape(G, GROUP_ROWS, nb, 34)
+    d = blk[..., 0:2].transpose(0, 2, 1, 3).reshape(G, nb, 32)  # the 16 rows' f16 d
+    q = blk[..., 2:].reshape(G, GROUP_ROWS, nb, 16, 2).transpose(0, 2, 3, 1, 4)  # g b j l
+    return np.ascontiguousarray(np.concatenate([d, q.reshape(G, nb, 512)], -1).reshape(G, -1))
+
+
+def _to_rows_q8(wi: np.ndarray) -> np.ndarray:
+    G, nb = wi.shape[0], wi.shape[1] // (GROUP_ROWS * 34)
+    grp = np.asarray(wi, np.uint8).reshape(G, nb, GROUP_ROWS * 34)
+    d = grp[..., :32].reshape(G, nb, GROUP_ROWS, 2).transpose(0, 2, 1, 3)
+    q = grp[..., 32:].reshape(G, nb, 16, GROUP_ROWS, 2).transpose(0, 3, 1, 2, 4)
+    blk = np.concatenate([d, q.reshape(G, GROUP_ROWS, nb, 32)], -1)
+    return np.ascontiguousarray(blk.reshape(G * GROUP_ROWS, nb * 34))
 
 
 def _sb_parts(kind: str) -> list[tuple[int, int, int]]:

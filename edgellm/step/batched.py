@@ -141,7 +141,7 @@ class BatchDecoder:
             if at[k] >= 0:
                 rows, rb = m[ds.MAT_ROWS], m[ds.MAT_ROW_BYTES]
                 w = blob[m[ds.MAT_OFF]:m[ds.MAT_OFF] + rows * rb].reshape(rows, rb)
-                wi = interleave(w, _ILV[m[ds.MAT_KIND]], self.fused.xq.dtype)
+                wi = interleave(w, _ILV[m[ds.MAT_KIND]])
                 data[at[k]:at[k] + wi.size] = wi.ravel()
         return at, data
 

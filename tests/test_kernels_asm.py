@@ -484,13 +484,14 @@ def test_q5_row_group_tiles(kind):
 
 @pytest.mark.skipif(not X86, reason="x86 instructions")
 @pytest.mark.parametrize("kind, dtype", [
-    *((k, d) for k in ("q4_0", "q4_1", "q8_0") for d in (np.int16, np.int8)),
-    ("q4_0", np.uint16), ("q4_1", np.uint16)])
+    *((k, d) for k in ("q4_0", "q4_1") for d in (np.int16, np.int8)),
+    ("q8_0", np.int16), ("q4_0", np.uint16), ("q4_1", np.uint16)])
 def test_interleaved_tiles(kind, dtype):
     """The batched step's interleaved tiles (interleave.itile_<kind>_16x4): on AVX-512 VNNI
     16 vpdpwssd a block and token for int16 activations (q4: on words permuted in registers,
     the x16 layout being vpdpbusd's; as prefill's pairs(), uint16, permuted in memory: every
-    pair a broadcast operand), 8 vpdpbusd for int8 ones (inline
+    pair a broadcast operand), 8 vpdpbusd for int8 ones (q4; q8_0's int8 activations reach
+    its tiles widened to int16: x16.tile_acts) (inline
     assembly: not split into vpmaddwd + vpaddd), each activation pair or quadruple the
     instruction's broadcast memory operand (ir.vpdpwssd_bcast, vpdpbusd_bcast: no separate
     broadcast), and no horizontal sums; elsewhere vpmaddwd."""

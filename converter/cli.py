@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--block-size", type=int, default=quant.DEFAULT_BLOCK,
                     choices=quant.BLOCK_SIZES, help="elements per quantization block")
     ap.add_argument("--layout", choices=("x16", "rows"), default="x16",
-                    help="x16 (default): q4_0, q4_1, q5_0, q5_1, q4_k and q6_k matrices "
+                    help="x16 (default): q4_0, q4_1, q5_0, q5_1, q8_0, q4_k and q6_k matrices "
                          "interleaved 16 rows a group, the layout the kernels read fastest "
                          "(a version 3 file, the same values); rows: every tensor's rows as "
                          "stored (a file older edgellm versions read)")

@@ -168,7 +168,9 @@ def _itile_codegen(kind, RT):
     L = ILV_ROWS
     v16i, v32w = _v(I32, L), _v(I16, 2 * L)
     chains = 2 if RT > 1 else 4  # integer chains a token (any split: the same sums)
-    pf = PF_DECODE if RT == 1 else PF
+    # q8_0's one-token tile: as q4's where none (Zen 4), else PF: at 8192 it read 0.7x the
+    # rows tile's rate under EDGELLM_ISA=avx2 on a Zen 4 (docs/measurements.md)
+    pf = PF if RT > 1 or (kind == "q8_0" and PF_DECODE) else PF_DECODE
 
     def codegen(ctx, b, sig, args):
         w, xq, xd, xds, out = (_Rows(ctx, b, sig.args[k], args[k]) for k in (0, 2, 3, 5, 7))

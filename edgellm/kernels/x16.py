@@ -157,6 +157,16 @@ def _dequant_block_q8(wi, g, l, base, vals):
             vals[2 * j + e] = d * np.float32(np.int8(wi[g, base + 32 + 32 * j + 2 * l + e]))
 
 
+@kernel
+def _block_values(wi, g, l, base, hdr, zero, affine, q5, q8, vals):
+    """Row l of group g's block at byte base -> vals [32] float32, of any x16 type of blocks
+    of 32 (the flags: make_x16's)."""
+    if q8:
+        _dequant_block_q8(wi, g, l, base, vals)
+    else:
+        _dequant_block(wi, g, l, base, hdr, zero, affine, q5, vals)
+
+
 def make_x16(code: int) -> dict:
     """Type `code`'s x16 kernels (the module docstring), each closing over the code alone."""
     name = name_of(code)
@@ -212,10 +222,7 @@ def make_x16(code: int) -> dict:
             g, lane = r // ROWS, r % ROWS
             acc = np.float32(0.0)
             for bi in range(nb):
-                if q8:
-                    _dequant_block_q8(wi, g, lane, bi * GB, vals)
-                else:
-                    _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, q5, vals)
+                _block_values(wi, g, lane, bi * GB, hdr, zero, affine, q5, q8, vals)
                 s = np.float32(0.0)
                 for j in range(32):
                     s += vals[j] * x[t, 32 * bi + j]
@@ -249,11 +256,8 @@ def make_x16(code: int) -> dict:
         for t in range(ids.shape[0]):
             g, lane = ids[t] // ROWS, ids[t] % ROWS
             for bi in range(nb):
-                if q8:
-                    _dequant_block_q8(wi, g, lane, bi * GB, out[t, 32 * bi:32 * bi + 32])
-                else:
-                    _dequant_block(wi, g, lane, bi * GB, hdr, zero, affine, q5,
-                                   out[t, 32 * bi:32 * bi + 32])
+                _block_values(wi, g, lane, bi * GB, hdr, zero, affine, q5, q8,
+                              out[t, 32 * bi:32 * bi + 32])
 
     return {"x16_" + k: f for k, f in dict(
         mv_rows=mv_rows, mv=mv, mm=mm, mvp_rows=mvp_rows, mvp=mvp, mmp=mmp, embed=embed,
